@@ -1,0 +1,181 @@
+//! The crate's error type.
+
+use std::time::Duration;
+
+use crate::canonical::CanonicalError;
+
+/// A boxed error from a store's driver.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Everything that can go wrong in a step call or a store operation.
+///
+/// Messages say what happened and what to do. [`Error::action_may_have_run`] tells whether the
+/// side effect may have happened, which matters when deciding to alert rather than retry.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The payload has no canonical JSON form, so no key can be made; the action was not run.
+    #[error("step `{step}`: {source}; the action was not run")]
+    Payload {
+        /// The step.
+        step: String,
+        /// Why the payload was refused.
+        #[source]
+        source: CanonicalError,
+    },
+
+    /// The key was used before with a different payload.
+    #[error(
+        "step `{step}` (key {key}): this operation was first called with a different payload; the \
+         action was not run. Use a new run id or step version for a different operation, or retry \
+         with the original payload"
+    )]
+    Mismatch {
+        /// The step.
+        step: String,
+        /// Short hash of the key.
+        key: String,
+    },
+
+    /// Another caller holds the lease on this key and has not finished.
+    #[error(
+        "step `{step}` (key {key}): another attempt is still running; the action was not run. \
+         Retry after {retry_after:?}"
+    )]
+    InFlight {
+        /// The step.
+        step: String,
+        /// Short hash of the key.
+        key: String,
+        /// When the current holder's lease runs out at the latest.
+        retry_after: Duration,
+    },
+
+    /// The lease ran out and another attempt took over, so this attempt's result was not stored.
+    #[error(
+        "step `{step}` (key {key}): the lease (fence {fence}) was lost before the result could be \
+         stored — the action ran for longer than its lease and another attempt may have taken over. \
+         Raise the lease, or make the action check `Attempt::lease_lost`; downstream systems can \
+         reject this attempt's writes by its fence"
+    )]
+    LeaseLost {
+        /// The step.
+        step: String,
+        /// Short hash of the key.
+        key: String,
+        /// The fencing token this attempt held.
+        fence: u64,
+    },
+
+    /// The store could not be reached or answered with an error.
+    #[error("store {store} failed during {op}: {reason}{}", after_note(op))]
+    Unavailable {
+        /// Which store (a URL without credentials, or "memory").
+        store: String,
+        /// The operation: acquire, complete, release or renew.
+        op: &'static str,
+        /// What went wrong.
+        reason: String,
+        /// The driver's error, when there is one.
+        #[source]
+        source: Option<BoxError>,
+    },
+
+    /// The store did not answer in time.
+    #[error("store {store} did not answer {op} within {after:?}{}", after_note(op))]
+    Timeout {
+        /// Which store.
+        store: String,
+        /// The operation.
+        op: &'static str,
+        /// The timeout that passed.
+        after: Duration,
+    },
+
+    /// A stored record could not be read: it is not one this crate wrote.
+    #[error(
+        "the record for key {key} is corrupt ({detail}); it was not replayed. Delete the key \
+         from the store (it is named by the key's hex digest) after checking who wrote it"
+    )]
+    Corrupt {
+        /// Short hash of the key.
+        key: String,
+        /// What was wrong.
+        detail: String,
+    },
+
+    /// The action's result could not be encoded for storage.
+    #[error("step `{step}`: the result could not be encoded as JSON ({source}); it was not stored")]
+    Encode {
+        /// The step.
+        step: String,
+        /// The serializer's error.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// A stored result could not be decoded into the step's result type.
+    #[error(
+        "step `{step}` (key {key}): the stored result does not decode into the step's result \
+         type ({source}); if the type changed, bump the step version"
+    )]
+    Decode {
+        /// The step.
+        step: String,
+        /// Short hash of the key.
+        key: String,
+        /// The deserializer's error.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// The store is at its configured capacity.
+    #[error("store {store} is full ({capacity} records); the action was not run. Raise its capacity or lower the retention")]
+    Full {
+        /// Which store.
+        store: String,
+        /// The configured capacity.
+        capacity: usize,
+    },
+
+    /// A configuration value was invalid.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+}
+
+fn after_note(op: &str) -> &'static str {
+    match op {
+        "acquire" => "; the action was not run (fail closed). Retry later, or opt into fail-open",
+        "complete" => {
+            "; the action ran but its result was not stored, so the key stays locked until its lease \
+             runs out and a retry may run the action again"
+        }
+        _ => "",
+    }
+}
+
+impl Error {
+    /// How long to wait before retrying, when the error says.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Error::InFlight { retry_after, .. } => Some(*retry_after),
+            _ => None,
+        }
+    }
+
+    /// Whether the error is about the store rather than the operation (unreachable, slow, full).
+    pub fn is_store_failure(&self) -> bool {
+        matches!(self, Error::Unavailable { .. } | Error::Timeout { .. } | Error::Full { .. })
+    }
+
+    /// Whether the side effect may have happened although the call failed.
+    pub fn action_may_have_run(&self) -> bool {
+        matches!(
+            self,
+            Error::LeaseLost { .. }
+                | Error::Encode { .. }
+                | Error::Unavailable { op: "complete", .. }
+                | Error::Timeout { op: "complete", .. }
+        )
+    }
+}

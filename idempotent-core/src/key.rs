@@ -1,0 +1,295 @@
+//! Deterministic operation keys and payload fingerprints.
+//!
+//! An operation's identity is (namespace, tenant, run id, step, step version, identity payload).
+//! [`Key`] is the sha256 of those fields framed unambiguously: every field is written with its
+//! length in front, so `("a:b", "c")` and `("a", "b:c")` never give the same key, and a missing
+//! tenant is distinct from an empty one. The identity payload enters the key through its own hash,
+//! so when identity and payload are the same value (the default) the payload is hashed once.
+//!
+//! A [`Fingerprint`] is the sha256 of the canonical JSON of the *whole* payload. Keeping the two
+//! apart lets a caller key an operation on part of its arguments (an order id) while a retry that
+//! changes another argument (the amount) under the same key is reported as a mismatch instead of
+//! silently replaying the first result.
+//!
+//! ```
+//! use idempotent_core::{Fingerprint, Key, KeyScope};
+//!
+//! let scope = KeyScope::new("run-42", "stripe_refund");
+//! let key = Key::derive(&scope, &("order-7", 1500)).unwrap();
+//! assert_eq!(key, Key::derive(&scope, &("order-7", 1500)).unwrap());
+//! assert_ne!(key, Key::derive(&scope.clone().version(2), &("order-7", 1500)).unwrap());
+//! assert_eq!(key.to_hex().len(), 64);
+//! # let _ = Fingerprint::of(&1).unwrap();
+//! ```
+
+use std::fmt;
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::canonical::{CanonicalError, to_canonical_vec};
+
+/// Domain separation for every hash this crate makes; bump it if the framing ever changes.
+const NAMESPACE: &[u8] = b"idempotent/v1";
+
+/// The fields that, with the identity payload, name one operation.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct KeyScope {
+    tenant: Option<String>,
+    run_id: String,
+    step: String,
+    version: u32,
+}
+
+impl KeyScope {
+    /// A scope for `step` inside the run `run_id`, with no tenant and version 0.
+    pub fn new(run_id: impl Into<String>, step: impl Into<String>) -> Self {
+        KeyScope { tenant: None, run_id: run_id.into(), step: step.into(), version: 0 }
+    }
+
+    /// Sets the tenant, so equal run ids of two tenants never share a record.
+    pub fn tenant(mut self, tenant: impl Into<String>) -> Self {
+        self.tenant = Some(tenant.into());
+        self
+    }
+
+    /// Sets the step version; bumping it makes every key of the step new.
+    pub fn version(mut self, version: u32) -> Self {
+        self.version = version;
+        self
+    }
+
+    /// The step name.
+    pub fn step(&self) -> &str {
+        &self.step
+    }
+
+    pub(crate) fn from_parts(tenant: Option<&str>, run_id: &str, step: &str, version: u32) -> Self {
+        KeyScope {
+            tenant: tenant.map(str::to_owned),
+            run_id: run_id.to_owned(),
+            step: step.to_owned(),
+            version,
+        }
+    }
+}
+
+/// Writes one length-prefixed field.
+fn field(h: &mut Sha256, bytes: &[u8]) {
+    h.update((bytes.len() as u64).to_be_bytes());
+    h.update(bytes);
+}
+
+/// The store key of one operation: a sha256 digest.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key([u8; 32]);
+
+impl Key {
+    /// Derives the key from a scope and the identity payload (hashed as canonical JSON).
+    pub fn derive<T: Serialize + ?Sized>(scope: &KeyScope, identity: &T) -> Result<Key, CanonicalError> {
+        Ok(Key::from_identity_hash(scope, &Fingerprint::of(identity)?))
+    }
+
+    /// Derives the key from a scope and the hash of an identity payload.
+    ///
+    /// When the identity is the whole payload, its [`Fingerprint`] is that hash, so callers that
+    /// already have the fingerprint pass it here instead of hashing the payload twice.
+    pub fn from_identity_hash(scope: &KeyScope, identity: &Fingerprint) -> Key {
+        let mut h = Sha256::new();
+        field(&mut h, NAMESPACE);
+        field(&mut h, b"operation");
+        match &scope.tenant {
+            None => h.update([0u8]),
+            Some(t) => {
+                h.update([1u8]);
+                field(&mut h, t.as_bytes());
+            }
+        }
+        field(&mut h, scope.run_id.as_bytes());
+        field(&mut h, scope.step.as_bytes());
+        h.update(scope.version.to_be_bytes());
+        h.update(identity.0);
+        Key(h.finalize().into())
+    }
+
+    /// The key for a client-supplied key (an HTTP `Idempotency-Key`) within a tenant and scope.
+    ///
+    /// Client keys are never used as store keys directly: hashing them means a client can't choose
+    /// a cluster slot, collide with another tenant's key or inject characters into the store.
+    /// `scope` separates independent uses (for example one per service).
+    pub fn from_client_key(tenant: Option<&str>, scope: &str, client_key: &str) -> Key {
+        let mut h = Sha256::new();
+        field(&mut h, NAMESPACE);
+        field(&mut h, b"client-key");
+        match tenant {
+            None => h.update([0u8]),
+            Some(t) => {
+                h.update([1u8]);
+                field(&mut h, t.as_bytes());
+            }
+        }
+        field(&mut h, scope.as_bytes());
+        field(&mut h, client_key.as_bytes());
+        Key(h.finalize().into())
+    }
+
+    /// The raw digest.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// Builds a key from a raw digest (for stores that read keys back).
+    pub const fn from_bytes(bytes: [u8; 32]) -> Key {
+        Key(bytes)
+    }
+
+    /// The digest as 64 lowercase hex characters.
+    pub fn to_hex(&self) -> String {
+        hex(&self.0)
+    }
+
+    /// The first 12 hex characters: enough to tell keys apart in logs, useless to an attacker.
+    pub fn short(&self) -> String {
+        hex(&self.0[..6])
+    }
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Key({})", self.short())
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.short())
+    }
+}
+
+/// The sha256 of a payload's canonical JSON (or of raw bytes, for opaque payloads).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fingerprint([u8; 32]);
+
+impl Fingerprint {
+    /// Fingerprints a payload through its canonical JSON.
+    pub fn of<T: Serialize + ?Sized>(payload: &T) -> Result<Fingerprint, CanonicalError> {
+        Ok(Fingerprint::of_canonical(&to_canonical_vec(payload)?))
+    }
+
+    /// Fingerprints bytes that are already canonical (or opaque).
+    pub fn of_canonical(bytes: &[u8]) -> Fingerprint {
+        Fingerprint(Sha256::digest(bytes).into())
+    }
+
+    /// Fingerprints several byte strings as one, framing each by its length.
+    pub fn of_parts<'a>(parts: impl IntoIterator<Item = &'a [u8]>) -> Fingerprint {
+        let mut h = Sha256::new();
+        for p in parts {
+            field(&mut h, p);
+        }
+        Fingerprint(h.finalize().into())
+    }
+
+    /// The raw digest.
+    pub fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+
+    /// Builds a fingerprint from a raw digest (for stores that read it back).
+    pub const fn from_bytes(bytes: [u8; 32]) -> Fingerprint {
+        Fingerprint(bytes)
+    }
+
+    /// The digest as 64 lowercase hex characters.
+    pub fn to_hex(&self) -> String {
+        hex(&self.0)
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Fingerprint({})", hex(&self.0[..6]))
+    }
+}
+
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(HEX[(b >> 4) as usize] as char);
+        s.push(HEX[(b & 0xf) as usize] as char);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    #[test]
+    fn framing_is_unambiguous() {
+        let a = Key::derive(&KeyScope::new("a:b", "c"), &()).unwrap();
+        let b = Key::derive(&KeyScope::new("a", "b:c"), &()).unwrap();
+        assert_ne!(a, b);
+        let none = Key::derive(&KeyScope::new("r", "s"), &1).unwrap();
+        let empty = Key::derive(&KeyScope::new("r", "s").tenant(""), &1).unwrap();
+        assert_ne!(none, empty);
+        assert_ne!(Key::from_client_key(Some("a:b"), "s", "c"), Key::from_client_key(Some("a"), "s", "b:c"));
+        assert_ne!(Key::from_client_key(None, "s", "k"), Key::from_client_key(Some(""), "s", "k"));
+    }
+
+    #[test]
+    fn every_field_changes_the_key() {
+        let base = KeyScope::new("run", "step");
+        let k = Key::derive(&base, &json!({"a": 1})).unwrap();
+        for other in [
+            Key::derive(&base.clone().tenant("t"), &json!({"a": 1})),
+            Key::derive(&KeyScope::new("run2", "step"), &json!({"a": 1})),
+            Key::derive(&KeyScope::new("run", "step2"), &json!({"a": 1})),
+            Key::derive(&base.clone().version(1), &json!({"a": 1})),
+            Key::derive(&base, &json!({"a": 2})),
+        ] {
+            assert_ne!(k, other.unwrap());
+        }
+    }
+
+    #[test]
+    fn identity_hash_shortcut_matches_derive() {
+        let scope = KeyScope::new("run", "step");
+        let payload = json!({"order": "o-1", "amount": 1500});
+        assert_eq!(
+            Key::derive(&scope, &payload).unwrap(),
+            Key::from_identity_hash(&scope, &Fingerprint::of(&payload).unwrap())
+        );
+    }
+
+    #[test]
+    fn non_finite_payload_is_an_error() {
+        assert!(Key::derive(&KeyScope::new("r", "s"), &(1, f64::NAN)).is_err());
+        assert!(Fingerprint::of(&f64::INFINITY).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn map_order_never_changes_the_key(entries in proptest::collection::vec(("[a-z]{1,4}", any::<i64>()), 0..12)) {
+            let forward: std::collections::HashMap<_, _> = entries.iter().cloned().collect();
+            let mut obj = serde_json::Map::new();
+            for (k, _) in entries.iter().rev() {
+                obj.entry(k.clone()).or_insert(json!(forward[k]));
+            }
+            let scope = KeyScope::new("r", "s");
+            prop_assert_eq!(Key::derive(&scope, &forward).unwrap(), Key::derive(&scope, &obj).unwrap());
+        }
+
+        #[test]
+        fn framing_never_collides(a in "[a:]{0,6}", b in "[a:]{0,6}", c in "[a:]{0,6}", d in "[a:]{0,6}") {
+            prop_assume!((a.as_str(), b.as_str()) != (c.as_str(), d.as_str()));
+            prop_assert_ne!(
+                Key::derive(&KeyScope::new(a, b), &()).unwrap(),
+                Key::derive(&KeyScope::new(c, d), &()).unwrap()
+            );
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! The embedded in-memory store.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use super::{BoxFuture, Store};
+use crate::error::Error;
+use crate::key::{Fingerprint, Key};
+use crate::record::{Acquire, Lease, Token, Transition};
+
+const SHARDS: usize = 32;
+/// Every this many writes a shard drops its expired records.
+const SWEEP_EVERY: u32 = 1024;
+
+/// An in-process store: the default for one process, and for tests.
+///
+/// Records live in a sharded hash map and expire like Redis keys: a running record after
+/// `max(lease, retention)`, a done record after its retention. Expired records are swept as the
+/// store is written to, so memory stays bounded by the live records; [`MemoryStore::with_capacity`]
+/// also bounds their number (a full store refuses new keys rather than evicting live ones, which
+/// would let an operation run twice).
+///
+/// Time is read from `tokio::time::Instant`, so tests with paused time control lease expiry.
+/// Clones share the same records.
+///
+/// ```
+/// use idempotent_core::{MemoryStore, RunContext};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idempotent_core::Error> {
+/// let ctx = RunContext::new(MemoryStore::new(), "run-1");
+/// let n: u32 = ctx.step("count").run(&(), |_| async { Ok::<_, idempotent_core::Error>(7) }).await?;
+/// assert_eq!(n, 7);
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Default)]
+pub struct MemoryStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    shards: Box<[Mutex<Shard>]>,
+    /// One counter for the whole store: fences grow per key because they grow everywhere.
+    fence: AtomicU64,
+    len: AtomicUsize,
+    capacity: Option<usize>,
+}
+
+impl Default for Inner {
+    fn default() -> Self {
+        Inner {
+            shards: (0..SHARDS).map(|_| Mutex::new(Shard::default())).collect(),
+            fence: AtomicU64::new(0),
+            len: AtomicUsize::new(0),
+            capacity: None,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Shard {
+    map: HashMap<Key, Record>,
+    writes: u32,
+}
+
+struct Record {
+    state: State,
+    fingerprint: Fingerprint,
+    attempt: u32,
+    expires: Instant,
+}
+
+enum State {
+    Running { token: Token, lease_until: Instant },
+    Done(Bytes),
+    Released,
+}
+
+impl MemoryStore {
+    /// An empty store with no capacity limit.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// An empty store holding at most `capacity` records (expired ones are swept first).
+    pub fn with_capacity(capacity: usize) -> Self {
+        MemoryStore { inner: Arc::new(Inner { capacity: Some(capacity), ..Inner::default() }) }
+    }
+
+    /// The number of records held, counting expired ones not yet swept.
+    pub fn len(&self) -> usize {
+        self.inner.len.load(Ordering::Relaxed)
+    }
+
+    /// Whether the store holds no records.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Drops every expired record now.
+    pub fn sweep(&self) {
+        let now = Instant::now();
+        for shard in self.inner.shards.iter() {
+            self.sweep_shard(&mut lock(shard), now);
+        }
+    }
+
+    fn shard(&self, key: &Key) -> MutexGuard<'_, Shard> {
+        let idx = key.as_bytes()[0] as usize % SHARDS;
+        lock(&self.inner.shards[idx])
+    }
+
+    fn sweep_shard(&self, shard: &mut Shard, now: Instant) {
+        let before = shard.map.len();
+        shard.map.retain(|_, r| r.expires > now);
+        self.inner.len.fetch_sub(before - shard.map.len(), Ordering::Relaxed);
+        shard.writes = 0;
+    }
+
+    fn acquire_now(&self, key: &Key, fp: &Fingerprint, lease: Duration, retention: Duration) -> Result<Acquire, Error> {
+        let now = Instant::now();
+        let mut shard = self.shard(key);
+        shard.writes += 1;
+        if shard.writes >= SWEEP_EVERY {
+            self.sweep_shard(&mut shard, now);
+        }
+        let (prev_attempt, recovered) = match shard.map.get(key) {
+            Some(r) if r.expires > now => {
+                if r.fingerprint != *fp {
+                    return Ok(Acquire::Mismatch);
+                }
+                match &r.state {
+                    State::Done(result) => return Ok(Acquire::Replay(result.clone())),
+                    State::Running { lease_until, .. } if *lease_until > now => {
+                        return Ok(Acquire::InFlight { retry_after: *lease_until - now });
+                    }
+                    State::Running { .. } => (r.attempt, true),
+                    State::Released => (r.attempt, false),
+                }
+            }
+            Some(_) => (0, false),
+            None => {
+                if let Some(capacity) = self.inner.capacity
+                    && self.len() >= capacity
+                {
+                    // Full: sweep every shard (this one under the lock we hold), then look again.
+                    drop(shard);
+                    self.sweep();
+                    shard = self.shard(key);
+                    if self.len() >= capacity {
+                        return Err(Error::Full { store: self.describe(), capacity });
+                    }
+                    if shard.map.contains_key(key) {
+                        // Another caller inserted the key meanwhile; answer as for a live record.
+                        drop(shard);
+                        return self.acquire_now(key, fp, lease, retention);
+                    }
+                }
+                self.inner.len.fetch_add(1, Ordering::Relaxed);
+                (0, false)
+            }
+        };
+        let fence = self.inner.fence.fetch_add(1, Ordering::Relaxed) + 1;
+        let token = Token::random();
+        let attempt = prev_attempt + 1;
+        shard.map.insert(
+            *key,
+            Record {
+                state: State::Running { token: token.clone(), lease_until: now + lease },
+                fingerprint: *fp,
+                attempt,
+                expires: now + lease.max(retention),
+            },
+        );
+        Ok(Acquire::Acquired(Lease { token, fence, attempt, recovered }))
+    }
+
+    /// Applies `f` to the record if `token` owns it.
+    fn with_owned(&self, key: &Key, token: &Token, f: impl FnOnce(&mut Record, Instant)) -> Transition {
+        let now = Instant::now();
+        let mut shard = self.shard(key);
+        match shard.map.get_mut(key) {
+            Some(r) if r.expires > now && matches!(&r.state, State::Running { token: t, .. } if t == token) => {
+                f(r, now);
+                Transition::Ok
+            }
+            _ => Transition::LeaseLost,
+        }
+    }
+}
+
+fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    // A panic while holding the lock cannot leave a record half-written (every update is one
+    // assignment), so a poisoned shard is still consistent.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Store for MemoryStore {
+    fn acquire<'a>(
+        &'a self,
+        key: &'a Key,
+        fingerprint: &'a Fingerprint,
+        lease: Duration,
+        retention: Duration,
+    ) -> BoxFuture<'a, Result<Acquire, Error>> {
+        let res = self.acquire_now(key, fingerprint, lease, retention);
+        Box::pin(std::future::ready(res))
+    }
+
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        token: &'a Token,
+        result: Bytes,
+        retention: Duration,
+    ) -> BoxFuture<'a, Result<Transition, Error>> {
+        let t = self.with_owned(key, token, |r, now| {
+            r.state = State::Done(result);
+            r.expires = now + retention;
+        });
+        Box::pin(std::future::ready(Ok(t)))
+    }
+
+    fn release<'a>(&'a self, key: &'a Key, token: &'a Token) -> BoxFuture<'a, Result<Transition, Error>> {
+        let t = self.with_owned(key, token, |r, _| r.state = State::Released);
+        Box::pin(std::future::ready(Ok(t)))
+    }
+
+    fn renew<'a>(
+        &'a self,
+        key: &'a Key,
+        token: &'a Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Transition, Error>> {
+        let t = self.with_owned(key, token, |r, now| {
+            if let State::Running { lease_until, .. } = &mut r.state {
+                *lease_until = now + lease;
+            }
+            r.expires = r.expires.max(now + lease);
+        });
+        Box::pin(std::future::ready(Ok(t)))
+    }
+
+    fn describe(&self) -> String {
+        "memory".to_owned()
+    }
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("len", &self.len())
+            .field("capacity", &self.inner.capacity)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(i: u8) -> Key {
+        Key::from_bytes([i; 32])
+    }
+
+    const FP: Fingerprint = Fingerprint::from_bytes([1; 32]);
+    const SEC: Duration = Duration::from_secs(1);
+
+    #[tokio::test(start_paused = true)]
+    async fn expired_records_are_swept_and_capacity_holds() {
+        let store = MemoryStore::with_capacity(2);
+        for i in 0..2 {
+            assert!(matches!(store.acquire(&key(i), &FP, SEC, SEC).await.unwrap(), Acquire::Acquired(_)));
+        }
+        let err = store.acquire(&key(9), &FP, SEC, SEC).await.unwrap_err();
+        assert!(matches!(err, Error::Full { capacity: 2, .. }), "{err}");
+        tokio::time::advance(2 * SEC).await;
+        assert!(matches!(store.acquire(&key(9), &FP, SEC, SEC).await.unwrap(), Acquire::Acquired(_)));
+        assert_eq!(store.len(), 1);
+        store.sweep();
+        assert_eq!(store.len(), 1);
+        tokio::time::advance(2 * SEC).await;
+        store.sweep();
+        assert!(store.is_empty());
+    }
+}

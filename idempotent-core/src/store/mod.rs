@@ -1,0 +1,90 @@
+//! Where records live: the [`Store`] trait and its implementations.
+//!
+//! [`MemoryStore`] is the embedded default for one process and for tests. [`RedisStore`] (feature
+//! `redis`) shares records between processes and machines, on standalone Redis or Redis Cluster.
+//! Both pass the same conformance suite (`tests/src/conformance.rs`).
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::error::Error;
+use crate::key::{Fingerprint, Key};
+use crate::record::{Acquire, Token, Transition};
+
+pub mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
+
+pub use memory::MemoryStore;
+#[cfg(feature = "redis")]
+pub use self::redis::{Preflight, RedisStore, RedisStoreBuilder};
+
+/// A boxed, sendable future, so that [`Store`] stays object safe.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A record store implementing the protocol of [`crate::record`].
+///
+/// Each method is one atomic transition. Implementations must judge leases by their own clock,
+/// keep fencing tokens growing per key, and never hold a connection after the returned future
+/// completes. The trait is object safe: the executor holds an `Arc<dyn Store>`.
+pub trait Store: Send + Sync + 'static {
+    /// Takes the key if it is free (absent, released, or its lease passed), or reports why not.
+    ///
+    /// `lease` bounds how long the caller may hold the key without renewing; `retention` is how
+    /// long the record is kept at least.
+    fn acquire<'a>(
+        &'a self,
+        key: &'a Key,
+        fingerprint: &'a Fingerprint,
+        lease: Duration,
+        retention: Duration,
+    ) -> BoxFuture<'a, Result<Acquire, Error>>;
+
+    /// Stores the outcome and marks the operation done, if `token` still owns the key.
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        token: &'a Token,
+        result: Bytes,
+        retention: Duration,
+    ) -> BoxFuture<'a, Result<Transition, Error>>;
+
+    /// Gives the key up without an outcome (the fence is kept), if `token` still owns it.
+    fn release<'a>(&'a self, key: &'a Key, token: &'a Token) -> BoxFuture<'a, Result<Transition, Error>>;
+
+    /// Moves the lease deadline to `lease` from now, if `token` still owns the key.
+    fn renew<'a>(
+        &'a self,
+        key: &'a Key,
+        token: &'a Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Transition, Error>>;
+
+    /// A short description for logs and errors (a URL without credentials, or `memory`).
+    fn describe(&self) -> String;
+}
+
+/// A shared, type-erased store handle.
+pub type SharedStore = Arc<dyn Store>;
+
+/// Turns a concrete store (or an existing handle) into a [`SharedStore`] without double boxing.
+pub trait IntoSharedStore {
+    /// Performs the conversion.
+    fn into_shared(self) -> SharedStore;
+}
+
+impl<S: Store> IntoSharedStore for S {
+    fn into_shared(self) -> SharedStore {
+        Arc::new(self)
+    }
+}
+
+impl IntoSharedStore for SharedStore {
+    fn into_shared(self) -> SharedStore {
+        self
+    }
+}

@@ -1,0 +1,516 @@
+//! The Redis store, on deadpool-redis, for standalone Redis and Redis Cluster.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use deadpool_redis::redis::{self, Script, Value};
+use deadpool_redis::{Runtime, cluster};
+
+use super::{BoxFuture, Store};
+use crate::error::{BoxError, Error};
+use crate::key::{Fingerprint, Key};
+use crate::record::{Acquire, Lease, Token, Transition};
+
+const DEFAULT_PREFIX: &str = "idem:";
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+const DEFAULT_POOL_SIZE: usize = 16;
+
+struct Scripts {
+    acquire: Script,
+    complete: Script,
+    release: Script,
+    renew: Script,
+}
+
+impl Scripts {
+    fn new() -> Self {
+        Scripts {
+            acquire: Script::new(include_str!("acquire.lua")),
+            complete: Script::new(include_str!("complete.lua")),
+            release: Script::new(include_str!("release.lua")),
+            renew: Script::new(include_str!("renew.lua")),
+        }
+    }
+}
+
+#[derive(Clone)]
+enum Pool {
+    Single(deadpool_redis::Pool),
+    Cluster(cluster::Pool),
+}
+
+/// A [`Store`] on Redis: one hash per operation, each transition one Lua script.
+///
+/// Every call takes a pooled connection for exactly one script invocation (`EVALSHA`, reloaded on
+/// `NOSCRIPT`) and gives it back, so no connection is held while the action runs. Every call is
+/// bounded by the command timeout (default 2 s), which covers waiting for a pooled connection too;
+/// a call that fails or times out returns an error, and the executor then does not run the action.
+///
+/// Records are keyed `{prefix}{hex digest}`: one key per operation, so Redis Cluster never sees a
+/// cross-slot script. Leases and fences are judged by the server's clock (`TIME`).
+///
+/// ```no_run
+/// use idempotent_core::RedisStore;
+///
+/// # fn main() -> Result<(), idempotent_core::Error> {
+/// let store = RedisStore::builder("redis://127.0.0.1:6379")
+///     .pool_size(32)
+///     .command_timeout(std::time::Duration::from_millis(500))
+///     .key_prefix("payments:idem:")
+///     .build()?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    prefix: String,
+    timeout: Duration,
+    scripts: Scripts,
+    describe: String,
+}
+
+/// Configures a [`RedisStore`]; made by [`RedisStore::builder`] or [`RedisStore::cluster_builder`].
+#[derive(Debug, Clone)]
+pub struct RedisStoreBuilder {
+    urls: Vec<String>,
+    cluster: bool,
+    pool_size: usize,
+    timeout: Duration,
+    prefix: String,
+}
+
+impl RedisStoreBuilder {
+    /// The most connections the pool opens (default 16). Connections are multiplexed, so a few
+    /// serve many concurrent calls.
+    pub fn pool_size(mut self, size: usize) -> Self {
+        self.pool_size = size;
+        self
+    }
+
+    /// The bound on every store call, including the wait for a pooled connection (default 2 s).
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The prefix of every record's key (default `idem:`).
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Builds the store. Connections are opened lazily, on first use.
+    pub fn build(self) -> Result<RedisStore, Error> {
+        if self.urls.is_empty() {
+            return Err(Error::Config("no Redis URL given".into()));
+        }
+        if self.pool_size == 0 {
+            return Err(Error::Config("pool_size must be at least 1".into()));
+        }
+        if self.timeout.is_zero() {
+            return Err(Error::Config("command_timeout must be above zero".into()));
+        }
+        let describe = self.urls.iter().map(|u| redact(u)).collect::<Vec<_>>().join(",");
+        let config_err = |e: &dyn fmt::Display| {
+            Error::Config(format!(
+                "cannot use Redis URL {describe}: {e} (expected redis://[user:password@]host:port[/db] \
+                 or rediss:// for TLS)"
+            ))
+        };
+        let pool_config = deadpool_redis::PoolConfig {
+            max_size: self.pool_size,
+            timeouts: deadpool_redis::Timeouts {
+                wait: Some(self.timeout),
+                create: Some(self.timeout),
+                recycle: Some(self.timeout),
+            },
+            ..Default::default()
+        };
+        let pool = if self.cluster {
+            let mut cfg = cluster::Config::from_urls(self.urls.clone());
+            cfg.pool = Some(pool_config);
+            Pool::Cluster(cfg.create_pool(Some(Runtime::Tokio1)).map_err(|e| config_err(&e))?)
+        } else {
+            let mut cfg = deadpool_redis::Config::from_url(self.urls[0].clone());
+            cfg.pool = Some(pool_config);
+            Pool::Single(cfg.create_pool(Some(Runtime::Tokio1)).map_err(|e| config_err(&e))?)
+        };
+        Ok(RedisStore::from_parts(pool, self.prefix, self.timeout, describe))
+    }
+}
+
+/// Hides the password of a `redis://user:password@host` URL.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let creds = &url[scheme + 3..at];
+            let user = creds.split(':').next().unwrap_or("");
+            format!("{}://{}{}", &url[..scheme], if user.is_empty() { String::new() } else { format!("{user}:***") }, &url[at..])
+        }
+        _ => url.to_owned(),
+    }
+}
+
+/// What [`RedisStore::preflight`] found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Preflight {
+    /// Settings that break the exactly-once guarantee, each with what to do.
+    pub problems: Vec<String>,
+    /// Settings that could not be read (for example `CONFIG` is disabled on managed Redis).
+    pub unchecked: Vec<String>,
+}
+
+impl Preflight {
+    /// Whether nothing that breaks the guarantee was found.
+    pub fn is_ok(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+impl fmt::Display for Preflight {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.problems.is_empty() && self.unchecked.is_empty() {
+            return f.write_str("Redis settings keep the guarantee");
+        }
+        for p in &self.problems {
+            writeln!(f, "problem: {p}")?;
+        }
+        for u in &self.unchecked {
+            writeln!(f, "unchecked: {u}")?;
+        }
+        Ok(())
+    }
+}
+
+impl RedisStore {
+    /// Starts configuring a store on standalone Redis (or a proxy) at `url`.
+    pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
+        RedisStoreBuilder {
+            urls: vec![url.into()],
+            cluster: false,
+            pool_size: DEFAULT_POOL_SIZE,
+            timeout: DEFAULT_TIMEOUT,
+            prefix: DEFAULT_PREFIX.to_owned(),
+        }
+    }
+
+    /// Starts configuring a store on Redis Cluster, given one or more seed nodes.
+    pub fn cluster_builder<I, S>(urls: I) -> RedisStoreBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedisStoreBuilder { urls: urls.into_iter().map(Into::into).collect(), cluster: true, ..Self::builder("") }
+    }
+
+    /// A store on standalone Redis at `url`, with default settings.
+    pub fn connect(url: &str) -> Result<RedisStore, Error> {
+        Self::builder(url).build()
+    }
+
+    /// A store on an existing deadpool pool (its own pool settings apply).
+    pub fn from_pool(pool: deadpool_redis::Pool, prefix: impl Into<String>, timeout: Duration) -> RedisStore {
+        RedisStore::from_parts(Pool::Single(pool), prefix.into(), timeout, "redis (pool)".to_owned())
+    }
+
+    /// A store on an existing deadpool cluster pool.
+    pub fn from_cluster_pool(pool: cluster::Pool, prefix: impl Into<String>, timeout: Duration) -> RedisStore {
+        RedisStore::from_parts(Pool::Cluster(pool), prefix.into(), timeout, "redis cluster (pool)".to_owned())
+    }
+
+    fn from_parts(pool: Pool, prefix: String, timeout: Duration, describe: String) -> RedisStore {
+        RedisStore { inner: Arc::new(Inner { pool, prefix, timeout, scripts: Scripts::new(), describe }) }
+    }
+
+    /// The Redis key that holds the record of `key`.
+    pub fn redis_key(&self, key: &Key) -> String {
+        let mut s = String::with_capacity(self.inner.prefix.len() + 64);
+        s.push_str(&self.inner.prefix);
+        s.push_str(&key.to_hex());
+        s
+    }
+
+    /// Checks the server settings the guarantee depends on; call it at start-up.
+    ///
+    /// Reports `maxmemory-policy` other than `noeviction` (Redis may evict a record and the
+    /// operation would run again) and a server that persists nothing (a restart forgets every
+    /// record). On a cluster, the node that answers is checked.
+    pub async fn preflight(&self) -> Result<Preflight, Error> {
+        let mut report = Preflight::default();
+        let policy = self.config_get("maxmemory-policy").await?;
+        match policy.as_deref() {
+            Some("noeviction") => {}
+            Some(other) => report.problems.push(format!(
+                "maxmemory-policy is {other}: under memory pressure Redis may evict a record and its \
+                 operation would run again; set `maxmemory-policy noeviction`"
+            )),
+            None => report.unchecked.push("maxmemory-policy (CONFIG GET refused)".into()),
+        }
+        let aof = self.config_get("appendonly").await?;
+        let save = self.config_get("save").await?;
+        match (aof.as_deref(), save.as_deref()) {
+            (Some("no"), Some("")) => report.problems.push(
+                "persistence is off (appendonly no, save \"\"): a restart forgets every record and \
+                 completed operations would run again; enable AOF (`appendonly yes`, ideally \
+                 `appendfsync always`) or RDB snapshots"
+                    .into(),
+            ),
+            (None, _) | (_, None) => report.unchecked.push("persistence (CONFIG GET refused)".into()),
+            _ => {}
+        }
+        Ok(report)
+    }
+
+    async fn config_get(&self, name: &str) -> Result<Option<String>, Error> {
+        let mut cmd = redis::cmd("CONFIG");
+        cmd.arg("GET").arg(name);
+        let value = self.run("preflight", cmd).await;
+        match value {
+            Ok(Value::Array(items)) | Ok(Value::Set(items)) => Ok(items.get(1).and_then(text)),
+            Ok(Value::Map(pairs)) => Ok(pairs.first().and_then(|(_, v)| text(v))),
+            Ok(_) => Ok(None),
+            Err(Error::Unavailable { reason, .. }) if reason.contains("unknown command") || reason.contains("NOPERM") => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Sends one command on a pooled connection, within the command timeout.
+    async fn run(&self, op: &'static str, cmd: redis::Cmd) -> Result<Value, Error> {
+        self.timed(op, async {
+            let mut conn = self.conn(op).await?;
+            cmd.query_async(&mut conn).await.map_err(|e| self.redis_error(op, e))
+        })
+        .await
+    }
+
+    async fn invoke(&self, op: &'static str, script: &Script, key: &Key, args: &[&[u8]]) -> Result<Value, Error> {
+        let mut inv = script.key(self.redis_key(key));
+        for a in args {
+            inv.arg(*a);
+        }
+        self.timed(op, async {
+            let mut conn = self.conn(op).await?;
+            inv.invoke_async(&mut conn).await.map_err(|e| self.redis_error(op, e))
+        })
+        .await
+    }
+
+    /// Bounds `work` (connection wait included) by the command timeout.
+    async fn timed<T>(&self, op: &'static str, work: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
+        match tokio::time::timeout(self.inner.timeout, work).await {
+            Ok(res) => res,
+            Err(_) => Err(Error::Timeout { store: self.describe(), op, after: self.inner.timeout }),
+        }
+    }
+
+    async fn conn(&self, op: &'static str) -> Result<Conn, Error> {
+        match &self.inner.pool {
+            Pool::Single(p) => p.get().await.map(Conn::Single).map_err(|e| self.pool_error(op, e)),
+            Pool::Cluster(p) => p.get().await.map(Conn::Cluster).map_err(|e| self.pool_error(op, e)),
+        }
+    }
+
+    fn pool_error(&self, op: &'static str, e: deadpool_redis::PoolError) -> Error {
+        if let deadpool_redis::PoolError::Timeout(_) = e {
+            return Error::Timeout { store: self.describe(), op, after: self.inner.timeout };
+        }
+        let reason = match &e {
+            deadpool_redis::PoolError::Backend(b) => b.to_string(),
+            other => other.to_string(),
+        };
+        Error::Unavailable { store: self.describe(), op, reason, source: Some(Box::new(e) as BoxError) }
+    }
+
+    fn redis_error(&self, op: &'static str, e: redis::RedisError) -> Error {
+        Error::Unavailable { store: self.describe(), op, reason: e.to_string(), source: Some(Box::new(e)) }
+    }
+
+    fn corrupt(key: &Key, detail: impl Into<String>) -> Error {
+        Error::Corrupt { key: key.short(), detail: detail.into() }
+    }
+
+    fn transition(&self, key: &Key, value: Value) -> Result<Transition, Error> {
+        match value {
+            Value::Int(1) => Ok(Transition::Ok),
+            Value::Int(0) => Ok(Transition::LeaseLost),
+            other => Err(Self::corrupt(key, format!("unexpected script reply {other:?}"))),
+        }
+    }
+}
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+fn int(v: Option<&Value>) -> Option<i64> {
+    match v {
+        Some(Value::Int(i)) => Some(*i),
+        _ => None,
+    }
+}
+
+enum Conn {
+    Single(deadpool_redis::Connection),
+    Cluster(cluster::Connection),
+}
+
+impl redis::aio::ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+fn millis(d: Duration) -> String {
+    d.as_millis().max(1).to_string()
+}
+
+impl Store for RedisStore {
+    fn acquire<'a>(
+        &'a self,
+        key: &'a Key,
+        fingerprint: &'a Fingerprint,
+        lease: Duration,
+        retention: Duration,
+    ) -> BoxFuture<'a, Result<Acquire, Error>> {
+        Box::pin(async move {
+            let token = Token::random();
+            let fp = fingerprint.to_hex();
+            let (lease_ms, retention_ms) = (millis(lease), millis(retention));
+            let args: [&[u8]; 4] = [fp.as_bytes(), lease_ms.as_bytes(), token.as_str().as_bytes(), retention_ms.as_bytes()];
+            let reply = self.invoke("acquire", &self.inner.scripts.acquire, key, &args).await.map_err(|e| match e {
+                Error::Unavailable { reason, .. } if reason.contains("IDEMPOTENT_CORRUPT") => Self::corrupt(key, reason),
+                other => other,
+            })?;
+            let Value::Array(items) = reply else {
+                return Err(Self::corrupt(key, format!("unexpected acquire reply {reply:?}")));
+            };
+            match (int(items.first()), items.len()) {
+                (Some(1), 4) => {
+                    let (Some(fence), Some(attempt), Some(recovered)) =
+                        (int(items.get(1)), int(items.get(2)), int(items.get(3)))
+                    else {
+                        return Err(Self::corrupt(key, "malformed acquire reply"));
+                    };
+                    Ok(Acquire::Acquired(Lease {
+                        token,
+                        fence: u64::try_from(fence).map_err(|_| Self::corrupt(key, "negative fence"))?,
+                        attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
+                        recovered: recovered == 1,
+                    }))
+                }
+                (Some(2), 2) => match items.into_iter().nth(1) {
+                    Some(Value::BulkString(b)) => Ok(Acquire::Replay(Bytes::from(b))),
+                    other => Err(Self::corrupt(key, format!("stored result is not a string: {other:?}"))),
+                },
+                (Some(3), 2) => {
+                    let ms = int(items.get(1)).unwrap_or(0).max(0) as u64;
+                    Ok(Acquire::InFlight { retry_after: Duration::from_millis(ms) })
+                }
+                (Some(4), 1) => Ok(Acquire::Mismatch),
+                _ => Err(Self::corrupt(key, format!("unexpected acquire reply {items:?}"))),
+            }
+        })
+    }
+
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        token: &'a Token,
+        result: Bytes,
+        retention: Duration,
+    ) -> BoxFuture<'a, Result<Transition, Error>> {
+        Box::pin(async move {
+            let retention_ms = millis(retention);
+            let args: [&[u8]; 3] = [token.as_str().as_bytes(), &result, retention_ms.as_bytes()];
+            let reply = self.invoke("complete", &self.inner.scripts.complete, key, &args).await?;
+            self.transition(key, reply)
+        })
+    }
+
+    fn release<'a>(&'a self, key: &'a Key, token: &'a Token) -> BoxFuture<'a, Result<Transition, Error>> {
+        Box::pin(async move {
+            let reply = self.invoke("release", &self.inner.scripts.release, key, &[token.as_str().as_bytes()]).await?;
+            self.transition(key, reply)
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        key: &'a Key,
+        token: &'a Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Transition, Error>> {
+        Box::pin(async move {
+            let lease_ms = millis(lease);
+            let args: [&[u8]; 2] = [token.as_str().as_bytes(), lease_ms.as_bytes()];
+            let reply = self.invoke("renew", &self.inner.scripts.renew, key, &args).await?;
+            self.transition(key, reply)
+        })
+    }
+
+    fn describe(&self) -> String {
+        self.inner.describe.clone()
+    }
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("url", &self.inner.describe)
+            .field("prefix", &self.inner.prefix)
+            .field("timeout", &self.inner.timeout)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_redacted() {
+        assert_eq!(redact("redis://user:secret@host:6379/0"), "redis://user:***@host:6379/0");
+        assert_eq!(redact("rediss://:secret@host"), "rediss://@host");
+        assert_eq!(redact("redis://host:6379"), "redis://host:6379");
+    }
+
+    #[test]
+    fn bad_config_is_an_error() {
+        assert!(matches!(RedisStore::builder("redis://h").pool_size(0).build(), Err(Error::Config(_))));
+        assert!(matches!(RedisStore::builder("not a url").build(), Err(Error::Config(_))));
+    }
+}

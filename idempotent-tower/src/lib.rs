@@ -1,0 +1,1 @@
+//! Tower layers that make HTTP and gRPC requests idempotent by their `Idempotency-Key`.
