@@ -1,0 +1,1 @@
+//! Client side: see the crate docs.

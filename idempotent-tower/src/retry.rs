@@ -1,0 +1,1 @@
+//! Retry policy: see the crate docs.

@@ -1,0 +1,1 @@
+//! Server side: see the crate docs.

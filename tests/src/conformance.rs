@@ -1,0 +1,172 @@
+//! The store conformance suite: every [`Store`] must pass it, on its own clock.
+//!
+//! [`run_all`] runs each check on fresh random keys, so one store can take the whole suite. The
+//! lease checks wait for real time to pass (the store's clock decides when a lease is over; for
+//! Redis that is the server's `TIME`, which no test can pause), with leases of a few hundred ms.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use idempotent_core::record::{Acquire, Lease, Transition};
+use idempotent_core::{Fingerprint, Key, SharedStore};
+
+const LEASE: Duration = Duration::from_secs(10);
+const KEEP: Duration = Duration::from_secs(60);
+
+fn fresh_key() -> Key {
+    Key::derive(&idempotent_core::KeyScope::new(crate::unique("conf"), "step"), &()).unwrap()
+}
+
+fn fp(n: u8) -> Fingerprint {
+    Fingerprint::from_bytes([n; 32])
+}
+
+async fn acquired(store: &SharedStore, key: &Key, fingerprint: &Fingerprint, lease: Duration) -> Lease {
+    match store.acquire(key, fingerprint, lease, KEEP).await.expect("acquire") {
+        Acquire::Acquired(l) => l,
+        other => panic!("expected Acquired, got {other:?}"),
+    }
+}
+
+/// Runs every check against `store`, panicking with the name of the first that fails.
+pub async fn run_all(store: SharedStore) {
+    first_acquire_then_in_flight(&store).await;
+    complete_then_replay(&store).await;
+    mismatch_in_every_state(&store).await;
+    release_then_reacquire_with_higher_fence(&store).await;
+    foreign_tokens_are_refused(&store).await;
+    binary_results_round_trip(&store).await;
+    lease_expiry_allows_takeover_and_fences_the_old_holder(&store).await;
+    renew_keeps_the_lease(&store).await;
+    retention_expiry_forgets_but_fences_still_grow(&store).await;
+}
+
+/// absent → Acquired(attempt 1); a second acquire sees the live lease.
+pub async fn first_acquire_then_in_flight(store: &SharedStore) {
+    let key = fresh_key();
+    let lease = acquired(store, &key, &fp(1), LEASE).await;
+    assert_eq!(lease.attempt, 1, "first attempt is number 1");
+    assert!(!lease.recovered, "nothing to recover on a fresh key");
+    match store.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap() {
+        Acquire::InFlight { retry_after } => {
+            assert!(retry_after <= LEASE && retry_after > LEASE / 2, "retry_after {retry_after:?} should be about the lease")
+        }
+        other => panic!("expected InFlight, got {other:?}"),
+    }
+}
+
+/// running → done; every later acquire replays the exact bytes.
+pub async fn complete_then_replay(store: &SharedStore) {
+    let key = fresh_key();
+    let lease = acquired(store, &key, &fp(1), LEASE).await;
+    let t = store.complete(&key, &lease.token, Bytes::from_static(b"result-1"), KEEP).await.unwrap();
+    assert_eq!(t, Transition::Ok);
+    for _ in 0..3 {
+        assert_eq!(store.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap(), Acquire::Replay(Bytes::from_static(b"result-1")));
+    }
+    // The token is spent: a second complete is refused and the stored result is unchanged.
+    let t = store.complete(&key, &lease.token, Bytes::from_static(b"other"), KEEP).await.unwrap();
+    assert_eq!(t, Transition::LeaseLost);
+    assert_eq!(store.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap(), Acquire::Replay(Bytes::from_static(b"result-1")));
+}
+
+/// Another fingerprint under the same key is a mismatch whether the record runs, is done or released.
+pub async fn mismatch_in_every_state(store: &SharedStore) {
+    let key = fresh_key();
+    let lease = acquired(store, &key, &fp(1), LEASE).await;
+    assert_eq!(store.acquire(&key, &fp(2), LEASE, KEEP).await.unwrap(), Acquire::Mismatch, "running");
+    assert_eq!(store.release(&key, &lease.token).await.unwrap(), Transition::Ok);
+    assert_eq!(store.acquire(&key, &fp(2), LEASE, KEEP).await.unwrap(), Acquire::Mismatch, "released");
+    let lease = acquired(store, &key, &fp(1), LEASE).await;
+    store.complete(&key, &lease.token, Bytes::from_static(b"r"), KEEP).await.unwrap();
+    assert_eq!(store.acquire(&key, &fp(2), LEASE, KEEP).await.unwrap(), Acquire::Mismatch, "done");
+}
+
+/// released → acquire again: attempt 2, a higher fence, not recovered.
+pub async fn release_then_reacquire_with_higher_fence(store: &SharedStore) {
+    let key = fresh_key();
+    let first = acquired(store, &key, &fp(1), LEASE).await;
+    assert_eq!(store.release(&key, &first.token).await.unwrap(), Transition::Ok);
+    let second = acquired(store, &key, &fp(1), LEASE).await;
+    assert_eq!(second.attempt, 2);
+    assert!(second.fence > first.fence, "fence must grow: {} then {}", first.fence, second.fence);
+    assert!(!second.recovered, "a release is not a crash");
+    assert_ne!(second.token, first.token);
+    // The first token no longer owns anything.
+    assert_eq!(store.release(&key, &first.token).await.unwrap(), Transition::LeaseLost);
+    assert_eq!(store.renew(&key, &first.token, LEASE).await.unwrap(), Transition::LeaseLost);
+}
+
+/// complete, release and renew with a token that does not own the key are refused, and change nothing.
+pub async fn foreign_tokens_are_refused(store: &SharedStore) {
+    let key = fresh_key();
+    let owner = acquired(store, &key, &fp(1), LEASE).await;
+    let other = acquired(store, &fresh_key(), &fp(1), LEASE).await;
+    assert_eq!(store.complete(&key, &other.token, Bytes::from_static(b"x"), KEEP).await.unwrap(), Transition::LeaseLost);
+    assert_eq!(store.release(&key, &other.token).await.unwrap(), Transition::LeaseLost);
+    assert_eq!(store.renew(&key, &other.token, LEASE).await.unwrap(), Transition::LeaseLost);
+    assert!(matches!(store.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap(), Acquire::InFlight { .. }));
+    assert_eq!(store.complete(&key, &owner.token, Bytes::from_static(b"mine"), KEEP).await.unwrap(), Transition::Ok);
+    // A key that was never acquired has no owner at all.
+    let absent = fresh_key();
+    assert_eq!(store.complete(&absent, &owner.token, Bytes::new(), KEEP).await.unwrap(), Transition::LeaseLost);
+    assert_eq!(store.renew(&absent, &owner.token, LEASE).await.unwrap(), Transition::LeaseLost);
+}
+
+/// Results are opaque bytes: empty, binary and large ones come back exactly.
+pub async fn binary_results_round_trip(store: &SharedStore) {
+    let big: Vec<u8> = (0..200_000u32).map(|i| (i % 251) as u8).collect();
+    for payload in [Vec::new(), vec![0, 159, 146, 150, 255, 0], big] {
+        let key = fresh_key();
+        let lease = acquired(store, &key, &fp(1), LEASE).await;
+        store.complete(&key, &lease.token, Bytes::from(payload.clone()), KEEP).await.unwrap();
+        assert_eq!(store.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap(), Acquire::Replay(Bytes::from(payload)));
+    }
+}
+
+/// A holder that outlives its lease loses the key: a new attempt takes over (recovered, higher
+/// fence) and the old holder can no longer complete.
+pub async fn lease_expiry_allows_takeover_and_fences_the_old_holder(store: &SharedStore) {
+    let key = fresh_key();
+    let short = Duration::from_millis(150);
+    let old = acquired(store, &key, &fp(1), short).await;
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let new = acquired(store, &key, &fp(1), LEASE).await;
+    assert!(new.recovered, "the previous lease ran out without an outcome");
+    assert_eq!(new.attempt, 2);
+    assert!(new.fence > old.fence);
+    assert_eq!(store.complete(&key, &old.token, Bytes::from_static(b"stale"), KEEP).await.unwrap(), Transition::LeaseLost);
+    assert_eq!(store.renew(&key, &old.token, LEASE).await.unwrap(), Transition::LeaseLost);
+    assert_eq!(store.complete(&key, &new.token, Bytes::from_static(b"fresh"), KEEP).await.unwrap(), Transition::Ok);
+    assert_eq!(store.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap(), Acquire::Replay(Bytes::from_static(b"fresh")));
+}
+
+/// Renewing moves the deadline: the key stays taken past the original lease.
+pub async fn renew_keeps_the_lease(store: &SharedStore) {
+    let key = fresh_key();
+    let lease = Duration::from_millis(300);
+    let holder = acquired(store, &key, &fp(1), lease).await;
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert_eq!(store.renew(&key, &holder.token, lease).await.unwrap(), Transition::Ok);
+    }
+    // 450 ms after acquiring, well past the original 300 ms lease.
+    assert!(matches!(store.acquire(&key, &fp(1), lease, KEEP).await.unwrap(), Acquire::InFlight { .. }));
+    assert_eq!(store.complete(&key, &holder.token, Bytes::from_static(b"ok"), KEEP).await.unwrap(), Transition::Ok);
+}
+
+/// After the retention passes the record is gone; a new acquisition starts at attempt 1 but its
+/// fence is still above every earlier fence of the key.
+pub async fn retention_expiry_forgets_but_fences_still_grow(store: &SharedStore) {
+    let key = fresh_key();
+    let short = Duration::from_millis(200);
+    let first = match store.acquire(&key, &fp(1), short, short).await.unwrap() {
+        Acquire::Acquired(l) => l,
+        other => panic!("expected Acquired, got {other:?}"),
+    };
+    store.complete(&key, &first.token, Bytes::from_static(b"gone soon"), short).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let again = acquired(store, &key, &fp(2), LEASE).await;
+    assert_eq!(again.attempt, 1, "the record was forgotten");
+    assert!(again.fence > first.fence, "fence went backwards after the record expired");
+}

@@ -1,0 +1,182 @@
+//! A TCP proxy that injects faults between a client and a server on loopback.
+//!
+//! Point the store at [`FaultProxy::url`] instead of the server and switch [`Fault`]s per test:
+//! added latency, connection resets, a blackhole (bytes are swallowed, nothing answers), or
+//! "forward the request but drop the reply" — the fault that makes a client believe a command
+//! failed when the server executed it.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// What the proxy does to traffic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Forward both ways.
+    Pass,
+    /// Forward both ways, delaying each chunk by a duration chosen uniformly in `min..=max`.
+    Latency {
+        /// Shortest delay.
+        min: Duration,
+        /// Longest delay.
+        max: Duration,
+    },
+    /// Reset every open connection and every new one.
+    Reset,
+    /// Accept and read, forward nothing, answer nothing.
+    Blackhole,
+    /// Forward client → server, but drop server → client (then reset, as a lost reply would).
+    DropReplies,
+}
+
+/// A running proxy; stops when dropped.
+#[derive(Debug)]
+pub struct FaultProxy {
+    addr: SocketAddr,
+    fault: watch::Sender<Fault>,
+    forwarded_replies: Arc<Mutex<u64>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FaultProxy {
+    /// Starts a proxy on a free loopback port forwarding to `upstream` (e.g. `127.0.0.1:7001`).
+    pub async fn start(upstream: SocketAddr) -> FaultProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind the proxy");
+        let addr = listener.local_addr().unwrap();
+        let (fault, rx) = watch::channel(Fault::Pass);
+        let forwarded_replies = Arc::new(Mutex::new(0));
+        let counter = forwarded_replies.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((client, _)) = listener.accept().await else { return };
+                let rx = rx.clone();
+                let counter = counter.clone();
+                tokio::spawn(async move {
+                    let _ = serve(client, upstream, rx, counter).await;
+                });
+            }
+        });
+        FaultProxy { addr, fault, forwarded_replies, task }
+    }
+
+    /// The proxy's `redis://` URL.
+    pub fn url(&self) -> String {
+        format!("redis://{}", self.addr)
+    }
+
+    /// The proxy's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Switches the fault for open and new connections.
+    pub fn set(&self, fault: Fault) {
+        self.fault.send_replace(fault);
+    }
+
+    /// How many reply chunks were forwarded to clients so far.
+    pub fn forwarded_replies(&self) -> u64 {
+        *self.forwarded_replies.lock().unwrap()
+    }
+}
+
+impl Drop for FaultProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn serve(
+    client: TcpStream,
+    upstream: SocketAddr,
+    mut rx: watch::Receiver<Fault>,
+    counter: Arc<Mutex<u64>>,
+) -> std::io::Result<()> {
+    let fault = *rx.borrow_and_update();
+    if fault == Fault::Reset {
+        client.set_zero_linger()?;
+        return Ok(());
+    }
+    let server = TcpStream::connect(upstream).await?;
+    client.set_nodelay(true)?;
+    server.set_nodelay(true)?;
+    let (mut cr, mut cw) = client.into_split();
+    let (mut sr, mut sw) = server.into_split();
+    let up_rx = rx.clone();
+    let up = async move {
+        let mut rx = up_rx;
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = tokio::select! {
+                r = cr.read(&mut buf) => r?,
+                _ = wait_reset(&mut rx) => return Ok::<_, std::io::Error>(()),
+            };
+            if n == 0 {
+                return Ok(());
+            }
+            let fault = *rx.borrow();
+            match fault {
+                Fault::Blackhole => continue,
+                Fault::Reset => return Ok(()),
+                Fault::Latency { min, max } => tokio::time::sleep(pick(min, max)).await,
+                Fault::Pass | Fault::DropReplies => {}
+            }
+            sw.write_all(&buf[..n]).await?;
+        }
+    };
+    let down = async move {
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            let n = tokio::select! {
+                r = sr.read(&mut buf) => r?,
+                _ = wait_reset(&mut rx) => return Ok::<_, std::io::Error>(()),
+            };
+            if n == 0 {
+                return Ok(());
+            }
+            let fault = *rx.borrow();
+            match fault {
+                Fault::Blackhole => continue,
+                Fault::Reset => return Ok(()),
+                // The server executed the command; the client never hears of it.
+                Fault::DropReplies => return Ok(()),
+                Fault::Latency { min, max } => tokio::time::sleep(pick(min, max)).await,
+                Fault::Pass => {}
+            }
+            cw.write_all(&buf[..n]).await?;
+            *counter.lock().unwrap() += 1;
+        }
+    };
+    // Whichever side ends first ends the connection (dropping both halves closes both sockets).
+    tokio::select! {
+        r = up => r,
+        r = down => r,
+    }
+}
+
+/// Completes when the fault becomes `Reset`.
+async fn wait_reset(rx: &mut watch::Receiver<Fault>) {
+    loop {
+        if *rx.borrow_and_update() == Fault::Reset {
+            return;
+        }
+        if rx.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+fn pick(min: Duration, max: Duration) -> Duration {
+    if max <= min {
+        return min;
+    }
+    let span = (max - min).as_micros() as u64;
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos() as u64;
+    // A cheap spread is enough here: jitter only has to vary, not be unpredictable.
+    let r = (nanos.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407) >> 11) % (span + 1);
+    min + Duration::from_micros(r)
+}

@@ -1,0 +1,34 @@
+//! The store conformance suite on every backend.
+
+use idempotent_core::{MemoryStore, RedisStore, SharedStore};
+use idempotent_tests::{RedisCluster, RedisServer, conformance};
+use std::sync::Arc;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_store_conforms() {
+    conformance::run_all(Arc::new(MemoryStore::new())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_store_conforms() {
+    let server = RedisServer::start();
+    let store: SharedStore = Arc::new(RedisStore::connect(&server.url()).unwrap());
+    conformance::run_all(store).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_store_conforms() {
+    let cluster = RedisCluster::start();
+    let store: SharedStore = Arc::new(RedisStore::cluster_builder(cluster.urls()).build().unwrap());
+    conformance::run_all(store.clone()).await;
+    // The records really are spread over the masters (one key per operation, any slot).
+    let keys: Vec<i64> = cluster
+        .nodes
+        .iter()
+        .map(|n| match n.cmd(&["DBSIZE"]) {
+            idempotent_core::redis::Value::Int(k) => k,
+            other => panic!("DBSIZE answered {other:?}"),
+        })
+        .collect();
+    assert!(keys.iter().filter(|&&k| k > 0).count() >= 2, "records on one node only: {keys:?}");
+}
