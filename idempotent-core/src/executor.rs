@@ -315,7 +315,8 @@ impl Step<'_> {
 
         let signal = Arc::new(LeaseSignal::default());
         let attempt = Attempt { fence: lease.fence, number: lease.attempt, recovered: lease.recovered, signal: Some(signal.clone()) };
-        let result = self.run_with_heartbeat(&key, &lease, &signal, action(attempt), &short).await;
+        let action = CURRENT_ATTEMPT.scope(attempt.clone(), action(attempt));
+        let result = self.run_with_heartbeat(&key, &lease, &signal, action, &short).await;
 
         let encoded: Option<Vec<u8>> = match &result {
             Ok(value) => {
@@ -480,6 +481,32 @@ fn decode<T: DeserializeOwned, E: From<Error>>(
         },
         _ => Err(Error::Corrupt { key: key.short(), detail: "stored result has no outcome tag".into() }.into()),
     }
+}
+
+tokio::task_local! {
+    static CURRENT_ATTEMPT: Attempt;
+}
+
+/// The [`Attempt`] of the step action being run by the current task, if any.
+///
+/// The executor makes the attempt available for the whole action, so code deep inside it (or a
+/// function annotated with `#[idempotent]`, whose body has no `Attempt` parameter) can read the
+/// fence or check whether the lease was lost.
+///
+/// ```
+/// use idempotent_core::{MemoryStore, RunContext, current_attempt};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idempotent_core::Error> {
+/// assert!(current_attempt().is_none());
+/// let ctx = RunContext::new(MemoryStore::new(), "run");
+/// let fence: u64 = ctx.step("s").run(&(), |_| async {
+///     Ok::<_, idempotent_core::Error>(current_attempt().expect("inside a step").fence())
+/// }).await?;
+/// assert!(fence > 0);
+/// # Ok(()) }
+/// ```
+pub fn current_attempt() -> Option<Attempt> {
+    CURRENT_ATTEMPT.try_with(Attempt::clone).ok()
 }
 
 #[derive(Default)]
