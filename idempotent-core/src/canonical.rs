@@ -91,10 +91,7 @@ pub fn to_canonical_vec<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, Can
 }
 
 /// Appends the canonical JSON of `value` to `out`. On error, `out` is left as it was.
-pub fn write_canonical<T: Serialize + ?Sized>(
-    out: &mut Vec<u8>,
-    value: &T,
-) -> Result<(), CanonicalError> {
+pub fn write_canonical<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) -> Result<(), CanonicalError> {
     let start = out.len();
     let mut ser = Canonicalizer { out, depth: 0 };
     let res = value.serialize(&mut ser);
@@ -210,11 +207,7 @@ struct ObjectState {
 fn utf16_cmp(a: &str, b: &str) -> std::cmp::Ordering {
     // UTF-8 byte order equals code point order, which differs from UTF-16 order only when one side
     // has a code point at or above U+E000 where the other has a surrogate pair; ASCII is common.
-    if a.is_ascii() && b.is_ascii() {
-        a.cmp(b)
-    } else {
-        a.encode_utf16().cmp(b.encode_utf16())
-    }
+    if a.is_ascii() && b.is_ascii() { a.cmp(b) } else { a.encode_utf16().cmp(b.encode_utf16()) }
 }
 
 impl ObjectState {
@@ -285,12 +278,7 @@ impl ser::Serializer for KeySerializer {
     fn serialize_char(self, v: char) -> Result<String, CanonicalError> {
         Ok(v.to_string())
     }
-    fn serialize_unit_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        variant: &'static str,
-    ) -> Result<String, CanonicalError> {
+    fn serialize_unit_variant(self, _: &'static str, _: u32, variant: &'static str) -> Result<String, CanonicalError> {
         Ok(variant.to_owned())
     }
     fn serialize_newtype_struct<T: Serialize + ?Sized>(
@@ -331,11 +319,7 @@ impl ser::Serializer for KeySerializer {
     fn serialize_tuple(self, _: usize) -> Result<Self::SerializeTuple, CanonicalError> {
         Err(CanonicalError::NonStringKey { kind: "tuples" })
     }
-    fn serialize_tuple_struct(
-        self,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeTupleStruct, CanonicalError> {
+    fn serialize_tuple_struct(self, _: &'static str, _: usize) -> Result<Self::SerializeTupleStruct, CanonicalError> {
         Err(CanonicalError::NonStringKey { kind: "tuple structs" })
     }
     fn serialize_tuple_variant(
@@ -350,11 +334,7 @@ impl ser::Serializer for KeySerializer {
     fn serialize_map(self, _: Option<usize>) -> Result<Self::SerializeMap, CanonicalError> {
         Err(CanonicalError::NonStringKey { kind: "maps" })
     }
-    fn serialize_struct(
-        self,
-        _: &'static str,
-        _: usize,
-    ) -> Result<Self::SerializeStruct, CanonicalError> {
+    fn serialize_struct(self, _: &'static str, _: usize) -> Result<Self::SerializeStruct, CanonicalError> {
         Err(CanonicalError::NonStringKey { kind: "structs" })
     }
     fn serialize_struct_variant(
@@ -468,11 +448,8 @@ impl ser::SerializeMap for MapState<'_, '_> {
         Ok(())
     }
     fn serialize_value<T: Serialize + ?Sized>(&mut self, value: &T) -> Result<(), CanonicalError> {
-        let key = self
-            .obj
-            .key
-            .take()
-            .ok_or_else(|| CanonicalError::Custom("map value serialized before its key".into()))?;
+        let key =
+            self.obj.key.take().ok_or_else(|| CanonicalError::Custom("map value serialized before its key".into()))?;
         self.obj.member(self.ser, key, value)
     }
     fn end(self) -> Result<(), CanonicalError> {
@@ -483,11 +460,7 @@ impl ser::SerializeMap for MapState<'_, '_> {
 impl ser::SerializeStruct for MapState<'_, '_> {
     type Ok = ();
     type Error = CanonicalError;
-    fn serialize_field<T: Serialize + ?Sized>(
-        &mut self,
-        key: &'static str,
-        value: &T,
-    ) -> Result<(), CanonicalError> {
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, value: &T) -> Result<(), CanonicalError> {
         self.obj.member(self.ser, key.to_owned(), value)
     }
     fn end(self) -> Result<(), CanonicalError> {
@@ -498,11 +471,7 @@ impl ser::SerializeStruct for MapState<'_, '_> {
 impl ser::SerializeStructVariant for MapState<'_, '_> {
     type Ok = ();
     type Error = CanonicalError;
-    fn serialize_field<T: Serialize + ?Sized>(
-        &mut self,
-        key: &'static str,
-        value: &T,
-    ) -> Result<(), CanonicalError> {
+    fn serialize_field<T: Serialize + ?Sized>(&mut self, key: &'static str, value: &T) -> Result<(), CanonicalError> {
         self.obj.member(self.ser, key.to_owned(), value)
     }
     fn end(self) -> Result<(), CanonicalError> {
@@ -600,19 +569,10 @@ impl<'s, 'a> ser::Serializer for &'s mut Canonicalizer<'a> {
     fn serialize_unit_struct(self, _: &'static str) -> Result<(), CanonicalError> {
         self.serialize_unit()
     }
-    fn serialize_unit_variant(
-        self,
-        _: &'static str,
-        _: u32,
-        variant: &'static str,
-    ) -> Result<(), CanonicalError> {
+    fn serialize_unit_variant(self, _: &'static str, _: u32, variant: &'static str) -> Result<(), CanonicalError> {
         self.serialize_str(variant)
     }
-    fn serialize_newtype_struct<T: Serialize + ?Sized>(
-        self,
-        _: &'static str,
-        value: &T,
-    ) -> Result<(), CanonicalError> {
+    fn serialize_newtype_struct<T: Serialize + ?Sized>(self, _: &'static str, value: &T) -> Result<(), CanonicalError> {
         value.serialize(self)
     }
     fn serialize_newtype_variant<T: Serialize + ?Sized>(
@@ -634,11 +594,7 @@ impl<'s, 'a> ser::Serializer for &'s mut Canonicalizer<'a> {
     fn serialize_tuple(self, len: usize) -> Result<Self::SerializeTuple, CanonicalError> {
         self.serialize_seq(Some(len))
     }
-    fn serialize_tuple_struct(
-        self,
-        _: &'static str,
-        len: usize,
-    ) -> Result<Self::SerializeTupleStruct, CanonicalError> {
+    fn serialize_tuple_struct(self, _: &'static str, len: usize) -> Result<Self::SerializeTupleStruct, CanonicalError> {
         self.serialize_seq(Some(len))
     }
     fn serialize_tuple_variant(
@@ -659,11 +615,7 @@ impl<'s, 'a> ser::Serializer for &'s mut Canonicalizer<'a> {
         let obj = self.begin_object()?;
         Ok(MapState { ser: self, obj, in_variant: false })
     }
-    fn serialize_struct(
-        self,
-        _: &'static str,
-        len: usize,
-    ) -> Result<Self::SerializeStruct, CanonicalError> {
+    fn serialize_struct(self, _: &'static str, len: usize) -> Result<Self::SerializeStruct, CanonicalError> {
         self.serialize_map(Some(len))
     }
     fn serialize_struct_variant(
@@ -865,8 +817,7 @@ impl JsonParser<'_> {
                                 let cp = 0x10000 + ((u32::from(hi) - 0xd800) << 10) + (u32::from(lo) - 0xdc00);
                                 char::from_u32(cp).ok_or_else(|| self.err("bad \\u escape"))?
                             } else {
-                                char::from_u32(u32::from(hi))
-                                    .ok_or_else(|| self.err("lone surrogate in \\u escape"))?
+                                char::from_u32(u32::from(hi)).ok_or_else(|| self.err("lone surrogate in \\u escape"))?
                             }
                         }
                         _ => return Err(self.err("unknown escape in string")),
@@ -974,10 +925,7 @@ mod tests {
             assert_eq!(canon(&f64::from_bits(bits)), want, "bits {bits:#018x}");
         }
         for bits in [0x7fffffffffffffffu64, 0x7ff0000000000000, 0xfff0000000000000] {
-            assert!(matches!(
-                to_canonical_vec(&f64::from_bits(bits)),
-                Err(CanonicalError::NonFinite(_))
-            ));
+            assert!(matches!(to_canonical_vec(&f64::from_bits(bits)), Err(CanonicalError::NonFinite(_))));
         }
     }
 

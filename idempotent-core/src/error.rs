@@ -130,7 +130,9 @@ pub enum Error {
     },
 
     /// The store is at its configured capacity.
-    #[error("store {store} is full ({capacity} records); the action was not run. Raise its capacity or lower the retention")]
+    #[error(
+        "store {store} is full ({capacity} records); the action was not run. Raise its capacity or lower the retention"
+    )]
     Full {
         /// Which store.
         store: String,

@@ -130,7 +130,12 @@ impl std::fmt::Debug for RunContext {
 impl RunContext {
     /// A context for the run `run_id` on `store` (a store, or a [`SharedStore`] handle).
     pub fn new(store: impl IntoSharedStore, run_id: impl AsRef<str>) -> Self {
-        RunContext { store: store.into_shared(), run_id: Arc::from(run_id.as_ref()), tenant: None, defaults: StepOptions::default() }
+        RunContext {
+            store: store.into_shared(),
+            run_id: Arc::from(run_id.as_ref()),
+            tenant: None,
+            defaults: StepOptions::default(),
+        }
     }
 
     /// Sets the tenant, so two tenants' equal run ids never share a record.
@@ -237,7 +242,8 @@ impl Step<'_> {
             Some(Ok(id)) => *id,
             Some(Err(e)) => return Err(payload_err(e.clone())),
         };
-        let scope = KeyScope::from_parts(self.ctx.tenant.as_deref(), &self.ctx.run_id, &self.name, self.options.version);
+        let scope =
+            KeyScope::from_parts(self.ctx.tenant.as_deref(), &self.ctx.run_id, &self.name, self.options.version);
         Ok((Key::from_identity_hash(&scope, &identity), fingerprint))
     }
 
@@ -314,7 +320,12 @@ impl Step<'_> {
         }
 
         let signal = Arc::new(LeaseSignal::default());
-        let attempt = Attempt { fence: lease.fence, number: lease.attempt, recovered: lease.recovered, signal: Some(signal.clone()) };
+        let attempt = Attempt {
+            fence: lease.fence,
+            number: lease.attempt,
+            recovered: lease.recovered,
+            signal: Some(signal.clone()),
+        };
         let action = CURRENT_ATTEMPT.scope(attempt.clone(), action(attempt));
         let result = self.run_with_heartbeat(&key, &lease, &signal, action, &short).await;
 
@@ -363,9 +374,13 @@ impl Step<'_> {
             None => {
                 match store.release(&key, &lease.token).await {
                     Ok(Transition::Ok) => tracing::debug!(step, key = %short, "idempotent.released"),
-                    Ok(Transition::LeaseLost) => tracing::warn!(step, key = %short, fence = lease.fence, "idempotent.lease_lost: released after losing the lease"),
+                    Ok(Transition::LeaseLost) => {
+                        tracing::warn!(step, key = %short, fence = lease.fence, "idempotent.lease_lost: released after losing the lease")
+                    }
                     // The lease runs out on its own; the action's error is what the caller needs.
-                    Err(e) => tracing::warn!(step, key = %short, error = %e, "idempotent.store_error: could not release; the key frees itself when the lease runs out"),
+                    Err(e) => {
+                        tracing::warn!(step, key = %short, error = %e, "idempotent.store_error: could not release; the key frees itself when the lease runs out")
+                    }
                 }
                 result
             }

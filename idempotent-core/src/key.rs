@@ -65,12 +65,7 @@ impl KeyScope {
     }
 
     pub(crate) fn from_parts(tenant: Option<&str>, run_id: &str, step: &str, version: u32) -> Self {
-        KeyScope {
-            tenant: tenant.map(str::to_owned),
-            run_id: run_id.to_owned(),
-            step: step.to_owned(),
-            version,
-        }
+        KeyScope { tenant: tenant.map(str::to_owned), run_id: run_id.to_owned(), step: step.to_owned(), version }
     }
 }
 

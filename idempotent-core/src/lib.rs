@@ -69,7 +69,8 @@ pub mod store;
 
 pub use error::{BoxError, Error};
 pub use executor::{
-    Attempt, DEFAULT_LEASE, current_attempt, DEFAULT_TTL, DEFAULT_WAIT, FailMode, OnInFlight, RunContext, Step, StepOptions,
+    Attempt, DEFAULT_LEASE, DEFAULT_TTL, DEFAULT_WAIT, FailMode, OnInFlight, RunContext, Step, StepOptions,
+    current_attempt,
 };
 pub use key::{Fingerprint, Key, KeyScope};
 pub use store::{IntoSharedStore, MemoryStore, SharedStore, Store};
@@ -89,8 +90,8 @@ pub use idempotent_macros::idempotent;
 /// Items the `#[idempotent]` macro expands to. Not public API: may change in any release.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::executor::{Attempt, FailMode, OnInFlight, RunContext, Step};
     pub use crate::error::Error;
+    pub use crate::executor::{Attempt, FailMode, OnInFlight, RunContext, Step};
     pub use serde;
     pub use std::time::Duration;
 }

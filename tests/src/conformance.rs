@@ -49,7 +49,10 @@ pub async fn first_acquire_then_in_flight(store: &SharedStore) {
     assert!(!lease.recovered, "nothing to recover on a fresh key");
     match store.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap() {
         Acquire::InFlight { retry_after } => {
-            assert!(retry_after <= LEASE && retry_after > LEASE / 2, "retry_after {retry_after:?} should be about the lease")
+            assert!(
+                retry_after <= LEASE && retry_after > LEASE / 2,
+                "retry_after {retry_after:?} should be about the lease"
+            )
         }
         other => panic!("expected InFlight, got {other:?}"),
     }
@@ -62,12 +65,18 @@ pub async fn complete_then_replay(store: &SharedStore) {
     let t = store.complete(&key, &lease.token, Bytes::from_static(b"result-1"), KEEP).await.unwrap();
     assert_eq!(t, Transition::Ok);
     for _ in 0..3 {
-        assert_eq!(store.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap(), Acquire::Replay(Bytes::from_static(b"result-1")));
+        assert_eq!(
+            store.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap(),
+            Acquire::Replay(Bytes::from_static(b"result-1"))
+        );
     }
     // The token is spent: a second complete is refused and the stored result is unchanged.
     let t = store.complete(&key, &lease.token, Bytes::from_static(b"other"), KEEP).await.unwrap();
     assert_eq!(t, Transition::LeaseLost);
-    assert_eq!(store.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap(), Acquire::Replay(Bytes::from_static(b"result-1")));
+    assert_eq!(
+        store.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap(),
+        Acquire::Replay(Bytes::from_static(b"result-1"))
+    );
 }
 
 /// Another fingerprint under the same key is a mismatch whether the record runs, is done or released.
@@ -102,7 +111,10 @@ pub async fn foreign_tokens_are_refused(store: &SharedStore) {
     let key = fresh_key();
     let owner = acquired(store, &key, &fp(1), LEASE).await;
     let other = acquired(store, &fresh_key(), &fp(1), LEASE).await;
-    assert_eq!(store.complete(&key, &other.token, Bytes::from_static(b"x"), KEEP).await.unwrap(), Transition::LeaseLost);
+    assert_eq!(
+        store.complete(&key, &other.token, Bytes::from_static(b"x"), KEEP).await.unwrap(),
+        Transition::LeaseLost
+    );
     assert_eq!(store.release(&key, &other.token).await.unwrap(), Transition::LeaseLost);
     assert_eq!(store.renew(&key, &other.token, LEASE).await.unwrap(), Transition::LeaseLost);
     assert!(matches!(store.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap(), Acquire::InFlight { .. }));
@@ -135,7 +147,10 @@ pub async fn lease_expiry_allows_takeover_and_fences_the_old_holder(store: &Shar
     assert!(new.recovered, "the previous lease ran out without an outcome");
     assert_eq!(new.attempt, 2);
     assert!(new.fence > old.fence);
-    assert_eq!(store.complete(&key, &old.token, Bytes::from_static(b"stale"), KEEP).await.unwrap(), Transition::LeaseLost);
+    assert_eq!(
+        store.complete(&key, &old.token, Bytes::from_static(b"stale"), KEEP).await.unwrap(),
+        Transition::LeaseLost
+    );
     assert_eq!(store.renew(&key, &old.token, LEASE).await.unwrap(), Transition::LeaseLost);
     assert_eq!(store.complete(&key, &new.token, Bytes::from_static(b"fresh"), KEEP).await.unwrap(), Transition::Ok);
     assert_eq!(store.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap(), Acquire::Replay(Bytes::from_static(b"fresh")));

@@ -105,7 +105,14 @@ impl RedisServer {
             cmd.args(["--appendonly", "no"]);
         }
         if self.options.cluster {
-            cmd.args(["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"]);
+            cmd.args([
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "2000",
+            ]);
         }
         for (k, v) in &self.options.extra {
             cmd.arg(format!("--{k}")).arg(v);

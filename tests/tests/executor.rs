@@ -4,9 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use idempotent_core::{
-    Error, FailMode, MemoryStore, OnInFlight, RedisStore, RunContext, SharedStore, current_attempt,
-};
+use idempotent_core::{Error, FailMode, MemoryStore, OnInFlight, RedisStore, RunContext, SharedStore, current_attempt};
 use idempotent_tests::{RedisCluster, RedisServer, unique};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Barrier, Notify, oneshot};
@@ -65,10 +63,8 @@ async fn replay_returns_the_first_result(store: SharedStore) {
 
 async fn errors_release_the_key_for_a_retry(store: SharedStore) {
     let ctx = RunContext::new(store, unique("run"));
-    let first: Result<u32, Error> = ctx
-        .step("flaky")
-        .run(&1, |_| async { Err(Error::Config("gateway 502".into())) })
-        .await;
+    let first: Result<u32, Error> =
+        ctx.step("flaky").run(&1, |_| async { Err(Error::Config("gateway 502".into())) }).await;
     assert!(matches!(first, Err(Error::Config(_))));
     let second: u32 = ctx
         .step("flaky")
@@ -170,7 +166,8 @@ async fn wait_policy_returns_the_leaders_result(store: SharedStore) {
 
 async fn identity_with_changed_payload_is_a_mismatch(store: SharedStore) {
     let ctx = RunContext::new(store, unique("run"));
-    let first: u32 = ctx.step("refund").identity(&"order-9").run(&("order-9", 100), |_| async { Ok::<_, Error>(1) }).await.unwrap();
+    let first: u32 =
+        ctx.step("refund").identity(&"order-9").run(&("order-9", 100), |_| async { Ok::<_, Error>(1) }).await.unwrap();
     assert_eq!(first, 1);
     let err = ctx
         .step("refund")
@@ -180,7 +177,8 @@ async fn identity_with_changed_payload_is_a_mismatch(store: SharedStore) {
         .unwrap_err();
     assert!(matches!(err, Error::Mismatch { .. }), "{err}");
     // Same identity and payload still replays.
-    let again: u32 = ctx.step("refund").identity(&"order-9").run(&("order-9", 100), |_| async { Ok::<_, Error>(3) }).await.unwrap();
+    let again: u32 =
+        ctx.step("refund").identity(&"order-9").run(&("order-9", 100), |_| async { Ok::<_, Error>(3) }).await.unwrap();
     assert_eq!(again, 1);
 }
 
@@ -211,7 +209,12 @@ async fn cancelled_action_is_recovered_with_a_higher_fence(store: SharedStore) {
     call.abort();
     assert!(call.await.unwrap_err().is_cancelled());
     // The key stays taken until the lease passes (the store's clock decides).
-    let err = ctx.step("cancel").lease(lease).on_in_flight(OnInFlight::Reject).run(&(), |_| async { Ok::<u8, Error>(0) }).await;
+    let err = ctx
+        .step("cancel")
+        .lease(lease)
+        .on_in_flight(OnInFlight::Reject)
+        .run(&(), |_| async { Ok::<u8, Error>(0) })
+        .await;
     assert!(matches!(err, Err(Error::InFlight { .. })));
     tokio::time::sleep(lease + Duration::from_millis(200)).await;
     let (recovered, fence, number) = ctx
@@ -247,7 +250,12 @@ async fn heartbeat_keeps_a_long_action_alive(store: SharedStore) {
     started_rx.await.unwrap();
     // Three leases later the leader still holds the key, thanks to the heartbeat.
     tokio::time::sleep(lease * 3).await;
-    let err = ctx.step("long").lease(lease).on_in_flight(OnInFlight::Reject).run(&(), |_| async { Ok::<String, Error>("dup".into()) }).await;
+    let err = ctx
+        .step("long")
+        .lease(lease)
+        .on_in_flight(OnInFlight::Reject)
+        .run(&(), |_| async { Ok::<String, Error>("dup".into()) })
+        .await;
     assert!(matches!(err, Err(Error::InFlight { .. })), "{err:?}");
     finish.notify_one();
     assert_eq!(leader.await.unwrap().unwrap(), "done");
@@ -293,7 +301,6 @@ async fn lost_lease_is_signalled_and_the_result_refused(store: SharedStore) {
     assert!(err.action_may_have_run());
     let replay: String = ctx.step("stale").run(&(), |_| async { Ok::<_, Error>("again".to_string()) }).await.unwrap();
     assert_eq!((fresh.as_str(), replay.as_str()), ("fresh", "fresh"));
-
 }
 
 async fn bad_payloads_are_refused_before_anything_runs(store: SharedStore) {
@@ -324,17 +331,30 @@ async fn bad_payloads_are_refused_before_anything_runs(store: SharedStore) {
 async fn fail_open_runs_unprotected_and_fail_closed_does_not() {
     // A port nobody listens on: connection refused at once.
     let port = idempotent_tests::free_port(false);
-    let store = RedisStore::builder(format!("redis://127.0.0.1:{port}")).command_timeout(Duration::from_millis(300)).build().unwrap();
+    let store = RedisStore::builder(format!("redis://127.0.0.1:{port}"))
+        .command_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
     let ctx = RunContext::new(store, unique("run"));
     let runs = &AtomicU32::new(0);
-    let err = ctx.step("s").run(&1, |_| async { runs.fetch_add(1, Ordering::SeqCst); Ok::<u8, Error>(1) }).await.unwrap_err();
+    let err = ctx
+        .step("s")
+        .run(&1, |_| async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<u8, Error>(1)
+        })
+        .await
+        .unwrap_err();
     assert!(err.is_store_failure(), "{err}");
     assert!(err.to_string().contains("the action was not run"), "{err}");
     assert_eq!(runs.load(Ordering::SeqCst), 0);
     let out: bool = ctx
         .step("s")
         .fail_mode(FailMode::Open)
-        .run(&1, |a| async move { runs.fetch_add(1, Ordering::SeqCst); Ok::<_, Error>(a.is_unprotected()) })
+        .run(&1, |a| async move {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Error>(a.is_unprotected())
+        })
         .await
         .unwrap();
     assert!(out);

@@ -253,10 +253,7 @@ impl Store for MemoryStore {
 
 impl fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MemoryStore")
-            .field("len", &self.len())
-            .field("capacity", &self.inner.capacity)
-            .finish()
+        f.debug_struct("MemoryStore").field("len", &self.len()).field("capacity", &self.inner.capacity).finish()
     }
 }
 

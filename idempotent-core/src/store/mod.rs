@@ -19,9 +19,9 @@ pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
 
-pub use memory::MemoryStore;
 #[cfg(feature = "redis")]
 pub use self::redis::{Preflight, RedisStore, RedisStoreBuilder};
+pub use memory::MemoryStore;
 
 /// A boxed, sendable future, so that [`Store`] stays object safe.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -57,12 +57,8 @@ pub trait Store: Send + Sync + 'static {
     fn release<'a>(&'a self, key: &'a Key, token: &'a Token) -> BoxFuture<'a, Result<Transition, Error>>;
 
     /// Moves the lease deadline to `lease` from now, if `token` still owns the key.
-    fn renew<'a>(
-        &'a self,
-        key: &'a Key,
-        token: &'a Token,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<Transition, Error>>;
+    fn renew<'a>(&'a self, key: &'a Key, token: &'a Token, lease: Duration)
+    -> BoxFuture<'a, Result<Transition, Error>>;
 
     /// A short description for logs and errors (a URL without credentials, or `memory`).
     fn describe(&self) -> String;

@@ -2,7 +2,8 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -16,7 +17,7 @@ use crate::record::{Acquire, Lease, Token, Transition};
 
 const DEFAULT_PREFIX: &str = "idem:";
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
-const DEFAULT_POOL_SIZE: usize = 16;
+const DEFAULT_POOL_SIZE: usize = 4;
 
 struct Scripts {
     acquire: Script,
@@ -70,6 +71,9 @@ pub struct RedisStore {
 
 struct Inner {
     pool: Pool,
+    /// Connections checked out of the pool and kept (see [`RedisStore::conn`]).
+    slots: Box<[Mutex<Option<Held>>]>,
+    next: AtomicUsize,
     prefix: String,
     timeout: Duration,
     scripts: Scripts,
@@ -87,8 +91,8 @@ pub struct RedisStoreBuilder {
 }
 
 impl RedisStoreBuilder {
-    /// The most connections the pool opens (default 16). Connections are multiplexed, so a few
-    /// serve many concurrent calls.
+    /// How many connections the store keeps open (default 4). Connections are multiplexed: each
+    /// carries many concurrent calls, so a few serve hundreds of callers.
     pub fn pool_size(mut self, size: usize) -> Self {
         self.pool_size = size;
         self
@@ -125,7 +129,8 @@ impl RedisStoreBuilder {
             ))
         };
         let pool_config = deadpool_redis::PoolConfig {
-            max_size: self.pool_size,
+            // Headroom for a slot being refilled while its old connection is still returning.
+            max_size: self.pool_size * 2,
             timeouts: deadpool_redis::Timeouts {
                 wait: Some(self.timeout),
                 create: Some(self.timeout),
@@ -138,11 +143,21 @@ impl RedisStoreBuilder {
             cfg.pool = Some(pool_config);
             Pool::Cluster(cfg.create_pool(Some(Runtime::Tokio1)).map_err(|e| config_err(&e))?)
         } else {
-            let mut cfg = deadpool_redis::Config::from_url(self.urls[0].clone());
-            cfg.pool = Some(pool_config);
-            Pool::Single(cfg.create_pool(Some(Runtime::Tokio1)).map_err(|e| config_err(&e))?)
+            // The driver's own response timeout (500 ms by default) would cut calls short of
+            // the command timeout the user chose; ours bounds every call instead.
+            let conn_config = redis::AsyncConnectionConfig::new()
+                .set_response_timeout(None)
+                .set_connection_timeout(Some(self.timeout));
+            let manager = deadpool_redis::Manager::new_with_config(self.urls[0].as_str(), conn_config)
+                .map_err(|e| config_err(&e))?;
+            let pool = deadpool_redis::Pool::builder(manager)
+                .config(pool_config)
+                .runtime(Runtime::Tokio1)
+                .build()
+                .map_err(|e| config_err(&e))?;
+            Pool::Single(pool)
         };
-        Ok(RedisStore::from_parts(pool, self.prefix, self.timeout, describe))
+        Ok(RedisStore::from_parts(pool, self.prefix, self.timeout, describe, self.pool_size))
     }
 }
 
@@ -152,7 +167,12 @@ fn redact(url: &str) -> String {
         (Some(scheme), Some(at)) if at > scheme => {
             let creds = &url[scheme + 3..at];
             let user = creds.split(':').next().unwrap_or("");
-            format!("{}://{}{}", &url[..scheme], if user.is_empty() { String::new() } else { format!("{user}:***") }, &url[at..])
+            format!(
+                "{}://{}{}",
+                &url[..scheme],
+                if user.is_empty() { String::new() } else { format!("{user}:***") },
+                &url[at..]
+            )
         }
         _ => url.to_owned(),
     }
@@ -218,16 +238,29 @@ impl RedisStore {
 
     /// A store on an existing deadpool pool (its own pool settings apply).
     pub fn from_pool(pool: deadpool_redis::Pool, prefix: impl Into<String>, timeout: Duration) -> RedisStore {
-        RedisStore::from_parts(Pool::Single(pool), prefix.into(), timeout, "redis (pool)".to_owned())
+        let size = pool.status().max_size;
+        RedisStore::from_parts(Pool::Single(pool), prefix.into(), timeout, "redis (pool)".to_owned(), size)
     }
 
     /// A store on an existing deadpool cluster pool.
     pub fn from_cluster_pool(pool: cluster::Pool, prefix: impl Into<String>, timeout: Duration) -> RedisStore {
-        RedisStore::from_parts(Pool::Cluster(pool), prefix.into(), timeout, "redis cluster (pool)".to_owned())
+        let size = pool.status().max_size;
+        RedisStore::from_parts(Pool::Cluster(pool), prefix.into(), timeout, "redis cluster (pool)".to_owned(), size)
     }
 
-    fn from_parts(pool: Pool, prefix: String, timeout: Duration, describe: String) -> RedisStore {
-        RedisStore { inner: Arc::new(Inner { pool, prefix, timeout, scripts: Scripts::new(), describe }) }
+    fn from_parts(pool: Pool, prefix: String, timeout: Duration, describe: String, size: usize) -> RedisStore {
+        let slots = (0..size.max(1)).map(|_| Mutex::new(None)).collect();
+        RedisStore {
+            inner: Arc::new(Inner {
+                pool,
+                slots,
+                next: AtomicUsize::new(0),
+                prefix,
+                timeout,
+                scripts: Scripts::new(),
+                describe,
+            }),
+        }
     }
 
     /// The Redis key that holds the record of `key`.
@@ -277,7 +310,11 @@ impl RedisStore {
             Ok(Value::Array(items)) | Ok(Value::Set(items)) => Ok(items.get(1).and_then(text)),
             Ok(Value::Map(pairs)) => Ok(pairs.first().and_then(|(_, v)| text(v))),
             Ok(_) => Ok(None),
-            Err(Error::Unavailable { reason, .. }) if reason.contains("unknown command") || reason.contains("NOPERM") => Ok(None),
+            Err(Error::Unavailable { reason, .. })
+                if reason.contains("unknown command") || reason.contains("NOPERM") =>
+            {
+                Ok(None)
+            }
             Err(e) => Err(e),
         }
     }
@@ -285,8 +322,9 @@ impl RedisStore {
     /// Sends one command on a pooled connection, within the command timeout.
     async fn run(&self, op: &'static str, cmd: redis::Cmd) -> Result<Value, Error> {
         self.timed(op, async {
-            let mut conn = self.conn(op).await?;
-            cmd.query_async(&mut conn).await.map_err(|e| self.redis_error(op, e))
+            let (slot, mut conn) = self.conn(op).await?;
+            let res = cmd.query_async(&mut conn).await;
+            self.settle(op, slot, res)
         })
         .await
     }
@@ -297,30 +335,76 @@ impl RedisStore {
             inv.arg(*a);
         }
         self.timed(op, async {
-            let mut conn = self.conn(op).await?;
-            inv.invoke_async(&mut conn).await.map_err(|e| self.redis_error(op, e))
+            let (slot, mut conn) = self.conn(op).await?;
+            let res = inv.invoke_async(&mut conn).await;
+            self.settle(op, slot, res)
         })
         .await
     }
 
-    /// Bounds `work` (connection wait included) by the command timeout.
+    /// Bounds `work` (connection wait included) by the command timeout. A call cut short may
+    /// have left its connection mid-reply, so that connection is not used again.
     async fn timed<T>(&self, op: &'static str, work: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
         match tokio::time::timeout(self.inner.timeout, work).await {
             Ok(res) => res,
-            Err(_) => Err(Error::Timeout { store: self.describe(), op, after: self.inner.timeout }),
+            Err(_) => {
+                self.discard_all();
+                Err(Error::Timeout { store: self.describe(), op, after: self.inner.timeout })
+            }
         }
     }
 
-    async fn conn(&self, op: &'static str) -> Result<Conn, Error> {
-        match &self.inner.pool {
-            Pool::Single(p) => p.get().await.map(Conn::Single).map_err(|e| self.pool_error(op, e)),
-            Pool::Cluster(p) => p.get().await.map(Conn::Cluster).map_err(|e| self.pool_error(op, e)),
+    /// A multiplexed connection for one command.
+    ///
+    /// deadpool recycles a connection on every checkout with an `UNWATCH` + `PING` round trip,
+    /// which would double the cost of every call. The connections are multiplexed (many commands
+    /// in flight on one socket, each awaited on its own), so instead of checking one out per call
+    /// the store keeps a few checked out in slots and sends each call on a clone of one; nothing
+    /// is held exclusively while an action runs. A slot whose connection fails is emptied and the
+    /// connection taken out of the pool, and the next call refills it from the pool.
+    async fn conn(&self, op: &'static str) -> Result<(usize, Conn), Error> {
+        let slot = self.inner.next.fetch_add(1, AtomicOrdering::Relaxed) % self.inner.slots.len();
+        if let Some(held) = lock(&self.inner.slots[slot]).as_ref() {
+            return Ok((slot, held.handle()));
+        }
+        let held = match &self.inner.pool {
+            Pool::Single(p) => Held::Single(p.get().await.map_err(|e| self.pool_error(op, e))?),
+            Pool::Cluster(p) => Held::Cluster(p.get().await.map_err(|e| self.pool_error(op, e))?),
+        };
+        let conn = held.handle();
+        let previous = lock(&self.inner.slots[slot]).replace(held);
+        drop(previous);
+        Ok((slot, conn))
+    }
+
+    fn settle(&self, op: &'static str, slot: usize, res: redis::RedisResult<Value>) -> Result<Value, Error> {
+        res.map_err(|e| {
+            if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout() {
+                if let Some(held) = lock(&self.inner.slots[slot]).take() {
+                    held.detach();
+                }
+            }
+            self.redis_error(op, e)
+        })
+    }
+
+    fn discard_all(&self) {
+        for slot in self.inner.slots.iter() {
+            if let Some(held) = lock(slot).take() {
+                held.detach();
+            }
         }
     }
 
     fn pool_error(&self, op: &'static str, e: deadpool_redis::PoolError) -> Error {
-        if let deadpool_redis::PoolError::Timeout(_) = e {
-            return Error::Timeout { store: self.describe(), op, after: self.inner.timeout };
+        match &e {
+            deadpool_redis::PoolError::Timeout(_) => {
+                return Error::Timeout { store: self.describe(), op, after: self.inner.timeout };
+            }
+            deadpool_redis::PoolError::Backend(b) if b.is_timeout() => {
+                return Error::Timeout { store: self.describe(), op, after: self.inner.timeout };
+            }
+            _ => {}
         }
         let reason = match &e {
             deadpool_redis::PoolError::Backend(b) => b.to_string(),
@@ -330,6 +414,9 @@ impl RedisStore {
     }
 
     fn redis_error(&self, op: &'static str, e: redis::RedisError) -> Error {
+        if e.is_timeout() {
+            return Error::Timeout { store: self.describe(), op, after: self.inner.timeout };
+        }
         Error::Unavailable { store: self.describe(), op, reason: e.to_string(), source: Some(Box::new(e)) }
     }
 
@@ -361,9 +448,37 @@ fn int(v: Option<&Value>) -> Option<i64> {
     }
 }
 
-enum Conn {
+/// A connection checked out of the pool and kept in a slot.
+enum Held {
     Single(deadpool_redis::Connection),
     Cluster(cluster::Connection),
+}
+
+impl Held {
+    fn handle(&self) -> Conn {
+        match self {
+            Held::Single(c) => Conn::Single((**c).clone()),
+            Held::Cluster(c) => Conn::Cluster((**c).clone()),
+        }
+    }
+
+    /// Takes the connection out of the pool for good, so it is never recycled.
+    fn detach(self) {
+        match self {
+            Held::Single(c) => drop(deadpool_redis::Connection::take(c)),
+            Held::Cluster(c) => drop(cluster::Connection::take(c)),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A clone of a held connection, used for one command.
+enum Conn {
+    Single(redis::aio::MultiplexedConnection),
+    Cluster(redis::cluster_async::ClusterConnection),
 }
 
 impl redis::aio::ConnectionLike for Conn {
@@ -410,9 +525,12 @@ impl Store for RedisStore {
             let token = Token::random();
             let fp = fingerprint.to_hex();
             let (lease_ms, retention_ms) = (millis(lease), millis(retention));
-            let args: [&[u8]; 4] = [fp.as_bytes(), lease_ms.as_bytes(), token.as_str().as_bytes(), retention_ms.as_bytes()];
+            let args: [&[u8]; 4] =
+                [fp.as_bytes(), lease_ms.as_bytes(), token.as_str().as_bytes(), retention_ms.as_bytes()];
             let reply = self.invoke("acquire", &self.inner.scripts.acquire, key, &args).await.map_err(|e| match e {
-                Error::Unavailable { reason, .. } if reason.contains("IDEMPOTENT_CORRUPT") => Self::corrupt(key, reason),
+                Error::Unavailable { reason, .. } if reason.contains("IDEMPOTENT_CORRUPT") => {
+                    Self::corrupt(key, reason)
+                }
                 other => other,
             })?;
             let Value::Array(items) = reply else {

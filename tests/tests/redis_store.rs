@@ -1,0 +1,212 @@
+//! RedisStore against spawned servers: shared handles, round trips, outages, preflight, garbage.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use idempotent_core::redis::Value;
+use idempotent_core::{Error, OnInFlight, RedisStore, RunContext, SharedStore};
+use idempotent_tests::{RedisOptions, RedisServer, unique};
+use tokio::sync::Barrier;
+
+fn store(server: &RedisServer) -> RedisStore {
+    RedisStore::builder(server.url()).command_timeout(Duration::from_millis(500)).build().unwrap()
+}
+
+/// 64 tasks on 4 separate store handles (4 pools) hit one key: one action, one result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_callers_on_four_handles_run_once() {
+    let server = RedisServer::start();
+    let run = unique("run");
+    let handles: Vec<SharedStore> = (0..4).map(|_| Arc::new(store(&server)) as SharedStore).collect();
+    let runs = Arc::new(AtomicU32::new(0));
+    let barrier = Arc::new(Barrier::new(64));
+    let mut tasks = Vec::new();
+    for i in 0..64 {
+        let ctx = RunContext::new(handles[i % 4].clone(), &run);
+        let (runs, barrier) = (runs.clone(), barrier.clone());
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            ctx.step("charge")
+                .on_in_flight(OnInFlight::Wait { timeout: Duration::from_secs(20) })
+                .run(&("card", 4200), |a| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    Ok::<_, Error>(format!("ch_{}", a.fence()))
+                })
+                .await
+                .unwrap()
+        }));
+    }
+    let mut results = Vec::new();
+    for t in tasks {
+        results.push(t.await.unwrap());
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    results.dedup();
+    assert_eq!(results.len(), 1, "callers saw different results");
+}
+
+/// First execution: 2 commands (acquire, complete). Replay: 1. Counted by the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_execution_costs_two_commands_and_replay_one() {
+    let server = RedisServer::start();
+    let ctx = RunContext::new(store(&server), unique("run"));
+    // Load the scripts first so NOSCRIPT reloads don't count.
+    let _: u8 = ctx.step("warm").run(&0, |_| async { Ok::<_, Error>(0) }).await.unwrap();
+    server.reset_stats();
+    let _: u8 = ctx.step("s").heartbeat(false).run(&1, |_| async { Ok::<_, Error>(1) }).await.unwrap();
+    assert_eq!(client_commands(&server), 2, "first execution");
+    server.reset_stats();
+    let _: u8 = ctx.step("s").run(&1, |_| async { Ok::<_, Error>(9) }).await.unwrap();
+    assert_eq!(client_commands(&server), 1, "replay");
+}
+
+/// Commands sent by clients since the last reset. `INFO commandstats` also counts the commands a
+/// script runs, so those (the only ones our scripts use) are left out; anything else a client
+/// sent (a PING, an UNWATCH, a GET) still counts.
+fn client_commands(server: &RedisServer) -> u64 {
+    const IN_SCRIPTS: [&str; 6] = ["hmget", "hset", "hdel", "pexpire", "pttl", "time"];
+    let calls = server.command_calls();
+    let counted: u64 = calls
+        .iter()
+        .filter(|(name, _)| !IN_SCRIPTS.contains(&name.as_str()) && name.as_str() != "config|resetstat")
+        .map(|(_, n)| n)
+        .sum();
+    assert!(!calls.contains_key("eval") && !calls.contains_key("script|load"), "scripts were reloaded: {calls:?}");
+    assert_eq!(counted, calls.get("evalsha").copied().unwrap_or(0), "commands other than EVALSHA: {calls:?}");
+    counted
+}
+
+/// An unreachable server fails the call closed within its timeout; when the server is back
+/// (restarted, scripts flushed) calls work again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outage_fails_closed_within_the_timeout_then_recovers() {
+    let mut server = RedisServer::start_with(RedisOptions { aof: true, ..Default::default() });
+    let ctx = RunContext::new(store(&server), unique("run"));
+    let runs = Arc::new(AtomicU32::new(0));
+    let call = |step: &'static str| {
+        let (ctx, runs) = (ctx.clone(), runs.clone());
+        async move {
+            ctx.step(step)
+                .run(&1, |_| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, Error>(step.to_owned())
+                })
+                .await
+        }
+    };
+    assert_eq!(call("before").await.unwrap(), "before");
+
+    // Paused: the socket accepts but nothing answers, so only the timeout ends the call.
+    server.pause();
+    let started = Instant::now();
+    let err = call("paused").await.unwrap_err();
+    let took = started.elapsed();
+    server.resume();
+    assert!(matches!(err, Error::Timeout { op: "acquire", .. }), "{err}");
+    assert!(took < Duration::from_secs(3), "the call took {took:?}, far beyond its 500 ms timeout");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the action ran while the store was paused");
+
+    // Killed: connections are refused or reset.
+    server.kill();
+    let err = call("down").await.unwrap_err();
+    assert!(err.is_store_failure(), "{err}");
+    assert!(err.to_string().contains("the action was not run"), "{err}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    // Restarted from its AOF: the completed record survived, and the scripts were forgotten
+    // (NOSCRIPT is answered by reloading them).
+    server.restart();
+    let mut recovered = None;
+    for _ in 0..50 {
+        match call("before").await {
+            Ok(v) => {
+                recovered = Some(v);
+                break;
+            }
+            Err(e) if e.is_store_failure() => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(recovered.as_deref(), Some("before"));
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the completed step ran again after the restart");
+    server.cmd(&["SCRIPT", "FLUSH"]);
+    assert_eq!(call("after-flush").await.unwrap(), "after-flush");
+    assert_eq!(call("after-flush").await.unwrap(), "after-flush");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+/// The preflight flags eviction policies and missing persistence, and passes a safe server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preflight_reports_settings_that_break_the_guarantee() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let report = s.preflight().await.unwrap();
+    assert!(!report.is_ok());
+    assert!(report.problems.iter().any(|p| p.contains("persistence is off")), "{report}");
+
+    server.cmd(&["CONFIG", "SET", "maxmemory-policy", "volatile-lru"]);
+    let report = s.preflight().await.unwrap();
+    assert!(report.problems.iter().any(|p| p.contains("maxmemory-policy is volatile-lru")), "{report}");
+
+    let safe = RedisServer::start_with(RedisOptions { aof: true, ..Default::default() });
+    let report = store(&safe).preflight().await.unwrap();
+    assert!(report.is_ok(), "{report}");
+}
+
+/// A record this crate did not write is reported as corrupt: no panic, no replay of garbage,
+/// the action does not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn garbage_records_are_errors_not_replays() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let ctx = RunContext::new(s.clone(), unique("run"));
+    let runs = AtomicU32::new(0);
+    let (key, fp) = ctx.step("g").key_for(&1).unwrap();
+    let redis_key = s.redis_key(&key);
+    let fp = fp.to_hex();
+    let garbage: [&[&str]; 5] = [
+        &["SET", &redis_key, "not a hash"],
+        &["HSET", &redis_key, "st", "exploded", "fp", &fp],
+        &["HSET", &redis_key, "st", "running", "fp", &fp],
+        &["HSET", &redis_key, "st", "done", "fp", &fp],
+        &["HSET", &redis_key, "st", "done", "fp", &fp, "res", "\u{1}garbage"],
+    ];
+    for cmd in garbage {
+        server.cmd(&["DEL", &redis_key]);
+        server.cmd(cmd);
+        let err = ctx
+            .step("g")
+            .run(&1, |_| async {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok::<u32, Error>(1)
+            })
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::Corrupt { .. } | Error::Decode { .. }), "{cmd:?}: {err}");
+    }
+    // A stored result of the wrong type is a decode error that says what to do.
+    server.cmd(&["DEL", &redis_key]);
+    let _: String = ctx.step("g").run(&1, |_| async { Ok::<_, Error>("text".to_string()) }).await.unwrap();
+    let err = ctx.step("g").run(&1, |_| async { Ok::<u32, Error>(1) }).await.unwrap_err();
+    assert!(matches!(err, Error::Decode { .. }) && err.to_string().contains("bump the step version"), "{err}");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    assert!(matches!(server.cmd(&["TYPE", &redis_key]), Value::SimpleString(t) if t == "hash"));
+}
+
+/// ACL users and passwords in the URL work; a wrong password is a clear store error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_credentials_in_the_url() {
+    let server = RedisServer::start();
+    server.cmd(&["ACL", "SETUSER", "worker", "on", ">s3cret", "~idem:*", "+@all"]);
+    let url = format!("redis://worker:s3cret@127.0.0.1:{}", server.port());
+    let ctx = RunContext::new(RedisStore::connect(&url).unwrap(), unique("run"));
+    let v: u8 = ctx.step("acl").run(&1, |_| async { Ok::<_, Error>(5) }).await.unwrap();
+    assert_eq!(v, 5);
+    let bad = format!("redis://worker:wrong@127.0.0.1:{}", server.port());
+    let store = RedisStore::builder(bad).command_timeout(Duration::from_millis(500)).build().unwrap();
+    let err = RunContext::new(store, "r").step("acl").run(&1, |_| async { Ok::<u8, Error>(1) }).await.unwrap_err();
+    assert!(err.is_store_failure(), "{err}");
+    assert!(!err.to_string().contains("wrong"), "the password leaked into the error: {err}");
+}
