@@ -69,7 +69,7 @@ pub mod store;
 
 pub use error::{BoxError, Error};
 pub use executor::{
-    Attempt, DEFAULT_LEASE, DEFAULT_TTL, DEFAULT_WAIT, FailMode, OnInFlight, RunContext, Step, StepOptions,
+    Attempt, DEFAULT_LEASE, DEFAULT_MAX_RESULT_BYTES, DEFAULT_TTL, DEFAULT_WAIT, FailMode, OnInFlight, RunContext, Step, StepOptions,
     current_attempt,
 };
 pub use key::{Fingerprint, Key, KeyScope};
@@ -91,7 +91,89 @@ pub use idempotent_macros::idempotent;
 #[doc(hidden)]
 pub mod __private {
     pub use crate::error::Error;
-    pub use crate::executor::{Attempt, FailMode, OnInFlight, RunContext, Step};
+    pub use crate::executor::{
+        Attempt, DEFAULT_WAIT, FailMode, OnInFlight, RunContext, Step, current_attempt,
+    };
     pub use serde;
     pub use std::time::Duration;
+
+    use crate::canonical::{CanonicalError, to_canonical_vec, write_canonical};
+    use crate::key::Fingerprint;
+
+    /// One argument in canonical JSON, or why it has none.
+    pub type CanonicalArg = Result<Vec<u8>, CanonicalError>;
+
+    /// Serializes one argument of an annotated function to canonical JSON.
+    pub fn canonical<T: serde::Serialize + ?Sized>(value: &T) -> CanonicalArg {
+        to_canonical_vec(value)
+    }
+
+    /// The payload of one call of an annotated function: its arguments by name, each already in
+    /// canonical JSON.
+    ///
+    /// The payload owns bytes instead of borrowing the arguments, so the body can take the
+    /// arguments by value while the executor still holds the payload.
+    #[derive(Debug, Default)]
+    pub struct Payload {
+        fields: Vec<(&'static str, CanonicalArg)>,
+    }
+
+    impl Payload {
+        /// An empty payload.
+        pub fn new() -> Self {
+            Payload::default()
+        }
+
+        /// Adds the argument `name`.
+        pub fn push(&mut self, name: &'static str, value: CanonicalArg) {
+            self.fields.push((name, value));
+        }
+
+        /// The digest of the whole payload, and of the `key` arguments when `key` is not empty.
+        pub fn finish(self, key: &[&str]) -> (PayloadDigest, Option<PayloadDigest>) {
+            let identity = (!key.is_empty())
+                .then(|| PayloadDigest::of(self.fields.iter().filter(|(n, _)| key.contains(n))));
+            (PayloadDigest::of(self.fields.iter()), identity)
+        }
+    }
+
+    /// The sha256 of a payload's canonical JSON object (members sorted as RFC 8785 sorts them),
+    /// standing in for the payload in `Step::run` and `Step::identity`. It serializes as its hex
+    /// digest, or fails to serialize with the reason the payload has no canonical form, so the
+    /// executor reports that as `Error::Payload` without running the action.
+    #[derive(Debug)]
+    pub struct PayloadDigest(Result<Fingerprint, String>);
+
+    impl PayloadDigest {
+        fn of<'a>(fields: impl Iterator<Item = &'a (&'static str, CanonicalArg)>) -> Self {
+            let mut fields: Vec<_> = fields.collect();
+            fields.sort_by(|a, b| a.0.encode_utf16().cmp(b.0.encode_utf16()));
+            let mut out = vec![b'{'];
+            for (i, (name, value)) in fields.into_iter().enumerate() {
+                let value = match value {
+                    Ok(value) => value,
+                    Err(e) => return PayloadDigest(Err(format!("parameter `{name}`: {e}"))),
+                };
+                if i > 0 {
+                    out.push(b',');
+                }
+                if let Err(e) = write_canonical(&mut out, name) {
+                    return PayloadDigest(Err(format!("parameter `{name}`: {e}")));
+                }
+                out.push(b':');
+                out.extend_from_slice(value);
+            }
+            out.push(b'}');
+            PayloadDigest(Ok(Fingerprint::of_canonical(&out)))
+        }
+    }
+
+    impl serde::Serialize for PayloadDigest {
+        fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+            match &self.0 {
+                Ok(fingerprint) => serializer.serialize_str(&fingerprint.to_hex()),
+                Err(reason) => Err(serde::ser::Error::custom(reason)),
+            }
+        }
+    }
 }

@@ -1,11 +1,240 @@
-//! The `#[idempotent]` attribute macro for `idempotent-core`.
+//! `#[idempotent(step = "...")]`: every call of an `async fn` becomes an idempotent step of
+//! [`idempotent_core`](https://docs.rs/idempotent-core).
 //!
-//! Use it through `idempotent_core::idempotent` (the `macros` feature).
+//! Use it through `idempotent_core::idempotent` (the core crate's default `macros` feature), so
+//! that one dependency is enough. See [`macro@idempotent`] for the options.
+
+#![deny(unreachable_pub)]
+#![warn(missing_docs)]
 
 use proc_macro::TokenStream;
+use quote::ToTokens;
 
-/// Makes every call of an `async fn` an idempotent step (see `idempotent_core`).
+mod attr;
+mod expand;
+
+/// Makes every call of an `async fn` an idempotent step: the body runs at most once per
+/// operation, and every later call (a retry, a duplicate) gets the first call's result.
+///
+/// ```
+/// use idempotent_core::{idempotent, MemoryStore, RunContext};
+///
+/// #[idempotent(step = "issue_refund", ttl = 86400)]
+/// async fn issue_refund(ctx: &RunContext, order_id: &str, amount_cents: u64) -> Result<String, idempotent_core::Error> {
+///     // Charge the payment provider here: this runs once per (run, order_id, amount_cents).
+///     Ok(format!("re_{order_id}_{amount_cents}"))
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), idempotent_core::Error> {
+/// let ctx = RunContext::new(MemoryStore::new(), "order-7");
+/// let first = issue_refund(&ctx, "order-7", 1500).await?;
+/// let retry = issue_refund(&ctx, "order-7", 1500).await?; // replayed, the body did not run
+/// assert_eq!(first, retry);
+/// # Ok(()) }
+/// ```
+///
+/// # What the function needs
+///
+/// - It is an `async fn`: a free function, or a method taking `&self`, `&mut self` or `self`.
+///   Its signature does not change, so callers don't either.
+/// - It returns `Result<T, E>` (or an alias whose name ends in `Result`) where
+///   `T: Serialize + DeserializeOwned` is the stored outcome and
+///   `E: From<idempotent_core::Error>` carries the executor's own failures (store unreachable,
+///   payload mismatch, another attempt in flight, ...).
+/// - One parameter is the **run context**: a parameter of type `RunContext` or `&RunContext`
+///   (found by its type), or the one named with `ctx = name`. Its store holds the records and its
+///   run id (and tenant) is part of every key; every retry of a run must pass the same run id.
+/// - Every other parameter is the **payload**, by name: `self`, the context and the parameters
+///   listed in `skip(..)` are left out. Payload parameters are serialized to canonical JSON and
+///   hashed into the key, so they must implement `serde::Serialize`; forgetting to skip a
+///   client or a connection is a compile error at that parameter. Their types must be concrete:
+///   a generic or `impl Trait` parameter must be skipped, since its serialized form would depend
+///   on the caller. (Generic parameters of an enclosing `impl` block are not visible to the
+///   macro; they are accepted when they implement `Serialize`.)
+///
+/// # Options
+///
+/// | option | meaning | default |
+/// |---|---|---|
+/// | `step = "name"` | the step name, part of every key (required) | — |
+/// | `ttl = 86400` | seconds the result is kept and replayed | the context's default (24 h) |
+/// | `lease = 60` | seconds one attempt holds the key without renewing (renewed while the body runs) | the context's default (60 s) |
+/// | `key(a, b)` | key the operation on these parameters only; the rest of the payload is still fingerprinted | the whole payload |
+/// | `skip(a, b)` | leave these parameters out of the payload | none |
+/// | `version = 2` | part of the key: bumping it makes every operation of the step run afresh | 0 |
+/// | `on_in_flight = "wait"` or `"reject"` | while another attempt runs: wait for its result (up to 30 s, then take over if its lease ran out) or fail at once with `Error::InFlight` | the context's default (wait) |
+/// | `store_errors` | store and replay `Err` outcomes too (`E: Serialize + DeserializeOwned`); without it an `Err` frees the key so a retry runs the body again | off |
+/// | `ctx = name` | the parameter that holds the `RunContext` (when its type is not spelled `RunContext`, e.g. an `Arc<RunContext>`) | the parameter typed `RunContext` |
+/// | `crate = "path"` | where `idempotent_core` is, when the dependency is renamed | `::idempotent_core` |
+///
+/// Every misuse (a sync fn, a missing `step`, an option given twice or empty, an unknown option,
+/// a `ttl` or `lease` that is not a positive integer, `skip`/`key` naming a parameter that does
+/// not exist, no context parameter, a return type that is not a `Result`, a generic parameter in
+/// the payload) is a compile error at the offending token.
+///
+/// ## `key(..)`: identity from some arguments, the rest fingerprinted
+///
+/// A retry that changes another argument under the same identity is refused with
+/// `Error::Mismatch` instead of replaying a result that was computed for other arguments.
+///
+/// ```
+/// use idempotent_core::{idempotent, Error, MemoryStore, RunContext};
+///
+/// #[idempotent(step = "charge", key(order_id))]
+/// async fn charge(ctx: &RunContext, order_id: String, amount_cents: u64) -> Result<u64, Error> {
+///     Ok(amount_cents)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let ctx = RunContext::new(MemoryStore::new(), "run-1");
+/// assert_eq!(charge(&ctx, "o-1".into(), 1500).await.unwrap(), 1500);
+/// let changed = charge(&ctx, "o-1".into(), 9900).await;
+/// assert!(matches!(changed, Err(Error::Mismatch { .. })));
+/// # }
+/// ```
+///
+/// ## `skip(..)`, methods, `version`, `ttl` and `lease`
+///
+/// ```
+/// use idempotent_core::{idempotent, Error, MemoryStore, RunContext};
+/// use std::sync::atomic::{AtomicU32, Ordering};
+///
+/// struct Mailer { sent: AtomicU32 }
+///
+/// impl Mailer {
+///     // `self` is never part of the payload; `trace_id` is skipped so it does not change the key.
+///     #[idempotent(step = "send_email", version = 2, ttl = 3600, lease = 30, skip(trace_id))]
+///     async fn send(&self, ctx: &RunContext, to: &str, trace_id: u128) -> Result<u32, Error> {
+///         let _ = trace_id;
+///         Ok(self.sent.fetch_add(1, Ordering::SeqCst) + 1)
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Error> {
+/// let mailer = Mailer { sent: AtomicU32::new(0) };
+/// let ctx = RunContext::new(MemoryStore::new(), "signup-42");
+/// assert_eq!(mailer.send(&ctx, "ada@example.com", 1).await?, 1);
+/// assert_eq!(mailer.send(&ctx, "ada@example.com", 2).await?, 1); // replayed
+/// assert_eq!(mailer.sent.load(Ordering::SeqCst), 1);
+/// # Ok(()) }
+/// ```
+///
+/// ## `store_errors`: permanent failures are replayed too
+///
+/// ```
+/// use idempotent_core::{idempotent, MemoryStore, RunContext};
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Debug, PartialEq, Serialize, Deserialize)]
+/// enum RefundError {
+///     Declined(String),
+///     Idempotency(String),
+/// }
+///
+/// impl From<idempotent_core::Error> for RefundError {
+///     fn from(e: idempotent_core::Error) -> Self {
+///         RefundError::Idempotency(e.to_string())
+///     }
+/// }
+///
+/// #[idempotent(step = "refund", store_errors)]
+/// async fn refund(ctx: &RunContext, card: &str) -> Result<String, RefundError> {
+///     Err(RefundError::Declined(format!("card {card} is closed")))
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let ctx = RunContext::new(MemoryStore::new(), "run-9");
+/// let first = refund(&ctx, "4242").await;
+/// assert_eq!(refund(&ctx, "4242").await, first); // the decline is replayed, not retried
+/// # }
+/// ```
+///
+/// ## `on_in_flight`, `ctx = name` and `crate = "path"`
+///
+/// ```
+/// use std::sync::Arc;
+/// use idempotent_core::{idempotent, Error, MemoryStore, RunContext};
+///
+/// // A duplicate that arrives while the first call still runs fails at once with
+/// // `Error::InFlight` (which carries a retry-after) instead of waiting for the result.
+/// #[idempotent(step = "create_ticket", on_in_flight = "reject", ctx = run, crate = "::idempotent_core")]
+/// async fn create_ticket(run: Arc<RunContext>, title: String) -> Result<String, Error> {
+///     Ok(format!("T-{}", title.len()))
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Error> {
+/// let run = Arc::new(RunContext::new(MemoryStore::new(), "run-3"));
+/// assert_eq!(create_ticket(run.clone(), "disk full".into()).await?, "T-9");
+/// # Ok(()) }
+/// ```
+///
+/// # Reaching the `Attempt` from the body
+///
+/// While the body runs, [`idempotent_core::current_attempt()`](https://docs.rs/idempotent-core)
+/// returns its `Attempt`: the fencing token to hand to downstream systems that can reject a
+/// stale writer, the attempt number, whether a previous attempt's lease ran out without an
+/// outcome (`recovered`), and whether this attempt's lease was lost (`lease_lost`, `lost()`). It
+/// returns `None` outside a step, and when the store was unreachable and the context's defaults
+/// chose to fail open.
+///
+/// ```
+/// use idempotent_core::{current_attempt, idempotent, Error, MemoryStore, RunContext};
+///
+/// #[idempotent(step = "write_row")]
+/// async fn write_row(ctx: &RunContext, row: u32) -> Result<u64, Error> {
+///     let attempt = current_attempt().expect("the body runs inside a step");
+///     if attempt.recovered() {
+///         // A previous attempt may have written the row: check before writing again.
+///     }
+///     Ok(attempt.fence()) // e.g. `UPDATE ... WHERE fence < $fence`
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Error> {
+/// let ctx = RunContext::new(MemoryStore::new(), "run-5");
+/// assert!(write_row(&ctx, 1).await? > 0);
+/// # Ok(()) }
+/// ```
+///
+/// # How it expands
+///
+/// The body becomes the step's action, wrapped in an `async move` block whose type is the
+/// declared return type (so type errors in the body point at your signature). The generated code
+/// clones the context, serializes each payload argument to canonical JSON, and calls
+/// `Step::run` (or `run_storing_errors`) with the payload's digest; it names only
+/// `idempotent_core::__private` items (or those under `crate = "path"`).
 #[proc_macro_attribute]
-pub fn idempotent(_args: TokenStream, _item: TokenStream) -> TokenStream {
-    "compile_error!(\"#[idempotent] is not implemented yet\");".parse().unwrap()
+pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
+    let original = proc_macro2::TokenStream::from(item.clone());
+    let args = match syn::parse::<attr::Args>(args) {
+        Ok(args) => args,
+        Err(e) => return with_original(e, original),
+    };
+    let func = match syn::parse::<syn::ItemFn>(item) {
+        Ok(func) => func,
+        Err(_) => {
+            let e = syn::Error::new_spanned(
+                &original,
+                "`#[idempotent]` goes on an `async fn` with a body (a free function or a method)",
+            );
+            return with_original(e, original);
+        }
+    };
+    match expand::expand(args, func) {
+        Ok(tokens) => tokens.into(),
+        Err(e) => with_original(e, original),
+    }
+}
+
+/// The error, and the item unchanged, so that a misused attribute does not also make every
+/// caller fail to find the function.
+fn with_original(error: syn::Error, original: proc_macro2::TokenStream) -> TokenStream {
+    let mut out = error.to_compile_error();
+    original.to_tokens(&mut out);
+    out.into()
 }

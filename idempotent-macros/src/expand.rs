@@ -1,0 +1,337 @@
+//! Expanding an annotated `async fn` into a call of `idempotent_core`'s executor.
+//!
+//! The function keeps its signature. Its new body clones the run context, serializes every
+//! payload argument to canonical JSON (one call per argument, spanned at that parameter, so a
+//! non-serializable one is reported there and by name), and hands the original body to
+//! `Step::run` as the action, wrapped in an `async move` block whose type is pinned to the user's
+//! return type, as `#[tracing::instrument]` does, so that rustc reports type errors in the body
+//! against that return type.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{ToTokens, format_ident, quote, quote_spanned};
+use syn::ext::IdentExt;
+use syn::spanned::Spanned;
+use syn::visit_mut::VisitMut;
+use syn::{
+    AttrStyle, FnArg, GenericParam, Ident, ItemFn, Pat, PatIdent, PatType, Path, ReturnType,
+    Signature, Type, TypeImplTrait, TypePath,
+};
+
+use crate::attr::{Args, InFlight};
+
+/// A typed parameter (not `self`).
+struct Param<'a> {
+    /// The name, when the pattern is a plain binding.
+    ident: Option<&'a Ident>,
+    arg: &'a PatType,
+}
+
+impl Param<'_> {
+    fn is_named(&self, name: &Ident) -> bool {
+        self.ident.is_some_and(|i| i.unraw() == name.unraw())
+    }
+}
+
+pub(crate) fn expand(args: Args, item: ItemFn) -> syn::Result<TokenStream> {
+    let ItemFn { attrs, vis, sig, block } = item;
+    if sig.asyncness.is_none() {
+        return Err(syn::Error::new(
+            sig.fn_token.span,
+            "`#[idempotent]` only works on an `async fn`: the step waits on the store; make this function `async fn`",
+        ));
+    }
+    if let Some(variadic) = &sig.variadic {
+        return Err(syn::Error::new_spanned(variadic, "`#[idempotent]` does not support variadic functions"));
+    }
+    let ret = result_type(&sig)?;
+
+    let has_receiver = sig.inputs.iter().any(|a| matches!(a, FnArg::Receiver(_)));
+    let params: Vec<Param<'_>> = sig
+        .inputs
+        .iter()
+        .filter_map(|a| match a {
+            FnArg::Typed(arg) => Some(Param { ident: plain_ident(&arg.pat), arg }),
+            FnArg::Receiver(_) => None,
+        })
+        .collect();
+    let exists = |name: &Ident| (name == "self" && has_receiver) || params.iter().any(|p| p.is_named(name));
+
+    let ctx = context_param(&args, &sig, &params)?;
+    let ctx_ident = ctx.ident.expect("context_param checks for a name");
+
+    let skip = args.skip.as_deref().unwrap_or_default();
+    for name in skip {
+        if !exists(name) {
+            return Err(syn::Error::new(name.span(), format!("`skip({name})`: this function has no parameter named `{name}`")));
+        }
+    }
+    let key = args.key.as_deref().unwrap_or_default();
+    for name in key {
+        if !exists(name) {
+            return Err(syn::Error::new(name.span(), format!("`key({name})`: this function has no parameter named `{name}`")));
+        }
+        let not_payload = if name == "self" {
+            Some("`self` is never part of the payload")
+        } else if ctx.is_named(name) {
+            Some("it is the run context, not part of the payload")
+        } else if skip.iter().any(|s| s.unraw() == name.unraw()) {
+            Some("it is skipped, so it is not part of the payload")
+        } else {
+            None
+        };
+        if let Some(why) = not_payload {
+            return Err(syn::Error::new(name.span(), format!("`key({name})`: {why}; the key is made of payload parameters")));
+        }
+    }
+
+    let generics: Vec<Ident> = sig
+        .generics
+        .params
+        .iter()
+        .filter_map(|g| match g {
+            GenericParam::Type(t) => Some(t.ident.clone()),
+            GenericParam::Const(c) => Some(c.ident.clone()),
+            GenericParam::Lifetime(_) => None,
+        })
+        .collect();
+    let mut payload = Vec::new();
+    for param in &params {
+        if std::ptr::eq(param.arg, ctx.arg) || is_context_type(&param.arg.ty) {
+            continue;
+        }
+        if let Some(ident) = param.ident
+            && skip.iter().any(|s| s.unraw() == ident.unraw())
+        {
+            continue;
+        }
+        let Some(ident) = param.ident else {
+            return Err(syn::Error::new_spanned(
+                &param.arg.pat,
+                "this parameter is part of the idempotency payload, which records arguments by name; \
+                 bind it to a name (`point: Point`) and destructure it inside the body",
+            ));
+        };
+        check_concrete(ident, &param.arg.ty, &generics)?;
+        payload.push(ident);
+    }
+
+    let krate: Path = args.krate.clone().unwrap_or_else(|| syn::parse_quote!(::idempotent_core));
+    let p = quote!(#krate::__private);
+
+    let pushes = payload.iter().map(|ident| {
+        let name = ident.unraw().to_string();
+        let check = format_ident!("__idempotent_arg_{}", name);
+        let message = format!(
+            "parameter `{name}` is part of the idempotency payload, but `{{Self}}` does not implement `serde::Serialize`"
+        );
+        let label = format!("not serializable: leave it out of the payload with `skip({name})`");
+        let note = "`#[idempotent]` serializes every parameter except the run context, `self` and \
+                    the `skip(..)`ed ones into the step's key; skip handles such as clients and connections";
+        // Spanned at the parameter so that rustc's error points at it.
+        let value = quote_spanned!(ident.span()=> &#ident);
+        quote! {
+            {
+                #[diagnostic::on_unimplemented(message = #message, label = #label, note = #note)]
+                #[allow(non_camel_case_types)]
+                trait #check {
+                    fn __idempotent_canonical(&self) -> #p::CanonicalArg;
+                }
+                impl<T: ?::core::marker::Sized + #p::serde::Serialize> #check for T {
+                    fn __idempotent_canonical(&self) -> #p::CanonicalArg {
+                        #p::canonical(self)
+                    }
+                }
+                __idempotent_payload.push(#name, #check::__idempotent_canonical(#value));
+            }
+        }
+    });
+    let key_names = key.iter().map(|k| k.unraw().to_string());
+
+    let step = args.step();
+    let version = args.version.map(|v| quote!(.version(#v)));
+    let ttl = args.ttl.as_ref().map(|s| {
+        let secs = s.secs;
+        quote!(.ttl(#p::Duration::from_secs(#secs)))
+    });
+    let lease = args.lease.as_ref().map(|s| {
+        let secs = s.secs;
+        quote!(.lease(#p::Duration::from_secs(#secs)))
+    });
+    let on_in_flight = args.on_in_flight.map(|policy| match policy {
+        InFlight::Wait => quote!(.on_in_flight(#p::OnInFlight::Wait { timeout: #p::DEFAULT_WAIT })),
+        InFlight::Reject => quote!(.on_in_flight(#p::OnInFlight::Reject)),
+    });
+    // Spanned at the return type: unmet bounds on `T` and `E` are reported there.
+    let run = Ident::new(if args.store_errors { "run_storing_errors" } else { "run" }, ret.span);
+    let ctx_value = quote_spanned!(ctx_ident.span()=> &#ctx_ident);
+
+    let ret_ty = &ret.ty;
+    // An unreachable early return of the declared type, first thing in the body: rustc infers the
+    // body's type from it and reports mismatches against the user's signature.
+    let fake_return = quote_spanned! {ret.span=>
+        #[allow(
+            unknown_lints,
+            unreachable_code,
+            clippy::diverging_sub_expression,
+            clippy::empty_loop,
+            clippy::let_unit_value,
+            clippy::let_with_type_underscore,
+            clippy::needless_return,
+            clippy::unreachable
+        )]
+        if false {
+            let __idempotent_fake_return: #ret_ty = loop {};
+            return __idempotent_fake_return;
+        }
+    };
+
+    let (outer, inner): (Vec<_>, Vec<_>) = attrs.into_iter().partition(|a| matches!(a.style, AttrStyle::Outer));
+    Ok(quote! {
+        #(#outer)*
+        #vis #sig {
+            #(#inner)*
+            let __idempotent_ctx: #p::RunContext = #p::RunContext::clone(#ctx_value);
+            let (__idempotent_payload, __idempotent_identity) = {
+                let mut __idempotent_payload = #p::Payload::new();
+                #(#pushes)*
+                __idempotent_payload.finish(&[#(#key_names),*])
+            };
+            let __idempotent_step = __idempotent_ctx.step(#step) #version #ttl #lease #on_in_flight;
+            let __idempotent_step = match &__idempotent_identity {
+                ::core::option::Option::Some(identity) => __idempotent_step.identity(identity),
+                ::core::option::Option::None => __idempotent_step,
+            };
+            #p::Step::#run(__idempotent_step, &__idempotent_payload, move |_| async move {
+                #fake_return
+                #block
+            })
+            .await
+        }
+    })
+}
+
+struct ResultType<'a> {
+    ty: &'a Type,
+    span: Span,
+}
+
+/// The declared return type, which must look like a `Result`.
+fn result_type(sig: &Signature) -> syn::Result<ResultType<'_>> {
+    const NEED: &str = "`#[idempotent]` functions return `Result<T, E>` (with `T: Serialize + DeserializeOwned`, \
+                        the stored outcome, and `E: From<idempotent_core::Error>`)";
+    let ty = match &sig.output {
+        ReturnType::Type(_, ty) => &**ty,
+        ReturnType::Default => {
+            return Err(syn::Error::new(
+                sig.paren_token.span.close(),
+                format!("{NEED}; this one returns `()`. Add `-> Result<T, E>`"),
+            ));
+        }
+    };
+    let mut inner = ty;
+    while let Type::Paren(t) = inner {
+        inner = &t.elem;
+    }
+    let is_result = match inner {
+        Type::Path(TypePath { qself: None, path }) => {
+            path.segments.last().is_some_and(|s| s.ident.unraw().to_string().ends_with("Result"))
+        }
+        _ => false,
+    };
+    if !is_result {
+        return Err(syn::Error::new_spanned(
+            ty,
+            format!("{NEED}; this type is not a `Result` (a type alias works when its name ends in `Result`)"),
+        ));
+    }
+    Ok(ResultType { ty, span: ty.span() })
+}
+
+/// The parameter that carries the `RunContext`.
+fn context_param<'p, 'a>(args: &Args, sig: &Signature, params: &'p [Param<'a>]) -> syn::Result<&'p Param<'a>> {
+    if let Some(name) = &args.ctx {
+        let found = params.iter().find(|p| p.is_named(name));
+        return found.ok_or_else(|| {
+            syn::Error::new(name.span(), format!("`ctx = {name}`: this function has no parameter named `{name}`"))
+        });
+    }
+    let mut found = params.iter().filter(|p| is_context_type(&p.arg.ty));
+    let Some(ctx) = found.next() else {
+        return Err(syn::Error::new(
+            sig.paren_token.span.join(),
+            "no context parameter: `#[idempotent]` takes the store and the run id from a parameter of \
+             type `&RunContext` (or `RunContext`); add one, or name the parameter that has it with `ctx = name`",
+        ));
+    };
+    if let Some(other) = found.next() {
+        return Err(syn::Error::new_spanned(
+            &other.arg.pat,
+            "more than one `RunContext` parameter; choose the one the step runs in with `ctx = name`",
+        ));
+    }
+    if ctx.ident.is_none() {
+        return Err(syn::Error::new_spanned(
+            &ctx.arg.pat,
+            "the context parameter needs a plain name (`ctx: &RunContext`), so the step can use it",
+        ));
+    }
+    Ok(ctx)
+}
+
+/// `name` or `mut name`, without a subpattern.
+fn plain_ident(pat: &Pat) -> Option<&Ident> {
+    match pat {
+        Pat::Ident(PatIdent { ident, subpat: None, .. }) => Some(ident),
+        _ => None,
+    }
+}
+
+/// `RunContext`, `&RunContext`, `idempotent_core::RunContext`, ... .
+fn is_context_type(ty: &Type) -> bool {
+    match ty {
+        Type::Reference(r) => is_context_type(&r.elem),
+        Type::Paren(p) => is_context_type(&p.elem),
+        Type::Group(g) => is_context_type(&g.elem),
+        Type::Path(TypePath { qself: None, path }) => path.segments.last().is_some_and(|s| s.ident == "RunContext"),
+        _ => false,
+    }
+}
+
+/// Refuses payload parameters whose type is generic: their serialized form, and so the key,
+/// would depend on the caller's choice of type.
+fn check_concrete(ident: &Ident, ty: &Type, generics: &[Ident]) -> syn::Result<()> {
+    struct Find<'g> {
+        generics: &'g [Ident],
+        found: Option<(TokenStream, String)>,
+    }
+    impl VisitMut for Find<'_> {
+        fn visit_type_impl_trait_mut(&mut self, t: &mut TypeImplTrait) {
+            self.found.get_or_insert_with(|| (t.to_token_stream(), "an `impl Trait` type".to_owned()));
+        }
+        fn visit_type_path_mut(&mut self, t: &mut TypePath) {
+            if t.qself.is_none()
+                && let Some(first) = t.path.segments.first()
+                && self.generics.contains(&first.ident)
+            {
+                let what = format!("the generic type `{}`", first.ident);
+                self.found.get_or_insert_with(|| (t.to_token_stream(), what));
+                return;
+            }
+            syn::visit_mut::visit_type_path_mut(self, t);
+        }
+    }
+    let mut find = Find { generics, found: None };
+    find.visit_type_mut(&mut ty.clone());
+    match find.found {
+        None => Ok(()),
+        Some((tokens, what)) => Err(syn::Error::new_spanned(
+            tokens,
+            format!(
+                "parameter `{ident}` is part of the idempotency payload but has {what}, so its \
+                 serialized form (and the key) would depend on each caller's type; leave it out \
+                 with `skip({ident})`, or give it a concrete type",
+                ident = ident.unraw()
+            ),
+        )),
+    }
+}
