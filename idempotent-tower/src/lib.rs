@@ -13,5 +13,6 @@ pub mod retry;
 pub mod server;
 
 // server re-exports
+pub use server::{Idempotency, IdempotencyLayer};
 // client re-exports
 // retry re-exports

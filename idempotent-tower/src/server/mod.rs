@@ -1,1 +1,129 @@
-//! Server side: see the crate docs.
+//! Server side: [`IdempotencyLayer`] runs each request that carries an `Idempotency-Key` at most
+//! once and replays its response to every retry.
+//!
+//! ```
+//! use axum::{Router, body::Body, http::Request, routing::post};
+//! use idempotent_core::MemoryStore;
+//! use idempotent_tower::server::IdempotencyLayer;
+//! use std::sync::atomic::{AtomicU32, Ordering};
+//! use std::sync::Arc;
+//! use tower::ServiceExt;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let refunds = Arc::new(AtomicU32::new(0));
+//! let counter = refunds.clone();
+//! let app = Router::new()
+//!     .route("/refunds", post(move |body: String| async move {
+//!         let n = counter.fetch_add(1, Ordering::SeqCst) + 1; // the side effect
+//!         (axum::http::StatusCode::CREATED, format!("refund re_{n} for {body}"))
+//!     }))
+//!     .layer(IdempotencyLayer::new(MemoryStore::new()));
+//!
+//! let request = || {
+//!     Request::post("/refunds")
+//!         .header("idempotency-key", "\"8e03978e-40d5-43e8-bc93-6894a57f9324\"")
+//!         .body(Body::from("order-7"))
+//!         .unwrap()
+//! };
+//! let first = app.clone().oneshot(request()).await.unwrap();
+//! let retry = app.clone().oneshot(request()).await.unwrap();
+//! assert_eq!(first.status(), 201);
+//! assert_eq!(retry.status(), 201);
+//! assert_eq!(retry.headers()["idempotent-replayed"], "true");
+//! let body = axum::body::to_bytes(retry.into_body(), usize::MAX).await.unwrap();
+//! assert_eq!(body, "refund re_1 for order-7");
+//! assert_eq!(refunds.load(Ordering::SeqCst), 1);
+//! # }
+//! ```
+//!
+//! # What the layer does
+//!
+//! Covered requests are those with a method in [`IdempotencyLayer::methods`] (POST and PATCH by
+//! default) and every gRPC call. For a covered request:
+//!
+//! 1. **Key.** The `Idempotency-Key` header ([`header_name`](IdempotencyLayer::header_name)) is
+//!    read as a structured-field string (`"…"`, as the IETF httpapi draft defines it) or in the
+//!    bare form. Empty, longer than 255 bytes, not printable ASCII, malformed, or sent twice:
+//!    400. Missing: the request passes through unprotected, or 400 with
+//!    [`require_key`](IdempotencyLayer::require_key).
+//! 2. **Identity.** The record is keyed by a hash of (tenant, scope, key), never by the client's
+//!    key itself. The tenant comes from [`tenant`](IdempotencyLayer::tenant), so two principals'
+//!    equal keys never share a record.
+//! 3. **Fingerprint.** Method, path, query and body; a JSON body (`application/json` or
+//!    `application/*+json`) is canonicalized first, so key order and whitespace alone are not a
+//!    different request. The body is read in full, up to
+//!    [`max_request_body`](IdempotencyLayer::max_request_body) (413 beyond it, whether or not
+//!    the request announced a length); a body that fails mid-stream is 400.
+//! 4. **Store.** One acquire on the store decides:
+//!    - a stored response → **replayed**: its status, every header value (multi-valued fields
+//!      such as `Set-Cookie` intact, hop-by-hop fields dropped), the exact body bytes and the
+//!      trailers, plus `Idempotent-Replayed: true`. The service is not called.
+//!    - the key used with another fingerprint → **422**.
+//!    - the key held by a request still running → **409** with `Retry-After`, or, with
+//!      [`OnInFlight::Wait`](idempotent_core::OnInFlight::Wait), the first request's response
+//!      once it is stored.
+//!    - the store unreachable → **503** with `Retry-After`, the service not called
+//!      ([`fail_mode`](IdempotencyLayer::fail_mode) `Open` calls it unprotected instead).
+//!    - the key is free → the service is called, its lease renewed while it runs.
+//! 5. **Outcome.** The response is buffered (up to
+//!    [`max_stored_response`](IdempotencyLayer::max_stored_response)), then the
+//!    [`StorePolicy`] decides: stored for replay (by default 2xx and final 4xx), or the key is
+//!    released so that a retry runs again (5xx, 408, 409, 425, 429). A response too large to
+//!    store is streamed to the client, the key released and a warning logged.
+//!
+//! Refusals are `application/problem+json` documents (RFC 9457) whose `detail` tells the
+//! client what to do. Events are logged with `tracing` (`idempotent.acquired`, `.replayed`,
+//! `.stored`, `.released`, `.in_flight`, `.mismatch`, `.store_error`, `.lease_lost`,
+//! `.not_stored`, `.corrupt`, `.refused`) with a 12-hex-digit prefix of the hashed key; client
+//! keys and bodies are never logged.
+//!
+//! # gRPC
+//!
+//! The same layer serves tonic: `Server::builder().layer(IdempotencyLayer::new(store))`. Calls
+//! are recognised by `content-type: application/grpc*`; the key comes from `idempotency-key`
+//! metadata; the fingerprint is the method path and the message bytes; trailers (`grpc-status`,
+//! `grpc-message`, …) are stored and replayed; the default policy releases the key on
+//! UNAVAILABLE, ABORTED, RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED, INTERNAL, CANCELLED and
+//! UNKNOWN. Refusals are trailers-only gRPC statuses: missing or invalid key INVALID_ARGUMENT,
+//! body too large RESOURCE_EXHAUSTED, mismatch FAILED_PRECONDITION, in flight ABORTED, store
+//! down UNAVAILABLE.
+//!
+//! ```no_run
+//! use idempotent_core::MemoryStore;
+//! use idempotent_tower::server::IdempotencyLayer;
+//!
+//! # async fn serve(routes: tonic::service::Routes) -> Result<(), tonic::transport::Error> {
+//! tonic::transport::Server::builder()
+//!     .layer(IdempotencyLayer::new(MemoryStore::new()))
+//!     .add_routes(routes)
+//!     .serve("127.0.0.1:50051".parse().unwrap())
+//!     .await
+//! # }
+//! ```
+//!
+//! # Where to put it
+//!
+//! Put authentication *outside* this layer (added after it with `Router::layer`, or earlier in
+//! a `ServiceBuilder`), so that the tenant extractor sees the principal and an unauthenticated
+//! request never takes a key. Put this layer outside anything that should run at most once.
+//! Retries are the client's business: a server-side retry layer inside this one would run the
+//! handler again under the same lease.
+
+mod body;
+mod future;
+mod grpc;
+mod key;
+mod layer;
+mod policy;
+mod problem;
+mod record;
+mod service;
+
+pub use body::{RequestBody, ResponseBody};
+pub use future::ResponseFuture;
+pub use layer::{
+    DEFAULT_KEY_HEADER, DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_STORED_RESPONSE, IdempotencyLayer, STORE_DOWN_RETRY_AFTER,
+};
+pub use policy::{DefaultStorePolicy, Outcome, StorePolicy};
+pub use service::{IDEMPOTENT_REPLAYED, Idempotency};

@@ -1,0 +1,168 @@
+//! Reading the client's idempotency key from a request.
+//!
+//! The IETF httpapi draft defines `Idempotency-Key` as a Structured Field Item of type String
+//! (`Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"`). Many clients send the bare value
+//! instead (`Idempotency-Key: 8e03978e-…`), so both are accepted and mean the same key. A value
+//! that opens with `"` is always read as an sf-string, so a malformed quoted value is an error
+//! rather than a bare key with a stray quote in it.
+
+use http::{HeaderMap, HeaderName};
+
+/// The longest key accepted, in bytes (the draft's common practice; Stripe uses the same bound).
+pub(crate) const MAX_KEY_LEN: usize = 255;
+
+/// Why a key was refused. The message is shown to the client.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum KeyError {
+    Repeated,
+    Empty,
+    TooLong(usize),
+    NotPrintable,
+    BadString(String),
+}
+
+impl std::fmt::Display for KeyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            KeyError::Repeated => f.write_str("the key header was sent more than once; send exactly one key"),
+            KeyError::Empty => f.write_str("the key is empty; send a unique value such as a UUID"),
+            KeyError::TooLong(n) => write!(f, "the key is {n} bytes long; keys may be at most {MAX_KEY_LEN} bytes"),
+            KeyError::NotPrintable => {
+                f.write_str("the key contains characters other than printable ASCII; use for example a UUID")
+            }
+            KeyError::BadString(why) => write!(
+                f,
+                "the key is not a valid structured-field string ({why}); send it as \"8e03978e-40d5\" or bare"
+            ),
+        }
+    }
+}
+
+/// Reads the key from `headers[name]`: `Ok(None)` when absent.
+pub(crate) fn parse(headers: &HeaderMap, name: &HeaderName) -> Result<Option<String>, KeyError> {
+    let mut values = headers.get_all(name).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(KeyError::Repeated);
+    }
+    parse_value(value.as_bytes()).map(Some)
+}
+
+/// Parses one header value (sf-string or bare form) into the key string.
+pub(crate) fn parse_value(raw: &[u8]) -> Result<String, KeyError> {
+    let trimmed = trim_ows(raw);
+    let key = if trimmed.first() == Some(&b'"') {
+        let item: sfv::Item =
+            sfv::Parser::new(trimmed).parse().map_err(|e: sfv::Error| KeyError::BadString(e.to_string()))?;
+        match item.bare_item {
+            sfv::BareItem::String(s) => s.as_str().to_owned(),
+            // Unreachable for input that opens with `"`, but never trust that to a panic.
+            _ => return Err(KeyError::BadString("not a string".into())),
+        }
+    } else {
+        if !trimmed.iter().all(|b| (0x20..=0x7e).contains(b)) {
+            return Err(KeyError::NotPrintable);
+        }
+        // Only printable ASCII remains, which is UTF-8.
+        String::from_utf8(trimmed.to_vec()).map_err(|_| KeyError::NotPrintable)?
+    };
+    if key.is_empty() {
+        return Err(KeyError::Empty);
+    }
+    if key.len() > MAX_KEY_LEN {
+        return Err(KeyError::TooLong(key.len()));
+    }
+    Ok(key)
+}
+
+fn trim_ows(mut b: &[u8]) -> &[u8] {
+    while let [b' ' | b'\t', rest @ ..] = b {
+        b = rest;
+    }
+    while let [rest @ .., b' ' | b'\t'] = b {
+        b = rest;
+    }
+    b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn one(v: &[u8]) -> Result<Option<String>, KeyError> {
+        let mut h = HeaderMap::new();
+        h.insert("idempotency-key", HeaderValue::from_bytes(v).unwrap());
+        parse(&h, &HeaderName::from_static("idempotency-key"))
+    }
+
+    #[test]
+    fn sf_string_and_bare_forms_name_the_same_key() {
+        assert_eq!(one(b"\"8e03978e-40d5\"").unwrap().as_deref(), Some("8e03978e-40d5"));
+        assert_eq!(one(b"8e03978e-40d5").unwrap().as_deref(), Some("8e03978e-40d5"));
+        assert_eq!(one(b"  \"abc\"  ").unwrap().as_deref(), Some("abc"));
+        // Escapes in sf-strings are decoded; parameters are allowed and ignored.
+        assert_eq!(one(br#""a\"b\\c""#).unwrap().as_deref(), Some("a\"b\\c"));
+        assert_eq!(one(b"\"k\";v=1").unwrap().as_deref(), Some("k"));
+        // Interior spaces are printable.
+        assert_eq!(one(b"order 7").unwrap().as_deref(), Some("order 7"));
+    }
+
+    #[test]
+    fn missing_is_none() {
+        assert_eq!(parse(&HeaderMap::new(), &HeaderName::from_static("idempotency-key")), Ok(None));
+    }
+
+    #[test]
+    fn empty_keys_are_refused() {
+        assert_eq!(one(b""), Err(KeyError::Empty));
+        assert_eq!(one(b"\"\""), Err(KeyError::Empty));
+        assert_eq!(one(b"   "), Err(KeyError::Empty));
+    }
+
+    #[test]
+    fn length_is_capped_at_255() {
+        let ok = "k".repeat(255);
+        assert_eq!(one(ok.as_bytes()).unwrap(), Some(ok.clone()));
+        assert_eq!(one(format!("\"{ok}\"").as_bytes()).unwrap(), Some(ok));
+        assert_eq!(one("k".repeat(256).as_bytes()), Err(KeyError::TooLong(256)));
+        assert_eq!(one(format!("\"{}\"", "k".repeat(256)).as_bytes()), Err(KeyError::TooLong(256)));
+    }
+
+    #[test]
+    fn non_printable_ascii_is_refused() {
+        assert_eq!(one(b"caf\xc3\xa9"), Err(KeyError::NotPrintable));
+        assert_eq!(one(b"a\tb"), Err(KeyError::NotPrintable));
+        assert!(matches!(one(b"\"caf\xc3\xa9\""), Err(KeyError::BadString(_))));
+    }
+
+    #[test]
+    fn malformed_sf_values_are_refused() {
+        assert!(matches!(one(b"\"abc"), Err(KeyError::BadString(_))));
+        assert!(matches!(one(b"\"a\" \"b\""), Err(KeyError::BadString(_))));
+        assert!(matches!(one(b"\"a\", \"b\""), Err(KeyError::BadString(_))));
+    }
+
+    #[test]
+    fn a_repeated_header_is_refused() {
+        let mut h = HeaderMap::new();
+        h.append("idempotency-key", HeaderValue::from_static("a"));
+        h.append("idempotency-key", HeaderValue::from_static("a"));
+        assert_eq!(parse(&h, &HeaderName::from_static("idempotency-key")), Err(KeyError::Repeated));
+    }
+
+    #[test]
+    fn every_error_says_what_to_do() {
+        for e in [
+            KeyError::Repeated,
+            KeyError::Empty,
+            KeyError::TooLong(300),
+            KeyError::NotPrintable,
+            KeyError::BadString("x".into()),
+        ] {
+            assert!(e.to_string().len() > 20, "{e}");
+        }
+    }
+}

@@ -1,0 +1,200 @@
+//! The layer's refusals, as RFC 9457 problem details (HTTP) or gRPC statuses.
+//!
+//! Every refusal says what happened and what the client should do next. HTTP refusals are
+//! `application/problem+json` documents:
+//!
+//! ```json
+//! {"type":"tag:idempotent-tower,2025:key-in-use","title":"Request in progress","status":409,
+//!  "detail":"A request with this Idempotency-Key is still being processed. Retry after the time in Retry-After to get its response."}
+//! ```
+//!
+//! The `type` URIs are `tag:` URIs (RFC 4151, as RFC 9457 §3.1.1 suggests for types that are not
+//! meant to be dereferenced); clients match on them. Refusals that a retry can cure (409, 503)
+//! carry `Retry-After`.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderValue, Response, StatusCode};
+
+use super::body::ResponseBody;
+use super::grpc::{self, Code};
+use super::key::KeyError;
+
+/// Why the layer answered instead of the service.
+#[derive(Debug)]
+pub(crate) enum Refusal {
+    MissingKey { header: String },
+    InvalidKey { header: String, error: KeyError },
+    BodyTooLarge { limit: usize },
+    BodyUnreadable,
+    Mismatch { header: String },
+    InFlight { header: String, retry_after: Duration },
+    StoreUnavailable { retry_after: Duration },
+    StoreError,
+    Corrupt,
+}
+
+impl Refusal {
+    fn status(&self) -> StatusCode {
+        match self {
+            Refusal::MissingKey { .. } | Refusal::InvalidKey { .. } | Refusal::BodyUnreadable => {
+                StatusCode::BAD_REQUEST
+            }
+            Refusal::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Refusal::Mismatch { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            Refusal::InFlight { .. } => StatusCode::CONFLICT,
+            Refusal::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Refusal::StoreError | Refusal::Corrupt => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn code(&self) -> Code {
+        match self {
+            Refusal::MissingKey { .. } | Refusal::InvalidKey { .. } | Refusal::BodyUnreadable => Code::InvalidArgument,
+            Refusal::BodyTooLarge { .. } => Code::ResourceExhausted,
+            Refusal::Mismatch { .. } => Code::FailedPrecondition,
+            Refusal::InFlight { .. } => Code::Aborted,
+            Refusal::StoreUnavailable { .. } => Code::Unavailable,
+            Refusal::StoreError | Refusal::Corrupt => Code::Internal,
+        }
+    }
+
+    fn kind(&self) -> (&'static str, &'static str) {
+        match self {
+            Refusal::MissingKey { .. } => ("key-missing", "Idempotency key required"),
+            Refusal::InvalidKey { .. } => ("key-invalid", "Invalid idempotency key"),
+            Refusal::BodyTooLarge { .. } => ("body-too-large", "Request body too large"),
+            Refusal::BodyUnreadable => ("body-unreadable", "Request body could not be read"),
+            Refusal::Mismatch { .. } => ("key-reused", "Idempotency key reused with another request"),
+            Refusal::InFlight { .. } => ("key-in-use", "Request in progress"),
+            Refusal::StoreUnavailable { .. } => ("store-unavailable", "Idempotency store unavailable"),
+            Refusal::StoreError => ("store-error", "Idempotency store error"),
+            Refusal::Corrupt => ("record-corrupt", "Stored response unreadable"),
+        }
+    }
+
+    pub(crate) fn detail(&self) -> String {
+        match self {
+            Refusal::MissingKey { header } => format!(
+                "This operation requires an {header} header. Generate a unique key (for example a UUID) \
+                 for the operation and send the same key with every retry of it."
+            ),
+            Refusal::InvalidKey { header, error } => {
+                format!("The {header} header is invalid: {error}. The request was not processed.")
+            }
+            Refusal::BodyTooLarge { limit } => format!(
+                "Requests with an idempotency key may carry at most {limit} bytes of body. The request \
+                 was not processed; send a smaller body."
+            ),
+            Refusal::BodyUnreadable => "The request body ended with an error before it was complete. The \
+                 request was not processed; send it again with the same key."
+                .to_owned(),
+            Refusal::Mismatch { header } => format!(
+                "This {header} was already used for a request with a different method, path, query or \
+                 body. The request was not processed. Retry with the original request, or use a new \
+                 key for a new operation."
+            ),
+            Refusal::InFlight { header, .. } => format!(
+                "A request with this {header} is still being processed. The request was not processed \
+                 again; retry after the time in Retry-After to get the first request's response."
+            ),
+            Refusal::StoreUnavailable { .. } => "The idempotency store could not be reached, so the request \
+                 was not processed (retrying it could otherwise repeat its effect). Retry after the time \
+                 in Retry-After with the same key."
+                .to_owned(),
+            Refusal::StoreError => "The idempotency store answered with an error; the request was not \
+                 processed. Retry later with the same key."
+                .to_owned(),
+            Refusal::Corrupt => "A response was stored for this key but cannot be read back, so it is not \
+                 replayed and the request was not processed again. Contact the service operator; do \
+                 not retry with this key."
+                .to_owned(),
+        }
+    }
+
+    fn retry_after(&self) -> Option<Duration> {
+        match self {
+            Refusal::InFlight { retry_after, .. } | Refusal::StoreUnavailable { retry_after } => Some(*retry_after),
+            _ => None,
+        }
+    }
+
+    /// The refusal as an HTTP problem response, or a gRPC trailers-only response.
+    pub(crate) fn into_response<B>(self, grpc: bool) -> Response<ResponseBody<B>> {
+        if grpc {
+            return grpc::trailers_only(self.code(), &self.detail(), self.retry_after());
+        }
+        let status = self.status();
+        let (slug, title) = self.kind();
+        let doc = serde_json::json!({
+            "type": format!("tag:idempotent-tower,2025:{slug}"),
+            "title": title,
+            "status": status.as_u16(),
+            "detail": self.detail(),
+        });
+        let mut res = Response::new(ResponseBody::full(Bytes::from(doc.to_string()), None));
+        *res.status_mut() = status;
+        res.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        if let Some(after) = self.retry_after() {
+            res.headers_mut().insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(after)));
+        }
+        res
+    }
+}
+
+/// `Retry-After` in whole seconds, rounded up and at least 1 (0 would invite a busy loop).
+pub(crate) fn retry_after_secs(after: Duration) -> u64 {
+    let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+    secs.max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::{BodyExt, Empty};
+
+    type Res = Response<ResponseBody<Empty<Bytes>>>;
+
+    async fn json(res: Res) -> serde_json::Value {
+        serde_json::from_slice(&res.into_body().collect().await.unwrap().to_bytes()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn http_refusals_are_problem_documents() {
+        let res: Res = Refusal::InFlight { header: "Idempotency-Key".into(), retry_after: Duration::from_millis(1500) }
+            .into_response(false);
+        assert_eq!(res.status(), StatusCode::CONFLICT);
+        assert_eq!(res.headers()[CONTENT_TYPE], "application/problem+json");
+        assert_eq!(res.headers()[RETRY_AFTER], "2");
+        let doc = json(res).await;
+        assert_eq!(doc["status"], 409);
+        assert_eq!(doc["type"], "tag:idempotent-tower,2025:key-in-use");
+        assert!(doc["detail"].as_str().unwrap().contains("Retry-After"));
+    }
+
+    #[test]
+    fn grpc_refusals_are_statuses() {
+        let cases: [(Refusal, &str); 5] = [
+            (Refusal::MissingKey { header: "idempotency-key".into() }, "3"),
+            (Refusal::Mismatch { header: "idempotency-key".into() }, "9"),
+            (Refusal::InFlight { header: "k".into(), retry_after: Duration::from_secs(1) }, "10"),
+            (Refusal::StoreUnavailable { retry_after: Duration::from_secs(1) }, "14"),
+            (Refusal::Corrupt, "13"),
+        ];
+        for (refusal, code) in cases {
+            let res: Res = refusal.into_response(true);
+            assert_eq!(res.status(), StatusCode::OK);
+            assert_eq!(res.headers()["grpc-status"], code);
+        }
+    }
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds() {
+        assert_eq!(retry_after_secs(Duration::ZERO), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(10)), 1);
+        assert_eq!(retry_after_secs(Duration::from_secs(3)), 3);
+        assert_eq!(retry_after_secs(Duration::from_millis(3001)), 4);
+    }
+}

@@ -1,0 +1,526 @@
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use http::request::Parts;
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
+use idempotent_core::canonical::canonicalize_json;
+use idempotent_core::record::{Acquire, Lease, Transition};
+use idempotent_core::{Error, FailMode, Fingerprint, Key, OnInFlight};
+use tokio::time::Instant;
+use tower::{BoxError, Service};
+
+use super::body::{RequestBody, ResponseBody};
+use super::future::ResponseFuture;
+use super::grpc;
+use super::key;
+use super::layer::{Config, STORE_DOWN_RETRY_AFTER};
+use super::policy::Outcome;
+use super::problem::Refusal;
+use super::record::{StoredResponse, strip_hop_by_hop};
+
+/// The header added to every replayed response.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// The longest `Retry-After` suggested to a duplicate of a running request: the first request
+/// usually finishes long before its lease runs out, which is all the store can vouch for.
+const IN_FLIGHT_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The middleware made by [`IdempotencyLayer`](super::IdempotencyLayer).
+///
+/// Cheap to clone (the configuration is shared); keeps the inner service's error type, since
+/// every refusal is a response.
+#[derive(Clone)]
+pub struct Idempotency<S> {
+    pub(crate) inner: S,
+    pub(crate) config: Arc<Config>,
+}
+
+impl<S> std::fmt::Debug for Idempotency<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Idempotency").field("store", &self.config.store.describe()).finish_non_exhaustive()
+    }
+}
+
+impl<S> Idempotency<S> {
+    /// The wrapped service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The wrapped service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Unwraps the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Idempotency<S>
+where
+    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Body<Data = Bytes> + Send + 'static,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<ResponseBody<ResBody>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, ResBody, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
+        let config = &self.config;
+        let grpc = grpc::is_grpc(req.headers());
+        if !grpc && !config.methods.contains(req.method()) {
+            return ResponseFuture::passthrough(self.inner.call(req.map(RequestBody::stream)));
+        }
+        let header = || config.header.as_str().to_owned();
+        let client_key = match key::parse(req.headers(), &config.header) {
+            Ok(Some(k)) => k,
+            Ok(None) if !config.require_key => {
+                return ResponseFuture::passthrough(self.inner.call(req.map(RequestBody::stream)));
+            }
+            Ok(None) => {
+                tracing::debug!(grpc, "idempotent.refused: no key");
+                return ResponseFuture::ready(Refusal::MissingKey { header: header() }.into_response(grpc));
+            }
+            Err(error) => {
+                tracing::debug!(grpc, %error, "idempotent.refused: invalid key");
+                return ResponseFuture::ready(Refusal::InvalidKey { header: header(), error }.into_response(grpc));
+            }
+        };
+        // Take the service that was driven to readiness and leave a clone in its place.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture::boxed(Box::pin(handle(inner, self.config.clone(), req, client_key, grpc)))
+    }
+}
+
+/// One covered request with a well-formed key, from reading its body to storing its response.
+async fn handle<S, ReqBody, ResBody>(
+    mut inner: S,
+    config: Arc<Config>,
+    req: Request<ReqBody>,
+    client_key: String,
+    grpc: bool,
+) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+where
+    S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
+    ReqBody: Body<Data = Bytes>,
+    ReqBody::Error: Into<BoxError>,
+    ResBody: Body<Data = Bytes>,
+    ResBody::Error: Into<BoxError>,
+{
+    let (parts, body) = req.into_parts();
+    let tenant = config.tenant.as_ref().and_then(|extract| extract(&parts));
+    let key = Key::from_client_key(tenant.as_deref(), &config.scope, &client_key);
+    drop(client_key);
+    let short = key.short();
+
+    let (data, trailers) = match read_body(&parts.headers, body, config.max_request_body).await {
+        Ok(read) => read,
+        Err(ReadError::TooLarge) => {
+            tracing::debug!(key = %short, limit = config.max_request_body, "idempotent.refused: request body too large");
+            return Ok(Refusal::BodyTooLarge { limit: config.max_request_body }.into_response(grpc));
+        }
+        Err(ReadError::Failed(error)) => {
+            tracing::debug!(key = %short, %error, "idempotent.refused: request body failed");
+            return Ok(Refusal::BodyUnreadable.into_response(grpc));
+        }
+    };
+    let fingerprint = if grpc { grpc::fingerprint(parts.uri.path(), &data) } else { http_fingerprint(&parts, &data) };
+    let req = Request::from_parts(parts, RequestBody::full(data, trailers));
+
+    let lease = match acquire(&config, &key, &fingerprint, &short).await {
+        Acquired::Lease(lease) => lease,
+        Acquired::Replay(bytes) => return Ok(replay(bytes, grpc, &short)),
+        Acquired::Refuse(refusal) => return Ok(refusal.into_response(grpc)),
+        Acquired::FailOpen => {
+            let res = inner.call(req).await?;
+            return Ok(res.map(ResponseBody::stream));
+        }
+    };
+    tracing::debug!(key = %short, fence = lease.fence, attempt = lease.attempt, recovered = lease.recovered, "idempotent.acquired");
+    if lease.recovered {
+        tracing::info!(key = %short, fence = lease.fence, "idempotent.recovered: a previous attempt's lease ran out without a response");
+    }
+
+    let limit = config.max_stored_response;
+    let work = async {
+        let res = inner.call(req).await?;
+        Ok(collect(res, limit).await)
+    };
+    let collected = match with_heartbeat(&config, &key, &lease, &short, work).await {
+        Ok(collected) => collected,
+        Err(e) => {
+            release(&config, &key, &lease, &short, "the service failed").await;
+            return Err(e);
+        }
+    };
+
+    match collected {
+        Collected::Complete { parts, data, trailers } => {
+            let outcome = Outcome { status: parts.status, headers: &parts.headers, trailers: trailers.as_ref(), grpc };
+            if config.policy.should_store(&outcome) {
+                let stored = StoredResponse {
+                    status: parts.status,
+                    headers: parts.headers.clone(),
+                    body: data.clone(),
+                    trailers: trailers.clone(),
+                };
+                complete(&config, &key, &lease, &short, stored.encode(), &parts).await;
+            } else {
+                release(&config, &key, &lease, &short, "the store policy declined the response").await;
+            }
+            Ok(Response::from_parts(parts, ResponseBody::full(data, trailers)))
+        }
+        Collected::TooLarge { parts, prefix, rest } => {
+            tracing::warn!(key = %short, limit, status = parts.status.as_u16(), "idempotent.not_stored: the response is larger than max_stored_response; releasing the key, so a retry runs the request again");
+            release(&config, &key, &lease, &short, "the response is too large to store").await;
+            Ok(Response::from_parts(parts, ResponseBody::resume(prefix, rest)))
+        }
+        Collected::Failed { parts, prefix, error } => {
+            tracing::warn!(key = %short, %error, "idempotent.not_stored: the response body failed");
+            release(&config, &key, &lease, &short, "the response body failed").await;
+            Ok(Response::from_parts(parts, ResponseBody::failed(prefix, error)))
+        }
+    }
+}
+
+enum ReadError {
+    TooLarge,
+    Failed(BoxError),
+}
+
+/// Reads the whole request body, refusing it as soon as it passes `limit` (whether or not it
+/// announced its length).
+async fn read_body<B>(headers: &HeaderMap, body: B, limit: usize) -> Result<(Bytes, Option<HeaderMap>), ReadError>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let announced = headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    if announced.is_some_and(|n| n > limit as u64) || body.size_hint().lower() > limit as u64 {
+        return Err(ReadError::TooLarge);
+    }
+    let mut body = pin!(body);
+    let mut chunks = Chunks::default();
+    let mut trailers = None;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| ReadError::Failed(e.into()))?;
+        match frame.into_data() {
+            Ok(data) => {
+                if chunks.len + data.len() > limit {
+                    return Err(ReadError::TooLarge);
+                }
+                chunks.push(data);
+            }
+            Err(frame) => {
+                if let Ok(t) = frame.into_trailers() {
+                    trailers = Some(t);
+                }
+            }
+        }
+    }
+    Ok((chunks.into_bytes(), trailers))
+}
+
+/// Body chunks read so far; one chunk is kept as is, more are joined once at the end.
+#[derive(Default)]
+struct Chunks {
+    parts: Vec<Bytes>,
+    len: usize,
+}
+
+impl Chunks {
+    fn push(&mut self, b: Bytes) {
+        if !b.is_empty() {
+            self.len += b.len();
+            self.parts.push(b);
+        }
+    }
+
+    fn into_bytes(mut self) -> Bytes {
+        match self.parts.len() {
+            0 => Bytes::new(),
+            1 => self.parts.pop().unwrap_or_default(),
+            _ => {
+                let mut buf = BytesMut::with_capacity(self.len);
+                for p in &self.parts {
+                    buf.extend_from_slice(p);
+                }
+                buf.freeze()
+            }
+        }
+    }
+
+    fn into_frames(self) -> VecDeque<Frame<Bytes>> {
+        self.parts.into_iter().map(Frame::data).collect()
+    }
+}
+
+fn is_json(headers: &HeaderMap) -> bool {
+    let Some(ct) = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
+        return false;
+    };
+    let essence = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json"))
+}
+
+/// The fingerprint of an HTTP request: method, path, query and body (canonical JSON when the
+/// body is JSON, so that key order and whitespace do not count; the raw bytes otherwise).
+fn http_fingerprint(parts: &Parts, body: &[u8]) -> Fingerprint {
+    let canonical = if is_json(&parts.headers) { canonicalize_json(body).ok() } else { None };
+    let (form, payload): (&[u8], &[u8]) = match &canonical {
+        Some(c) => (b"json", c),
+        None => (b"raw", body),
+    };
+    Fingerprint::of_parts([
+        &b"http"[..],
+        parts.method.as_str().as_bytes(),
+        parts.uri.path().as_bytes(),
+        parts.uri.query().unwrap_or("").as_bytes(),
+        form,
+        payload,
+    ])
+}
+
+enum Acquired {
+    Lease(Lease),
+    Replay(Bytes),
+    Refuse(Refusal),
+    FailOpen,
+}
+
+async fn acquire(config: &Config, key: &Key, fingerprint: &Fingerprint, short: &str) -> Acquired {
+    let header = || config.header.as_str().to_owned();
+    let started = Instant::now();
+    let mut backoff = Duration::from_millis(10);
+    loop {
+        match config.store.acquire(key, fingerprint, config.lease, config.retention).await {
+            Ok(Acquire::Acquired(lease)) => return Acquired::Lease(lease),
+            Ok(Acquire::Replay(bytes)) => return Acquired::Replay(bytes),
+            Ok(Acquire::Mismatch) => {
+                tracing::info!(key = %short, "idempotent.mismatch: the key was used with another request");
+                return Acquired::Refuse(Refusal::Mismatch { header: header() });
+            }
+            Ok(Acquire::InFlight { retry_after }) => {
+                let refuse = || {
+                    Acquired::Refuse(Refusal::InFlight {
+                        header: header(),
+                        retry_after: retry_after.min(IN_FLIGHT_RETRY_AFTER),
+                    })
+                };
+                let OnInFlight::Wait { timeout } = config.on_in_flight else {
+                    tracing::debug!(key = %short, ?retry_after, "idempotent.in_flight: rejected");
+                    return refuse();
+                };
+                let waited = started.elapsed();
+                if waited >= timeout {
+                    tracing::debug!(key = %short, ?waited, "idempotent.in_flight: gave up waiting");
+                    return refuse();
+                }
+                let nap = backoff.min(retry_after.max(Duration::from_millis(1))).min(timeout - waited);
+                tokio::time::sleep(nap).await;
+                backoff = (backoff * 2).min(Duration::from_millis(500));
+            }
+            Ok(other) => {
+                tracing::error!(key = %short, answer = ?other, "idempotent.store_error: unknown answer to acquire");
+                return Acquired::Refuse(Refusal::StoreError);
+            }
+            Err(e) if e.is_store_failure() => {
+                if config.fail_mode == FailMode::Open {
+                    tracing::warn!(key = %short, error = %e, "idempotent.store_error: failing open, calling the service unprotected");
+                    return Acquired::FailOpen;
+                }
+                tracing::warn!(key = %short, error = %e, "idempotent.store_error: the request was refused (fail closed)");
+                return Acquired::Refuse(Refusal::StoreUnavailable { retry_after: STORE_DOWN_RETRY_AFTER });
+            }
+            Err(e @ Error::Corrupt { .. }) => {
+                tracing::error!(key = %short, error = %e, "idempotent.corrupt");
+                return Acquired::Refuse(Refusal::Corrupt);
+            }
+            Err(e) => {
+                tracing::error!(key = %short, error = %e, "idempotent.store_error");
+                return Acquired::Refuse(Refusal::StoreError);
+            }
+        }
+    }
+}
+
+fn replay<B>(bytes: Bytes, grpc: bool, short: &str) -> Response<ResponseBody<B>> {
+    let stored = match StoredResponse::decode(bytes) {
+        Ok(stored) => stored,
+        Err(error) => {
+            tracing::error!(key = %short, %error, "idempotent.corrupt: the stored response cannot be decoded; it was not replayed");
+            return Refusal::Corrupt.into_response(grpc);
+        }
+    };
+    tracing::debug!(key = %short, status = stored.status.as_u16(), "idempotent.replayed");
+    let mut res = Response::new(ResponseBody::full(stored.body, stored.trailers));
+    *res.status_mut() = stored.status;
+    *res.headers_mut() = stored.headers;
+    strip_hop_by_hop(res.headers_mut());
+    res.headers_mut().insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    res
+}
+
+/// Drives `work`, renewing the lease every third of it. A renewal never delays the work: both
+/// are polled together, and the work's result wins a tie.
+async fn with_heartbeat<F: Future>(config: &Config, key: &Key, lease: &Lease, short: &str, work: F) -> F::Output {
+    let period = (config.lease / 3).max(Duration::from_millis(1));
+    let mut work = pin!(work);
+    let mut lost = false;
+    loop {
+        if let Ok(out) = tokio::time::timeout(period, &mut work).await {
+            return out;
+        }
+        if lost {
+            return work.await;
+        }
+        let renew = config.store.renew(key, &lease.token, config.lease);
+        tokio::select! {
+            biased;
+            out = &mut work => return out,
+            answer = renew => match answer {
+                Ok(Transition::Ok) => tracing::trace!(key = %short, "idempotent.renewed"),
+                Ok(Transition::LeaseLost) => {
+                    tracing::warn!(key = %short, fence = lease.fence, "idempotent.lease_lost: another attempt took over while this request was running");
+                    lost = true;
+                }
+                // The lease is still ours until it runs out; keep trying.
+                Err(e) => tracing::warn!(key = %short, error = %e, "idempotent.store_error: lease renewal failed"),
+            },
+        }
+    }
+}
+
+enum Collected<B> {
+    Complete { parts: http::response::Parts, data: Bytes, trailers: Option<HeaderMap> },
+    TooLarge { parts: http::response::Parts, prefix: VecDeque<Frame<Bytes>>, rest: Pin<Box<B>> },
+    Failed { parts: http::response::Parts, prefix: VecDeque<Frame<Bytes>>, error: BoxError },
+}
+
+/// Reads the response body up to `limit` bytes.
+async fn collect<B>(res: Response<B>, limit: usize) -> Collected<B>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let (parts, body) = res.into_parts();
+    let mut body = Box::pin(body);
+    if body.size_hint().lower() > limit as u64 {
+        return Collected::TooLarge { parts, prefix: VecDeque::new(), rest: body };
+    }
+    let mut chunks = Chunks::default();
+    let mut trailers = None;
+    while let Some(frame) = body.frame().await {
+        let frame = match frame {
+            Ok(frame) => frame,
+            Err(e) => return Collected::Failed { parts, prefix: chunks.into_frames(), error: e.into() },
+        };
+        match frame.into_data() {
+            Ok(data) => {
+                let over = chunks.len + data.len() > limit;
+                chunks.push(data);
+                if over {
+                    return Collected::TooLarge { parts, prefix: chunks.into_frames(), rest: body };
+                }
+            }
+            Err(frame) => {
+                if let Ok(t) = frame.into_trailers() {
+                    trailers = Some(t);
+                }
+            }
+        }
+    }
+    Collected::Complete { parts, data: chunks.into_bytes(), trailers }
+}
+
+async fn complete(config: &Config, key: &Key, lease: &Lease, short: &str, bytes: Bytes, parts: &http::response::Parts) {
+    // Whatever the store says, the service ran and this is its response: the client gets it.
+    match config.store.complete(key, &lease.token, bytes, config.retention).await {
+        Ok(Transition::Ok) => tracing::debug!(key = %short, status = parts.status.as_u16(), "idempotent.stored"),
+        Ok(Transition::LeaseLost) => tracing::warn!(
+            key = %short,
+            fence = lease.fence,
+            "idempotent.lease_lost: the response was not stored; another attempt took over the key"
+        ),
+        Err(e) => tracing::error!(
+            key = %short,
+            error = %e,
+            "idempotent.store_error: the service ran but its response was not stored; the key stays locked until its lease runs out"
+        ),
+    }
+}
+
+async fn release(config: &Config, key: &Key, lease: &Lease, short: &str, why: &'static str) {
+    match config.store.release(key, &lease.token).await {
+        Ok(Transition::Ok) => tracing::debug!(key = %short, why, "idempotent.released"),
+        Ok(Transition::LeaseLost) => {
+            tracing::warn!(key = %short, why, "idempotent.lease_lost: released after losing the lease")
+        }
+        Err(e) => {
+            tracing::warn!(key = %short, why, error = %e, "idempotent.store_error: could not release; the key frees itself when the lease runs out")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parts(method: &str, uri: &str, ct: Option<&str>) -> Parts {
+        let mut b = Request::builder().method(method).uri(uri);
+        if let Some(ct) = ct {
+            b = b.header(CONTENT_TYPE, ct);
+        }
+        b.body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn json_bodies_are_fingerprinted_canonically() {
+        let json = parts("POST", "/refunds?x=1", Some("application/json; charset=utf-8"));
+        assert_eq!(
+            http_fingerprint(&json, br#"{"a":1,"b":[1,2]}"#),
+            http_fingerprint(&json, b"{ \"b\" : [1, 2],\n \"a\": 1 }")
+        );
+        assert_ne!(http_fingerprint(&json, br#"{"a":1}"#), http_fingerprint(&json, br#"{"a":2}"#));
+        let problem = parts("POST", "/refunds?x=1", Some("application/merge-patch+json"));
+        assert_eq!(http_fingerprint(&problem, br#"{"a":1,"b":2}"#), http_fingerprint(&problem, br#"{"b":2,"a":1}"#));
+        // Not JSON after all: the raw bytes count.
+        assert_ne!(http_fingerprint(&json, b"{oops"), http_fingerprint(&json, b"{oops "));
+    }
+
+    #[test]
+    fn other_bodies_are_fingerprinted_raw() {
+        let text = parts("POST", "/refunds", Some("text/plain"));
+        assert_ne!(http_fingerprint(&text, br#"{"a":1,"b":2}"#), http_fingerprint(&text, br#"{"b":2,"a":1}"#));
+    }
+
+    #[test]
+    fn method_path_and_query_count() {
+        let base = http_fingerprint(&parts("POST", "/r?a=1", None), b"x");
+        assert_ne!(base, http_fingerprint(&parts("PATCH", "/r?a=1", None), b"x"));
+        assert_ne!(base, http_fingerprint(&parts("POST", "/s?a=1", None), b"x"));
+        assert_ne!(base, http_fingerprint(&parts("POST", "/r?a=2", None), b"x"));
+        assert_ne!(base, http_fingerprint(&parts("POST", "/r", None), b"x"));
+        assert_eq!(base, http_fingerprint(&parts("POST", "http://other.example/r?a=1", None), b"x"));
+    }
+}
