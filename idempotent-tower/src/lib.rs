@@ -15,4 +15,6 @@ pub mod server;
 // server re-exports
 pub use server::{Idempotency, IdempotencyLayer};
 // client re-exports
+pub use client::{IdempotencyKey, IdempotencyKeyLayer};
 // retry re-exports
+pub use retry::{Backoff, GrpcRetryPolicy, HttpRetryPolicy};

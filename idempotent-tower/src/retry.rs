@@ -1,1 +1,649 @@
-//! Retry policy: see the crate docs.
+//! Retry policies for tower's `Retry` that know which failures are safe to retry.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::sync::atomic::{AtomicU32, Ordering};
+//! use std::time::Duration;
+//!
+//! use bytes::Bytes;
+//! use http::{Request, Response, StatusCode};
+//! use http_body_util::Full;
+//! use idempotent_tower::retry::{Backoff, HttpRetryPolicy};
+//! use tower::retry::RetryLayer;
+//! use tower::{ServiceBuilder, ServiceExt, service_fn};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! // A server that is overloaded for the first two attempts.
+//! let calls = Arc::new(AtomicU32::new(0));
+//! let api = service_fn({
+//!     let calls = calls.clone();
+//!     move |_request: Request<Full<Bytes>>| {
+//!         let status = match calls.fetch_add(1, Ordering::SeqCst) {
+//!             0 | 1 => StatusCode::SERVICE_UNAVAILABLE,
+//!             _ => StatusCode::OK,
+//!         };
+//!         std::future::ready(Ok::<_, std::convert::Infallible>(Response::builder().status(status).body(()).unwrap()))
+//!     }
+//! });
+//!
+//! let policy = HttpRetryPolicy::new()
+//!     .backoff(Backoff::new(Duration::from_millis(50), Duration::from_secs(2)).max_attempts(5));
+//! let client = ServiceBuilder::new().layer(RetryLayer::new(policy)).service(api);
+//!
+//! let request = Request::get("https://api.example/orders/7").body(Full::default()).unwrap();
+//! let response = client.oneshot(request).await.unwrap();
+//! assert_eq!(response.status(), StatusCode::OK);
+//! assert_eq!(calls.load(Ordering::SeqCst), 3);
+//! # }
+//! ```
+//!
+//! [`HttpRetryPolicy`] judges `http::Response`s by their status; [`GrpcRetryPolicy`] judges gRPC
+//! calls by their `grpc-status`. Both share [`Backoff`], the retry budget and the rules below.
+//!
+//! # What is retried
+//!
+//! | outcome | retried? | why |
+//! |---|---|---|
+//! | an error from the inner service (connection refused or reset, a dropped reply, a tower `Timeout`) | yes | no answer arrived; the request may or may not have been processed |
+//! | 408, 425, 429, 500, 502, 503, 504 | yes | the server, or something in front of it, says "not now" |
+//! | 409 with `Retry-After` | yes | the idempotency layer's "the same key is still running": a retry gets that attempt's outcome once it finishes |
+//! | 400, 401, 403, 404, 409 without `Retry-After`, 413, 422, every other status | no | the same request gets the same answer |
+//! | gRPC `UNAVAILABLE`, `ABORTED` (the server layer's "in flight"), `RESOURCE_EXHAUSTED` | yes | the gRPC equivalents of 503, 409-in-flight and 429; see [`GrpcRetryPolicy::retry_codes`] |
+//!
+//! [`HttpRetryPolicy::classify_errors`] narrows which errors count as transient.
+//!
+//! **Non-idempotent requests are retried only when they carry an idempotency key.** A `POST`
+//! whose reply was lost may have charged the card; sending it again is only harmless when the
+//! server can recognise it as the same request, which is what the `Idempotency-Key` header is
+//! for (stamp it with [`IdempotencyKeyLayer`](crate::client::IdempotencyKeyLayer), *outside* the
+//! retry layer). `GET`, `HEAD`, `OPTIONS`, `TRACE`, `PUT` and `DELETE` are idempotent by HTTP's
+//! definition and are retried with or without a key; every other method, and every gRPC call
+//! (all gRPC calls are `POST`s), needs the key.
+//!
+//! # How long to wait
+//!
+//! Between attempts the policy sleeps for a *full-jitter* exponential backoff: a delay drawn
+//! uniformly from `0..=min(cap, base × 2^retry)`. Without the jitter, every client that failed
+//! together retries together and the overloaded server sees the same spike again; full jitter
+//! spreads them over the whole window. When the response says how long to wait — `Retry-After`
+//! as delta-seconds or as an HTTP-date, or gRPC's `grpc-retry-pushback-ms` — the policy waits
+//! exactly that long instead, unless it is longer than
+//! [`max_retry_after`](HttpRetryPolicy::max_retry_after): then it gives up and returns that
+//! response, since the caller is usually better placed to decide about a long wait.
+//!
+//! # Why a budget as well as a maximum number of attempts
+//!
+//! [`Backoff::max_attempts`] bounds one request. It does not bound the load retries add when the
+//! server is down for everyone: with 4 attempts, an outage quadruples the traffic it gets. A
+//! retry budget (tower's [`TpsBudget`]: each request deposits, each retry withdraws) caps retries
+//! at a fraction of recent requests plus a small reserve, so a healthy client retries freely and
+//! a client facing an outage quickly stops adding to it. The default is
+//! `TpsBudget::default()` (20% of the last 10 s, at least 10 retries per second); clones of a
+//! policy share one budget.
+//!
+//! # Bodies
+//!
+//! tower's `Retry` sends a copy of the request on each retry, so the policy needs a request body
+//! it can copy: the policies are `Policy<http::Request<B>, …>` for `B: Clone`. That includes
+//! `http_body_util::Full<Bytes>` (the usual choice), `Empty<Bytes>`, `String`, `Bytes` and `()`.
+//! Streaming bodies (`hyper::body::Incoming`, `axum::body::Body`, `tonic::body::Body`,
+//! `BoxBody`) are not `Clone`: collect them into a `Full<Bytes>` above the retry layer, and, if
+//! the inner client wants its own body type, map the `Full` back with `map_request` below it.
+//!
+//! # Observability
+//!
+//! `tracing` events, with the hashed key (the first 12 hex digits of its sha256, never the key
+//! itself): `idempotent.retry` (debug; the attempt about to be made, the delay and the reason),
+//! `idempotent.give_up` (warn; attempts exhausted, budget exhausted, `Retry-After` too long, or a
+//! permanent error), and `idempotent.retry_disabled` (debug; a non-idempotent request without a
+//! key, which is never retried).
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use tower::retry::Policy;
+use tower::retry::budget::{Budget, TpsBudget};
+
+use crate::client::{IDEMPOTENCY_KEY, key_digest};
+
+/// Exponential backoff with full jitter: before retry number `n` (0-based), a delay drawn
+/// uniformly from `0..=min(cap, base × 2^n)`.
+///
+/// ```
+/// use std::time::Duration;
+/// use idempotent_tower::retry::Backoff;
+///
+/// let backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1)).max_attempts(6);
+/// assert_eq!(backoff.ceiling(0), Duration::from_millis(100));
+/// assert_eq!(backoff.ceiling(3), Duration::from_millis(800));
+/// assert_eq!(backoff.ceiling(4), Duration::from_secs(1)); // capped
+/// assert_eq!(backoff.attempts(), 6);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    base: Duration,
+    cap: Duration,
+    max_attempts: u32,
+}
+
+impl Backoff {
+    /// Backoff from `base`, doubling per retry, never above `cap`; 4 attempts in all.
+    pub const fn new(base: Duration, cap: Duration) -> Self {
+        Backoff { base, cap, max_attempts: 4 }
+    }
+
+    /// How many attempts a request gets in all, the first included (at least 1: 1 means no
+    /// retries).
+    pub const fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = if attempts == 0 { 1 } else { attempts };
+        self
+    }
+
+    /// The number of attempts set with [`max_attempts`](Self::max_attempts).
+    pub const fn attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// The longest delay before retry number `retry` (0-based): `min(cap, base × 2^retry)`.
+    pub fn ceiling(&self, retry: u32) -> Duration {
+        let factor = 1u32.checked_shl(retry).unwrap_or(u32::MAX);
+        self.base.checked_mul(factor).unwrap_or(self.cap).min(self.cap)
+    }
+
+    /// A delay drawn uniformly from `0..=ceiling(retry)`.
+    pub(crate) fn delay(&self, retry: u32, rng: &mut fastrand::Rng) -> Duration {
+        let ceiling = u64::try_from(self.ceiling(retry).as_nanos()).unwrap_or(u64::MAX);
+        Duration::from_nanos(rng.u64(0..=ceiling))
+    }
+}
+
+impl Default for Backoff {
+    /// 100 ms base, 10 s cap, 4 attempts.
+    fn default() -> Self {
+        Backoff::new(Duration::from_millis(100), Duration::from_secs(10))
+    }
+}
+
+/// Decides whether an error from the inner service is worth a retry.
+///
+/// Implemented by [`AllErrorsTransient`] (the default) and by every `Fn(&E) -> bool`.
+pub trait ClassifyError<E> {
+    /// `true` when a retry may succeed (connection refused or reset, a timeout, a lost reply).
+    fn is_transient(&self, error: &E) -> bool;
+}
+
+/// Treats every error as transient: an error means no response arrived, whatever the cause.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct AllErrorsTransient;
+
+impl<E> ClassifyError<E> for AllErrorsTransient {
+    fn is_transient(&self, _error: &E) -> bool {
+        true
+    }
+}
+
+impl<E, F> ClassifyError<E> for F
+where
+    F: Fn(&E) -> bool,
+{
+    fn is_transient(&self, error: &E) -> bool {
+        self(error)
+    }
+}
+
+/// Why an attempt is retried (for the logs).
+#[derive(Debug, Clone, Copy)]
+enum Reason {
+    Error,
+    Status(StatusCode),
+    InFlight,
+    Grpc(GrpcCode),
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reason::Error => f.write_str("error"),
+            Reason::Status(status) => write!(f, "status {}", status.as_u16()),
+            Reason::InFlight => f.write_str("in flight (409)"),
+            Reason::Grpc(code) => write!(f, "grpc-status {}", code.0),
+        }
+    }
+}
+
+/// The state both policies share: configuration, the budget and jitter source (shared by all
+/// clones), and the number of retries made for the current request.
+#[derive(Clone)]
+struct Common {
+    backoff: Backoff,
+    budget: Arc<dyn Budget + Send + Sync>,
+    max_retry_after: Duration,
+    key_header: HeaderName,
+    rng: Arc<Mutex<fastrand::Rng>>,
+    /// Retries already made for this request. `Retry` keeps the configured policy and clones it
+    /// per request; only the clone's counter ever moves (in `retry`), so the configured policy
+    /// always reads 0 and `clone_request` can tell a first attempt from a retry.
+    retries: u32,
+}
+
+impl fmt::Debug for Common {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryPolicy")
+            .field("backoff", &self.backoff)
+            .field("max_retry_after", &self.max_retry_after)
+            .field("key_header", &self.key_header)
+            .field("retries", &self.retries)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Common {
+    fn new() -> Self {
+        Common {
+            backoff: Backoff::default(),
+            budget: Arc::new(TpsBudget::default()),
+            max_retry_after: Duration::from_secs(60),
+            key_header: IDEMPOTENCY_KEY,
+            rng: Arc::new(Mutex::new(fastrand::Rng::new())),
+            retries: 0,
+        }
+    }
+
+    /// Called from `clone_request`: counts first attempts into the budget and tells whether the
+    /// request may be retried at all.
+    fn admit(&self, method: &Method, headers: &HeaderMap, needs_key: bool) -> bool {
+        if self.retries == 0 {
+            self.budget.deposit();
+        }
+        if needs_key && !headers.contains_key(&self.key_header) {
+            if self.retries == 0 {
+                tracing::debug!(%method, "idempotent.retry_disabled: a non-idempotent request without an idempotency key is never retried");
+            }
+            return false;
+        }
+        true
+    }
+
+    /// Decides on a retry the classification allowed; `Some(sleep)` means retry after it.
+    fn next(
+        &mut self,
+        reason: Reason,
+        wait: Option<Duration>,
+        key: Option<&HeaderValue>,
+    ) -> Option<tokio::time::Sleep> {
+        let attempt = self.retries + 1;
+        let key = key.map_or_else(|| "-".to_owned(), key_digest);
+        if attempt >= self.backoff.max_attempts {
+            tracing::warn!(attempt, %reason, key, "idempotent.give_up: attempts exhausted");
+            return None;
+        }
+        if let Some(wait) = wait
+            && wait > self.max_retry_after
+        {
+            tracing::warn!(attempt, %reason, key, retry_after_ms = wait.as_millis() as u64, max_ms = self.max_retry_after.as_millis() as u64, "idempotent.give_up: the server asked to wait longer than max_retry_after");
+            return None;
+        }
+        if !self.budget.withdraw() {
+            tracing::warn!(attempt, %reason, key, "idempotent.give_up: retry budget exhausted");
+            return None;
+        }
+        let delay = match wait {
+            Some(wait) => wait,
+            None => {
+                let mut rng = self.rng.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                self.backoff.delay(self.retries, &mut rng)
+            }
+        };
+        self.retries += 1;
+        tracing::debug!(attempt = attempt + 1, delay_ms = delay.as_millis() as u64, %reason, key, "idempotent.retry");
+        Some(tokio::time::sleep(delay))
+    }
+
+    fn give_up_permanent(&self, key: Option<&HeaderValue>) {
+        let key = key.map_or_else(|| "-".to_owned(), key_digest);
+        tracing::debug!(attempt = self.retries + 1, key, "idempotent.give_up: permanent error");
+    }
+}
+
+/// Setters both policies share.
+macro_rules! common_setters {
+    () => {
+        /// The backoff between attempts and the number of attempts (default: [`Backoff::default`]).
+        pub fn backoff(mut self, backoff: Backoff) -> Self {
+            self.common.backoff = backoff;
+            self
+        }
+
+        /// The retry budget shared by every clone of this policy (default
+        /// [`TpsBudget::default`]: 20% of the last 10 s of requests, at least 10 retries a
+        /// second). Any tower [`Budget`] fits.
+        pub fn budget<Bu: Budget + Send + Sync + 'static>(mut self, budget: Bu) -> Self {
+            self.common.budget = Arc::new(budget);
+            self
+        }
+
+        /// The longest server-requested wait (`Retry-After`, gRPC pushback) honoured; a response
+        /// asking for more is returned to the caller instead of retried (default 60 s).
+        pub fn max_retry_after(mut self, max: Duration) -> Self {
+            self.common.max_retry_after = max;
+            self
+        }
+
+        /// The header that carries the idempotency key (default `idempotency-key`).
+        pub fn key_header(mut self, header: HeaderName) -> Self {
+            self.common.key_header = header;
+            self
+        }
+
+        /// Seeds the jitter, so that delays are reproducible (tests). Unseeded by default.
+        pub fn jitter_seed(mut self, seed: u64) -> Self {
+            self.common.rng = Arc::new(Mutex::new(fastrand::Rng::with_seed(seed)));
+            self
+        }
+    };
+}
+
+/// A `tower::retry::Policy` for `http::Request<B>` → `http::Response<_>`; see the
+/// [module docs](self) for what it retries and how long it waits.
+///
+/// `C` classifies errors of the inner service (default: all of them are transient).
+pub struct HttpRetryPolicy<C = AllErrorsTransient> {
+    common: Common,
+    classify: Arc<C>,
+}
+
+impl HttpRetryPolicy {
+    /// A policy with the defaults: [`Backoff::default`], `TpsBudget::default()`, `Retry-After`
+    /// honoured up to 60 s, keys in `idempotency-key`.
+    pub fn new() -> Self {
+        HttpRetryPolicy { common: Common::new(), classify: Arc::new(AllErrorsTransient) }
+    }
+}
+
+impl Default for HttpRetryPolicy {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<C> HttpRetryPolicy<C> {
+    common_setters!();
+
+    /// Retries only the errors `classify` calls transient: any [`ClassifyError`], such as a
+    /// `Fn(&E) -> bool` over the inner service's error type.
+    pub fn classify_errors<C2>(self, classify: C2) -> HttpRetryPolicy<C2> {
+        HttpRetryPolicy { common: self.common, classify: Arc::new(classify) }
+    }
+}
+
+impl<C> Clone for HttpRetryPolicy<C> {
+    fn clone(&self) -> Self {
+        HttpRetryPolicy { common: self.common.clone(), classify: self.classify.clone() }
+    }
+}
+
+impl<C> fmt::Debug for HttpRetryPolicy<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("HttpRetryPolicy").field(&self.common).finish()
+    }
+}
+
+/// `GET`, `HEAD`, `OPTIONS`, `TRACE`, `PUT`, `DELETE` (RFC 9110 §9.2.2).
+fn is_idempotent(method: &Method) -> bool {
+    matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE)
+}
+
+/// Why an HTTP response is worth a retry, if it is.
+fn classify_status(status: StatusCode, headers: &HeaderMap) -> Option<Reason> {
+    match status.as_u16() {
+        408 | 425 | 429 | 500 | 502 | 503 | 504 => Some(Reason::Status(status)),
+        // The server layer's "same key still running" carries Retry-After; a 409 without it is
+        // an ordinary conflict that a retry would only repeat.
+        409 if headers.contains_key(http::header::RETRY_AFTER) => Some(Reason::InFlight),
+        _ => None,
+    }
+}
+
+/// Parses `Retry-After` (delta-seconds or an HTTP-date) relative to `now`. A date in the past
+/// means "now". Anything else is ignored (the backoff applies).
+fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let value = headers.get(http::header::RETRY_AFTER)?.to_str().ok()?.trim();
+    if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
+        return Some(Duration::from_secs(value.parse().unwrap_or(u64::MAX)));
+    }
+    let date = httpdate::parse_http_date(value).ok()?;
+    Some(date.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+impl<B, ResB, E, C> Policy<Request<B>, Response<ResB>, E> for HttpRetryPolicy<C>
+where
+    B: Clone,
+    C: ClassifyError<E>,
+{
+    type Future = tokio::time::Sleep;
+
+    fn retry(&mut self, request: &mut Request<B>, result: &mut Result<Response<ResB>, E>) -> Option<Self::Future> {
+        let key = request.headers().get(&self.common.key_header);
+        let (reason, wait) = match result {
+            Ok(response) => {
+                let reason = classify_status(response.status(), response.headers())?;
+                (reason, retry_after(response.headers(), SystemTime::now()))
+            }
+            Err(error) => {
+                if !self.classify.is_transient(error) {
+                    self.common.give_up_permanent(key);
+                    return None;
+                }
+                (Reason::Error, None)
+            }
+        };
+        self.common.next(reason, wait, key)
+    }
+
+    fn clone_request(&mut self, request: &Request<B>) -> Option<Request<B>> {
+        let needs_key = !is_idempotent(request.method());
+        self.common.admit(request.method(), request.headers(), needs_key).then(|| request.clone())
+    }
+}
+
+/// A gRPC status code, as carried in `grpc-status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GrpcCode(i32);
+
+impl GrpcCode {
+    /// `CANCELLED` (1).
+    pub const CANCELLED: GrpcCode = GrpcCode(1);
+    /// `UNKNOWN` (2).
+    pub const UNKNOWN: GrpcCode = GrpcCode(2);
+    /// `INVALID_ARGUMENT` (3).
+    pub const INVALID_ARGUMENT: GrpcCode = GrpcCode(3);
+    /// `DEADLINE_EXCEEDED` (4).
+    pub const DEADLINE_EXCEEDED: GrpcCode = GrpcCode(4);
+    /// `PERMISSION_DENIED` (7).
+    pub const PERMISSION_DENIED: GrpcCode = GrpcCode(7);
+    /// `RESOURCE_EXHAUSTED` (8).
+    pub const RESOURCE_EXHAUSTED: GrpcCode = GrpcCode(8);
+    /// `FAILED_PRECONDITION` (9).
+    pub const FAILED_PRECONDITION: GrpcCode = GrpcCode(9);
+    /// `ABORTED` (10): the server layer's "the same key is still running".
+    pub const ABORTED: GrpcCode = GrpcCode(10);
+    /// `UNIMPLEMENTED` (12).
+    pub const UNIMPLEMENTED: GrpcCode = GrpcCode(12);
+    /// `INTERNAL` (13).
+    pub const INTERNAL: GrpcCode = GrpcCode(13);
+    /// `UNAVAILABLE` (14).
+    pub const UNAVAILABLE: GrpcCode = GrpcCode(14);
+    /// `UNAUTHENTICATED` (16).
+    pub const UNAUTHENTICATED: GrpcCode = GrpcCode(16);
+
+    /// The code with this number (as `tonic::Code as i32` gives).
+    pub const fn new(code: i32) -> Self {
+        GrpcCode(code)
+    }
+
+    /// The code's number.
+    pub const fn get(self) -> i32 {
+        self.0
+    }
+
+    /// The code gRPC clients report for a non-200 HTTP status (gRPC's
+    /// `http-grpc-status-mapping.md`).
+    fn from_http(status: StatusCode) -> GrpcCode {
+        match status.as_u16() {
+            400 => GrpcCode::INTERNAL,
+            401 => GrpcCode::UNAUTHENTICATED,
+            403 => GrpcCode::PERMISSION_DENIED,
+            404 => GrpcCode::UNIMPLEMENTED,
+            429 | 502 | 503 | 504 => GrpcCode::UNAVAILABLE,
+            _ => GrpcCode::UNKNOWN,
+        }
+    }
+}
+
+impl From<i32> for GrpcCode {
+    fn from(code: i32) -> Self {
+        GrpcCode(code)
+    }
+}
+
+/// A `tower::retry::Policy` for gRPC calls over `http::Request<B>` → `http::Response<_>`.
+///
+/// The call's status is read from the response headers: a refusal (from the server layer or
+/// anything else) is a *trailers-only* response, whose `grpc-status` arrives with the headers.
+/// A response whose status only comes in the trailers is a call that ran and streamed a body;
+/// it is never retried. A non-200 HTTP status (a proxy's 503) counts as gRPC specifies
+/// (429/502/503/504 as `UNAVAILABLE`). `grpc-retry-pushback-ms` is honoured (a negative or
+/// malformed value means "do not retry"), else `Retry-After`, else the backoff.
+///
+/// Every gRPC call is a `POST`, so every call needs an `idempotency-key` to be retried: stamp
+/// one with [`IdempotencyKeyLayer`](crate::client::IdempotencyKeyLayer) outside the retry layer.
+///
+/// ```
+/// use std::time::Duration;
+/// use idempotent_tower::retry::{Backoff, GrpcCode, GrpcRetryPolicy};
+///
+/// let policy = GrpcRetryPolicy::new()
+///     .retry_codes([GrpcCode::UNAVAILABLE, GrpcCode::ABORTED])
+///     .backoff(Backoff::new(Duration::from_millis(20), Duration::from_secs(1)));
+/// # let _ = policy;
+/// ```
+pub struct GrpcRetryPolicy<C = AllErrorsTransient> {
+    common: Common,
+    codes: Arc<[GrpcCode]>,
+    classify: Arc<C>,
+}
+
+impl GrpcRetryPolicy {
+    /// A policy with the defaults of [`HttpRetryPolicy::new`], retrying `UNAVAILABLE`,
+    /// `ABORTED` and `RESOURCE_EXHAUSTED`.
+    pub fn new() -> Self {
+        GrpcRetryPolicy {
+            common: Common::new(),
+            codes: Arc::from([GrpcCode::UNAVAILABLE, GrpcCode::ABORTED, GrpcCode::RESOURCE_EXHAUSTED]),
+            classify: Arc::new(AllErrorsTransient),
+        }
+    }
+}
+
+impl Default for GrpcRetryPolicy {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<C> GrpcRetryPolicy<C> {
+    common_setters!();
+
+    /// The status codes worth a retry (default `UNAVAILABLE`, `ABORTED`, `RESOURCE_EXHAUSTED`).
+    /// `DEADLINE_EXCEEDED` is not among them by default: the caller's deadline is spent.
+    pub fn retry_codes(mut self, codes: impl IntoIterator<Item = GrpcCode>) -> Self {
+        self.codes = codes.into_iter().collect();
+        self
+    }
+
+    /// Retries only the errors `classify` calls transient; see
+    /// [`HttpRetryPolicy::classify_errors`].
+    pub fn classify_errors<C2>(self, classify: C2) -> GrpcRetryPolicy<C2> {
+        GrpcRetryPolicy { common: self.common, codes: self.codes, classify: Arc::new(classify) }
+    }
+}
+
+impl<C> Clone for GrpcRetryPolicy<C> {
+    fn clone(&self) -> Self {
+        GrpcRetryPolicy { common: self.common.clone(), codes: self.codes.clone(), classify: self.classify.clone() }
+    }
+}
+
+impl<C> fmt::Debug for GrpcRetryPolicy<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GrpcRetryPolicy").field("common", &self.common).field("codes", &self.codes).finish()
+    }
+}
+
+/// The call's status, when the response headers already carry it.
+fn grpc_code(response_status: StatusCode, headers: &HeaderMap) -> Option<GrpcCode> {
+    if response_status != StatusCode::OK {
+        return Some(GrpcCode::from_http(response_status));
+    }
+    let code = headers.get("grpc-status")?.to_str().ok()?.trim().parse().ok()?;
+    Some(GrpcCode(code))
+}
+
+/// What the server asked for: `Err(())` for "do not retry", `Ok(None)` for "no opinion".
+fn grpc_pushback(headers: &HeaderMap) -> Result<Option<Duration>, ()> {
+    match headers.get("grpc-retry-pushback-ms") {
+        Some(value) => {
+            let ms: i64 = value.to_str().map_err(|_| ())?.trim().parse().map_err(|_| ())?;
+            u64::try_from(ms).map(|ms| Some(Duration::from_millis(ms))).map_err(|_| ())
+        }
+        None => Ok(retry_after(headers, SystemTime::now())),
+    }
+}
+
+impl<B, ResB, E, C> Policy<Request<B>, Response<ResB>, E> for GrpcRetryPolicy<C>
+where
+    B: Clone,
+    C: ClassifyError<E>,
+{
+    type Future = tokio::time::Sleep;
+
+    fn retry(&mut self, request: &mut Request<B>, result: &mut Result<Response<ResB>, E>) -> Option<Self::Future> {
+        let key = request.headers().get(&self.common.key_header);
+        let (reason, wait) = match result {
+            Ok(response) => {
+                let code = grpc_code(response.status(), response.headers())?;
+                if !self.codes.contains(&code) {
+                    return None;
+                }
+                let Ok(wait) = grpc_pushback(response.headers()) else {
+                    let key = key.map_or_else(|| "-".to_owned(), key_digest);
+                    tracing::debug!(
+                        attempt = self.common.retries + 1,
+                        key,
+                        "idempotent.give_up: the server's pushback says not to retry"
+                    );
+                    return None;
+                };
+                (Reason::Grpc(code), wait)
+            }
+            Err(error) => {
+                if !self.classify.is_transient(error) {
+                    self.common.give_up_permanent(key);
+                    return None;
+                }
+                (Reason::Error, None)
+            }
+        };
+        self.common.next(reason, wait, key)
+    }
+
+    fn clone_request(&mut self, request: &Request<B>) -> Option<Request<B>> {
+        self.common.admit(request.method(), request.headers(), true).then(|| request.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests;
