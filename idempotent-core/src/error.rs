@@ -140,6 +140,22 @@ pub enum Error {
         capacity: usize,
     },
 
+    /// The action's encoded result is larger than the step's `max_result_bytes`; it was not
+    /// stored and the key was released, so a retry runs the action again.
+    #[error(
+        "step `{step}`: the action ran but its result ({size} bytes encoded) is larger than the \
+         {max}-byte cap, so it was not stored and a retry will run the action again; return less \
+         (store the bulk elsewhere and return a reference) or raise max_result_bytes"
+    )]
+    ResultTooLarge {
+        /// The step.
+        step: String,
+        /// The encoded size.
+        size: usize,
+        /// The cap.
+        max: usize,
+    },
+
     /// A configuration value was invalid.
     #[error("invalid configuration: {0}")]
     Config(String),
@@ -176,6 +192,7 @@ impl Error {
             self,
             Error::LeaseLost { .. }
                 | Error::Encode { .. }
+                | Error::ResultTooLarge { .. }
                 | Error::Unavailable { op: "complete", .. }
                 | Error::Timeout { op: "complete", .. }
         )

@@ -21,6 +21,8 @@ use crate::store::{IntoSharedStore, SharedStore};
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 /// Default retention: how long a result is replayed.
 pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+/// Default cap on a stored result: 16 MiB.
+pub const DEFAULT_MAX_RESULT_BYTES: usize = 16 << 20;
 /// Default bound on waiting for another caller's attempt under [`OnInFlight::Wait`].
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
 
@@ -68,6 +70,10 @@ pub struct StepOptions {
     pub lease: Duration,
     /// Renew the lease while the action runs (every third of the lease).
     pub heartbeat: bool,
+    /// The largest encoded result that is stored; a larger one fails with
+    /// [`Error::ResultTooLarge`] and the key is released. Huge values stall a Redis server for
+    /// every other caller while they are written.
+    pub max_result_bytes: usize,
     /// What to do when another attempt is running.
     pub on_in_flight: OnInFlight,
     /// What to do when the store is unreachable.
@@ -81,6 +87,7 @@ impl Default for StepOptions {
             ttl: DEFAULT_TTL,
             lease: DEFAULT_LEASE,
             heartbeat: true,
+            max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
             on_in_flight: OnInFlight::default(),
             fail_mode: FailMode::Closed,
         }
@@ -203,6 +210,12 @@ impl Step<'_> {
     /// Turns lease renewal while the action runs on or off.
     pub fn heartbeat(mut self, on: bool) -> Self {
         self.options.heartbeat = on;
+        self
+    }
+
+    /// Sets the largest encoded result that is stored.
+    pub fn max_result_bytes(mut self, max: usize) -> Self {
+        self.options.max_result_bytes = max;
         self
     }
 
@@ -356,6 +369,19 @@ impl Step<'_> {
             },
         };
 
+        let encoded = match encoded {
+            Some(bytes) if bytes.len() > opts.max_result_bytes => {
+                tracing::warn!(step, key = %short, size = bytes.len(), max = opts.max_result_bytes, "idempotent.store_error: result too large to store; releasing the key");
+                let _ = store.release(&key, &lease.token).await;
+                return Err(Error::ResultTooLarge {
+                    step: step.to_owned(),
+                    size: bytes.len(),
+                    max: opts.max_result_bytes,
+                }
+                .into());
+            }
+            other => other,
+        };
         match encoded {
             Some(bytes) => match store.complete(&key, &lease.token, Bytes::from(bytes), opts.ttl).await {
                 Ok(Transition::Ok) => {

@@ -69,8 +69,8 @@ pub mod store;
 
 pub use error::{BoxError, Error};
 pub use executor::{
-    Attempt, DEFAULT_LEASE, DEFAULT_MAX_RESULT_BYTES, DEFAULT_TTL, DEFAULT_WAIT, FailMode, OnInFlight, RunContext, Step, StepOptions,
-    current_attempt,
+    Attempt, DEFAULT_LEASE, DEFAULT_MAX_RESULT_BYTES, DEFAULT_TTL, DEFAULT_WAIT, FailMode, OnInFlight, RunContext,
+    Step, StepOptions, current_attempt,
 };
 pub use key::{Fingerprint, Key, KeyScope};
 pub use store::{IntoSharedStore, MemoryStore, SharedStore, Store};
@@ -91,9 +91,7 @@ pub use idempotent_macros::idempotent;
 #[doc(hidden)]
 pub mod __private {
     pub use crate::error::Error;
-    pub use crate::executor::{
-        Attempt, DEFAULT_WAIT, FailMode, OnInFlight, RunContext, Step, current_attempt,
-    };
+    pub use crate::executor::{Attempt, DEFAULT_WAIT, FailMode, OnInFlight, RunContext, Step, current_attempt};
     pub use serde;
     pub use std::time::Duration;
 
@@ -131,8 +129,8 @@ pub mod __private {
 
         /// The digest of the whole payload, and of the `key` arguments when `key` is not empty.
         pub fn finish(self, key: &[&str]) -> (PayloadDigest, Option<PayloadDigest>) {
-            let identity = (!key.is_empty())
-                .then(|| PayloadDigest::of(self.fields.iter().filter(|(n, _)| key.contains(n))));
+            let identity =
+                (!key.is_empty()).then(|| PayloadDigest::of(self.fields.iter().filter(|(n, _)| key.contains(n))));
             (PayloadDigest::of(self.fields.iter()), identity)
         }
     }

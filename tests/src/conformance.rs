@@ -70,9 +70,17 @@ pub async fn complete_then_replay(store: &SharedStore) {
             Acquire::Replay(Bytes::from_static(b"result-1"))
         );
     }
-    // The token is spent: a second complete is refused and the stored result is unchanged.
+    // A retried complete (its first reply was lost) is acknowledged, and changes nothing.
     let t = store.complete(&key, &lease.token, Bytes::from_static(b"other"), KEEP).await.unwrap();
-    assert_eq!(t, Transition::LeaseLost);
+    assert_eq!(t, Transition::Ok);
+    // Another token cannot complete a done record, nor release or renew it.
+    let other = acquired(store, &fresh_key(), &fp(1), LEASE).await;
+    assert_eq!(
+        store.complete(&key, &other.token, Bytes::from_static(b"x"), KEEP).await.unwrap(),
+        Transition::LeaseLost
+    );
+    assert_eq!(store.release(&key, &lease.token).await.unwrap(), Transition::LeaseLost);
+    assert_eq!(store.renew(&key, &lease.token, LEASE).await.unwrap(), Transition::LeaseLost);
     assert_eq!(
         store.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap(),
         Acquire::Replay(Bytes::from_static(b"result-1"))
@@ -96,6 +104,12 @@ pub async fn release_then_reacquire_with_higher_fence(store: &SharedStore) {
     let key = fresh_key();
     let first = acquired(store, &key, &fp(1), LEASE).await;
     assert_eq!(store.release(&key, &first.token).await.unwrap(), Transition::Ok);
+    // A retried release is acknowledged; a complete after it is not.
+    assert_eq!(store.release(&key, &first.token).await.unwrap(), Transition::Ok);
+    assert_eq!(
+        store.complete(&key, &first.token, Bytes::from_static(b"late"), KEEP).await.unwrap(),
+        Transition::LeaseLost
+    );
     let second = acquired(store, &key, &fp(1), LEASE).await;
     assert_eq!(second.attempt, 2);
     assert!(second.fence > first.fence, "fence must grow: {} then {}", first.fence, second.fence);

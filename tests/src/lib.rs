@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use idempotent_core::redis;
 
 pub mod conformance;
+pub mod history;
 pub mod proxy;
 
 const INSTALL_HINT: &str = "redis-server was not found on PATH. The Redis tests need a real server: \

@@ -27,7 +27,8 @@ pub enum Fault {
     },
     /// Reset every open connection and every new one.
     Reset,
-    /// Accept and read, forward nothing, answer nothing.
+    /// A partition: accept, forward nothing, answer nothing, until the fault changes; held bytes
+    /// are then delivered in order (or dropped with the connection on `Reset`).
     Blackhole,
     /// Forward client → server, but drop server → client (then reset, as a lost reply would).
     DropReplies,
@@ -118,12 +119,10 @@ async fn serve(
             if n == 0 {
                 return Ok(());
             }
-            let fault = *rx.borrow();
-            match fault {
-                Fault::Blackhole => continue,
+            match past_blackhole(&mut rx).await {
                 Fault::Reset => return Ok(()),
                 Fault::Latency { min, max } => tokio::time::sleep(pick(min, max)).await,
-                Fault::Pass | Fault::DropReplies => {}
+                _ => {}
             }
             sw.write_all(&buf[..n]).await?;
         }
@@ -138,14 +137,12 @@ async fn serve(
             if n == 0 {
                 return Ok(());
             }
-            let fault = *rx.borrow();
-            match fault {
-                Fault::Blackhole => continue,
+            match past_blackhole(&mut rx).await {
                 Fault::Reset => return Ok(()),
                 // The server executed the command; the client never hears of it.
                 Fault::DropReplies => return Ok(()),
                 Fault::Latency { min, max } => tokio::time::sleep(pick(min, max)).await,
-                Fault::Pass => {}
+                _ => {}
             }
             cw.write_all(&buf[..n]).await?;
             *counter.lock().unwrap() += 1;
@@ -155,6 +152,23 @@ async fn serve(
     tokio::select! {
         r = up => r,
         r = down => r,
+    }
+}
+
+/// The fault to apply to a chunk just read. While the fault is `Blackhole` the chunk is held (and,
+/// since nothing more is read, the sender is stalled by TCP flow control), as a partition does:
+/// TCP never delivers later bytes without the earlier ones, so bytes are never dropped from the
+/// middle of a stream — dropping them would desynchronize request/reply pairing in a way no real
+/// network can. When the partition ends the chunk goes on (or the connection is reset).
+async fn past_blackhole(rx: &mut watch::Receiver<Fault>) -> Fault {
+    loop {
+        let fault = *rx.borrow_and_update();
+        if fault != Fault::Blackhole {
+            return fault;
+        }
+        if rx.changed().await.is_err() {
+            return Fault::Reset;
+        }
     }
 }
 

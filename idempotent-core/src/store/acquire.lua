@@ -1,10 +1,12 @@
 -- acquire: take the operation's key, or say why not.
 --
 -- KEYS[1]  the operation's record, a hash with fields
---          st (running | done | released), fp, tok, lease (ms, server time), fence, att, res
+--          st (running | done | released), fp, tok (owner token of the last acquisition),
+--          lease (ms, server time), fence, att, rcv (recovered flag), res
 -- ARGV[1]  payload fingerprint (hex)
 -- ARGV[2]  lease in milliseconds
--- ARGV[3]  new owner token
+-- ARGV[3]  new owner token (a retry of an acquire whose reply was lost sends the same token and
+--          gets the same answer: acquire is idempotent per token)
 -- ARGV[4]  retention in milliseconds (the record's TTL is max(lease, retention))
 --
 -- Replies
@@ -18,7 +20,7 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
 
-local ok, rec = pcall(redis.call, 'HMGET', key, 'st', 'fp', 'lease', 'fence', 'att', 'res')
+local ok, rec = pcall(redis.call, 'HMGET', key, 'st', 'fp', 'lease', 'fence', 'att', 'res', 'tok', 'rcv')
 if not ok then
   return redis.error_reply('IDEMPOTENT_CORRUPT key is not a hash')
 end
@@ -34,6 +36,10 @@ if st then
     end
     return {2, rec[6]}
   elseif st == 'running' then
+    if rec[7] == ARGV[3] then
+      -- This token already holds the key: the reply to an earlier try was lost.
+      return {1, tonumber(rec[4]), tonumber(rec[5]), tonumber(rec[8]) or 0}
+    end
     local lease = tonumber(rec[3])
     if not lease then
       return redis.error_reply('IDEMPOTENT_CORRUPT running record without a lease')
@@ -56,7 +62,8 @@ redis.call('HSET', key,
   'st', 'running', 'fp', ARGV[1], 'tok', ARGV[3],
   'lease', string.format('%.0f', now + lease_ms),
   'fence', string.format('%.0f', fence),
-  'att', string.format('%.0f', attempt))
+  'att', string.format('%.0f', attempt),
+  'rcv', recovered)
 redis.call('HDEL', key, 'res')
 redis.call('PEXPIRE', key, math.max(lease_ms, tonumber(ARGV[4])))
 return {1, fence, attempt, recovered}

@@ -76,9 +76,18 @@ struct Record {
 }
 
 enum State {
-    Running { token: Token, lease_until: Instant },
-    Done(Bytes),
-    Released,
+    Running {
+        token: Token,
+        lease_until: Instant,
+    },
+    /// The token that completed is kept so that a retried `complete` is acknowledged.
+    Done {
+        result: Bytes,
+        token: Token,
+    },
+    Released {
+        token: Token,
+    },
 }
 
 impl MemoryStore {
@@ -135,12 +144,12 @@ impl MemoryStore {
                     return Ok(Acquire::Mismatch);
                 }
                 match &r.state {
-                    State::Done(result) => return Ok(Acquire::Replay(result.clone())),
+                    State::Done { result, .. } => return Ok(Acquire::Replay(result.clone())),
                     State::Running { lease_until, .. } if *lease_until > now => {
                         return Ok(Acquire::InFlight { retry_after: *lease_until - now });
                     }
                     State::Running { .. } => (r.attempt, true),
-                    State::Released => (r.attempt, false),
+                    State::Released { .. } => (r.attempt, false),
                 }
             }
             Some(_) => (0, false),
@@ -180,8 +189,15 @@ impl MemoryStore {
         Ok(Acquire::Acquired(Lease { token, fence, attempt, recovered }))
     }
 
-    /// Applies `f` to the record if `token` owns it.
-    fn with_owned(&self, key: &Key, token: &Token, f: impl FnOnce(&mut Record, Instant)) -> Transition {
+    /// Applies `f` to the record if `token` owns it. `already` says whether the record is in the
+    /// state the transition leads to, by this token's hand (a retried call is acknowledged).
+    fn with_owned(
+        &self,
+        key: &Key,
+        token: &Token,
+        already: impl FnOnce(&State) -> bool,
+        f: impl FnOnce(&mut Record, Instant),
+    ) -> Transition {
         let now = Instant::now();
         let mut shard = self.shard(key);
         match shard.map.get_mut(key) {
@@ -189,6 +205,7 @@ impl MemoryStore {
                 f(r, now);
                 Transition::Ok
             }
+            Some(r) if r.expires > now && already(&r.state) => Transition::Ok,
             _ => Transition::LeaseLost,
         }
     }
@@ -219,15 +236,17 @@ impl Store for MemoryStore {
         result: Bytes,
         retention: Duration,
     ) -> BoxFuture<'a, Result<Transition, Error>> {
-        let t = self.with_owned(key, token, |r, now| {
-            r.state = State::Done(result);
+        let done_by_us = |s: &State| matches!(s, State::Done { token: t, .. } if t == token);
+        let t = self.with_owned(key, token, done_by_us, |r, now| {
+            r.state = State::Done { result, token: token.clone() };
             r.expires = now + retention;
         });
         Box::pin(std::future::ready(Ok(t)))
     }
 
     fn release<'a>(&'a self, key: &'a Key, token: &'a Token) -> BoxFuture<'a, Result<Transition, Error>> {
-        let t = self.with_owned(key, token, |r, _| r.state = State::Released);
+        let released_by_us = |s: &State| matches!(s, State::Released { token: t } if t == token);
+        let t = self.with_owned(key, token, released_by_us, |r, _| r.state = State::Released { token: token.clone() });
         Box::pin(std::future::ready(Ok(t)))
     }
 
@@ -237,12 +256,17 @@ impl Store for MemoryStore {
         token: &'a Token,
         lease: Duration,
     ) -> BoxFuture<'a, Result<Transition, Error>> {
-        let t = self.with_owned(key, token, |r, now| {
-            if let State::Running { lease_until, .. } = &mut r.state {
-                *lease_until = now + lease;
-            }
-            r.expires = r.expires.max(now + lease);
-        });
+        let t = self.with_owned(
+            key,
+            token,
+            |_| false,
+            |r, now| {
+                if let State::Running { lease_until, .. } = &mut r.state {
+                    *lease_until = now + lease;
+                }
+                r.expires = r.expires.max(now + lease);
+            },
+        );
         Box::pin(std::future::ready(Ok(t)))
     }
 

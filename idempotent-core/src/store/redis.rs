@@ -322,9 +322,9 @@ impl RedisStore {
     /// Sends one command on a pooled connection, within the command timeout.
     async fn run(&self, op: &'static str, cmd: redis::Cmd) -> Result<Value, Error> {
         self.timed(op, async {
-            let (slot, mut conn) = self.conn(op).await?;
+            let mut conn = self.conn(op).await?;
             let res = cmd.query_async(&mut conn).await;
-            self.settle(op, slot, res)
+            self.settle(op, res)
         })
         .await
     }
@@ -335,9 +335,20 @@ impl RedisStore {
             inv.arg(*a);
         }
         self.timed(op, async {
-            let (slot, mut conn) = self.conn(op).await?;
-            let res = inv.invoke_async(&mut conn).await;
-            self.settle(op, slot, res)
+            let mut conn = self.conn(op).await?;
+            match inv.invoke_async(&mut conn).await {
+                // The connection was found dead (a restart or a network blip since its last use).
+                // Every script is idempotent for its owner token, so one more try on a fresh
+                // connection is safe even if the first request did reach the server.
+                Err(e) if is_connection_error(&e) => {
+                    self.discard_all();
+                    tracing::debug!(op, error = %e, "idempotent.redis: retrying on a fresh connection");
+                    let mut conn = self.conn(op).await?;
+                    let res = inv.invoke_async(&mut conn).await;
+                    self.settle(op, res)
+                }
+                res => self.settle(op, res),
+            }
         })
         .await
     }
@@ -360,12 +371,12 @@ impl RedisStore {
     /// which would double the cost of every call. The connections are multiplexed (many commands
     /// in flight on one socket, each awaited on its own), so instead of checking one out per call
     /// the store keeps a few checked out in slots and sends each call on a clone of one; nothing
-    /// is held exclusively while an action runs. A slot whose connection fails is emptied and the
-    /// connection taken out of the pool, and the next call refills it from the pool.
-    async fn conn(&self, op: &'static str) -> Result<(usize, Conn), Error> {
+    /// is held exclusively while an action runs. When a connection fails, every slot is emptied and
+    /// its connection taken out of the pool; the next calls refill the slots from the pool.
+    async fn conn(&self, op: &'static str) -> Result<Conn, Error> {
         let slot = self.inner.next.fetch_add(1, AtomicOrdering::Relaxed) % self.inner.slots.len();
         if let Some(held) = lock(&self.inner.slots[slot]).as_ref() {
-            return Ok((slot, held.handle()));
+            return Ok(held.handle());
         }
         let held = match &self.inner.pool {
             Pool::Single(p) => Held::Single(p.get().await.map_err(|e| self.pool_error(op, e))?),
@@ -374,15 +385,15 @@ impl RedisStore {
         let conn = held.handle();
         let previous = lock(&self.inner.slots[slot]).replace(held);
         drop(previous);
-        Ok((slot, conn))
+        Ok(conn)
     }
 
-    fn settle(&self, op: &'static str, slot: usize, res: redis::RedisResult<Value>) -> Result<Value, Error> {
+    fn settle(&self, op: &'static str, res: redis::RedisResult<Value>) -> Result<Value, Error> {
         res.map_err(|e| {
-            if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout() {
-                if let Some(held) = lock(&self.inner.slots[slot]).take() {
-                    held.detach();
-                }
+            if is_connection_error(&e) || e.is_timeout() {
+                // Whatever broke this connection (a restart, a network blip) most likely broke
+                // its siblings too: replace them all rather than fail one call per slot.
+                self.discard_all();
             }
             self.redis_error(op, e)
         })
@@ -431,6 +442,10 @@ impl RedisStore {
             other => Err(Self::corrupt(key, format!("unexpected script reply {other:?}"))),
         }
     }
+}
+
+fn is_connection_error(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
 }
 
 fn text(v: &Value) -> Option<String> {

@@ -1,0 +1,705 @@
+//! Reliability under faults: every scenario records a history of calls and side effects and runs
+//! the exactly-once checker over it (see `idempotent_tests::history`).
+//!
+//! Faults come from a TCP proxy between the store and `redis-server` (latency, resets, blackholes,
+//! dropped replies) and from the server process itself (SIGSTOP/SIGCONT, kill -9 and restart,
+//! SCRIPT FLUSH, memory limits). Print the reports with `-- --nocapture`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use idempotent_core::record::{Acquire, Lease, Token, Transition};
+use idempotent_core::store::BoxFuture;
+use idempotent_core::{Error, Fingerprint, Key, MemoryStore, OnInFlight, RedisStore, RunContext, SharedStore, Store};
+use idempotent_tests::history::{History, Outcome, Report};
+use idempotent_tests::proxy::{Fault, FaultProxy};
+use idempotent_tests::{RedisOptions, RedisServer, unique};
+use tokio::sync::{Notify, oneshot, watch};
+
+const TIMEOUT: Duration = Duration::from_millis(400);
+
+/// How a worker calls the step.
+#[derive(Clone, Copy)]
+struct Cfg {
+    lease: Duration,
+    heartbeat: bool,
+    on_in_flight: OnInFlight,
+}
+
+impl Default for Cfg {
+    fn default() -> Self {
+        Cfg {
+            lease: Duration::from_secs(2),
+            heartbeat: true,
+            on_in_flight: OnInFlight::Wait { timeout: Duration::from_secs(10) },
+        }
+    }
+}
+
+/// Something the side effect waits for before it finishes (to hold it open deterministically).
+type Hold = Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>;
+
+/// Calls the step for `key` once, recording the call and any execution in `hist`.
+async fn call(ctx: &RunContext, hist: &History, key: &str, cfg: Cfg, hold: Option<Hold>, final_pass: bool) -> Outcome {
+    let op = if final_pass { hist.invoke_final(key) } else { hist.invoke(key) };
+    let res: Result<String, Error> = ctx
+        .step("effect")
+        .lease(cfg.lease)
+        .heartbeat(cfg.heartbeat)
+        .on_in_flight(cfg.on_in_flight)
+        .run(&key, |attempt| {
+            let hist = hist.clone();
+            async move {
+                let (exec, value) = hist.effect_start(op, attempt.fence());
+                if let Some(hold) = hold {
+                    hold().await;
+                }
+                hist.effect_end(exec);
+                Ok(value)
+            }
+        })
+        .await;
+    let outcome = Outcome::of(&res);
+    hist.complete(op, outcome.clone());
+    outcome
+}
+
+/// After the faults healed: call every key once more, then check the whole history.
+async fn final_pass_and_check(ctx: &RunContext, hist: &History, keys: &[String]) -> Report {
+    for key in keys {
+        let outcome = call(ctx, hist, key, Cfg::default(), None, true).await;
+        assert!(matches!(outcome, Outcome::Ok(_)), "{key}: final pass failed: {outcome:?}");
+    }
+    match hist.check() {
+        Ok(report) => {
+            println!("history: {report}");
+            assert_eq!(report.duplicates, 0);
+            report
+        }
+        Err((report, errors)) => panic!("the checker found violations ({report}):\n{}", errors.join("\n")),
+    }
+}
+
+fn held_until(gate: &watch::Receiver<bool>) -> Option<Hold> {
+    let mut gate = gate.clone();
+    Some(Box::new(move || {
+        Box::pin(async move {
+            let _ = gate.wait_for(|open| *open).await;
+        })
+    }))
+}
+
+fn snapshot(hist: &History) -> Report {
+    hist.check().unwrap_or_else(|(report, _)| report)
+}
+
+fn signal_then_hold(started: oneshot::Sender<()>, release: &Arc<Notify>) -> Option<Hold> {
+    let n = release.clone();
+    Some(Box::new(move || {
+        Box::pin(async move {
+            let _ = started.send(());
+            n.notified().await;
+        })
+    }))
+}
+
+struct Setup {
+    server: RedisServer,
+    proxy: FaultProxy,
+    /// Through the proxy.
+    ctx: RunContext,
+    /// Straight to the server (a second worker on a healthy network).
+    direct: RunContext,
+    hist: History,
+}
+
+async fn setup(options: RedisOptions) -> Setup {
+    let server = RedisServer::start_with(options);
+    let proxy = FaultProxy::start(([127, 0, 0, 1], server.port()).into()).await;
+    let run = unique("rel");
+    // One connection, so a fault set mid-call hits the connection the call uses, not a new one.
+    let via_proxy = RedisStore::builder(proxy.url()).pool_size(1).command_timeout(TIMEOUT).build().unwrap();
+    let direct = RedisStore::builder(server.url()).command_timeout(TIMEOUT).build().unwrap();
+    Setup {
+        ctx: RunContext::new(via_proxy, &run),
+        direct: RunContext::new(direct, &run),
+        server,
+        proxy,
+        hist: History::new(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_expiry_without_heartbeat_fences_the_old_holder() {
+    let s = setup(RedisOptions::default()).await;
+    let key = "k".to_string();
+    let release = Arc::new(Notify::new());
+    let (started_tx, started_rx) = oneshot::channel();
+    let cfg = Cfg { lease: Duration::from_millis(300), heartbeat: false, ..Cfg::default() };
+    let holder = {
+        let (ctx, hist, key, hold) =
+            (s.ctx.clone(), s.hist.clone(), key.clone(), signal_then_hold(started_tx, &release));
+        tokio::spawn(async move { call(&ctx, &hist, &key, cfg, hold, false).await })
+    };
+    started_rx.await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The lease passed: a second worker takes over and commits.
+    let second = call(&s.direct, &s.hist, &key, Cfg::default(), None, false).await;
+    assert!(matches!(second, Outcome::Ok(_)), "{second:?}");
+    release.notify_one();
+    let first = holder.await.unwrap();
+    assert!(matches!(&first, Outcome::Indeterminate(e) if e.contains("lease")), "{first:?}");
+    let report = final_pass_and_check(&s.direct, &s.hist, &[key]).await;
+    assert_eq!(report.re_executions, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_renewed_by_heartbeat_keeps_duplicates_out() {
+    let s = setup(RedisOptions::default()).await;
+    let key = "k".to_string();
+    let release = Arc::new(Notify::new());
+    let (started_tx, started_rx) = oneshot::channel();
+    let cfg = Cfg { lease: Duration::from_millis(300), ..Cfg::default() };
+    let holder = {
+        let (ctx, hist, key, hold) =
+            (s.ctx.clone(), s.hist.clone(), key.clone(), signal_then_hold(started_tx, &release));
+        tokio::spawn(async move { call(&ctx, &hist, &key, cfg, hold, false).await })
+    };
+    started_rx.await.unwrap();
+    let reject = Cfg { on_in_flight: OnInFlight::Reject, ..cfg };
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let dup = call(&s.direct, &s.hist, &key, reject, None, false).await;
+        assert!(matches!(&dup, Outcome::Fail(e) if e.contains("still running")), "{dup:?}");
+    }
+    release.notify_one();
+    assert!(matches!(holder.await.unwrap(), Outcome::Ok(_)));
+    let report = final_pass_and_check(&s.direct, &s.hist, &[key]).await;
+    assert_eq!(report.re_executions, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_cut_off_past_its_lease_cannot_commit() {
+    let s = setup(RedisOptions::default()).await;
+    let key = "k".to_string();
+    let release = Arc::new(Notify::new());
+    let (started_tx, started_rx) = oneshot::channel();
+    let cfg = Cfg { lease: Duration::from_millis(400), ..Cfg::default() };
+    let holder = {
+        let (ctx, hist, key, hold) =
+            (s.ctx.clone(), s.hist.clone(), key.clone(), signal_then_hold(started_tx, &release));
+        tokio::spawn(async move { call(&ctx, &hist, &key, cfg, hold, false).await })
+    };
+    started_rx.await.unwrap();
+    // The holder is cut off (as in a long GC pause or a partition): its renewals go nowhere.
+    s.proxy.set(Fault::Blackhole);
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let second = call(&s.direct, &s.hist, &key, Cfg::default(), None, false).await;
+    assert!(matches!(second, Outcome::Ok(_)), "{second:?}");
+    s.proxy.set(Fault::Pass);
+    release.notify_one();
+    let first = holder.await.unwrap();
+    assert!(matches!(first, Outcome::Indeterminate(_)), "{first:?}");
+    final_pass_and_check(&s.direct, &s.hist, &[key]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancellation_mid_effect_is_recovered_by_the_next_attempt() {
+    let s = setup(RedisOptions::default()).await;
+    let key = "k".to_string();
+    let never = Arc::new(Notify::new());
+    let (started_tx, started_rx) = oneshot::channel();
+    let cfg = Cfg { lease: Duration::from_millis(300), ..Cfg::default() };
+    let holder = {
+        let (ctx, hist, key, hold) = (s.ctx.clone(), s.hist.clone(), key.clone(), signal_then_hold(started_tx, &never));
+        tokio::spawn(async move { call(&ctx, &hist, &key, cfg, hold, false).await })
+    };
+    started_rx.await.unwrap();
+    holder.abort();
+    assert!(holder.await.unwrap_err().is_cancelled());
+    let next = call(&s.direct, &s.hist, &key, cfg, None, false).await;
+    assert!(matches!(next, Outcome::Ok(_)), "{next:?}");
+    let report = final_pass_and_check(&s.direct, &s.hist, &[key]).await;
+    assert_eq!(report.re_executions, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_reply_to_acquire_runs_nothing_and_heals_after_one_lease() {
+    let s = setup(RedisOptions::default()).await;
+    let key = "k".to_string();
+    let cfg = Cfg { lease: Duration::from_millis(300), ..Cfg::default() };
+    s.proxy.set(Fault::DropReplies);
+    let lost = call(&s.ctx, &s.hist, &key, cfg, None, false).await;
+    assert!(matches!(lost, Outcome::Fail(_)), "{lost:?}");
+    s.proxy.set(Fault::Pass);
+    // The server did take the lease; the next caller waits it out and takes over.
+    let next = call(&s.ctx, &s.hist, &key, cfg, None, false).await;
+    assert!(matches!(next, Outcome::Ok(_)), "{next:?}");
+    let report = final_pass_and_check(&s.direct, &s.hist, &[key]).await;
+    assert_eq!(report.executions, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_reply_to_complete_still_replays_the_committed_result() {
+    let s = setup(RedisOptions::default()).await;
+    let key = "k".to_string();
+    // Load the scripts first: a lost reply to a NOSCRIPT answer would mean `complete` never ran.
+    call(&s.ctx, &s.hist, "warm-up", Cfg::default(), None, false).await;
+    let proxy = Arc::new(s.proxy);
+    let cfg = Cfg { heartbeat: false, ..Cfg::default() };
+    let p = proxy.clone();
+    // The effect runs, then the reply to `complete` is lost on the way back.
+    let hold: Option<Hold> = Some(Box::new(move || {
+        Box::pin(async move {
+            p.set(Fault::DropReplies);
+        })
+    }));
+    let first = call(&s.ctx, &s.hist, &key, cfg, hold, false).await;
+    assert!(matches!(&first, Outcome::Indeterminate(e) if e.contains("complete")), "{first:?}");
+    proxy.set(Fault::Pass);
+    let second = call(&s.ctx, &s.hist, &key, cfg, None, false).await;
+    assert!(matches!(second, Outcome::Ok(_)), "{second:?}");
+    let report = final_pass_and_check(&s.direct, &s.hist, &[key, "warm-up".into()]).await;
+    assert_eq!(report.executions, 2, "the committed result was replayed, not re-run");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_between_acquire_and_effect() {
+    let s = setup(RedisOptions::default()).await;
+    let key = "k".to_string();
+    let proxy = Arc::new(s.proxy);
+    let cfg = Cfg { lease: Duration::from_millis(300), heartbeat: false, ..Cfg::default() };
+    let p = proxy.clone();
+    let hold: Option<Hold> = Some(Box::new(move || {
+        Box::pin(async move {
+            p.set(Fault::Reset);
+        })
+    }));
+    let first = call(&s.ctx, &s.hist, &key, cfg, hold, false).await;
+    assert!(matches!(first, Outcome::Indeterminate(_)), "{first:?}");
+    proxy.set(Fault::Pass);
+    let second = call(&s.ctx, &s.hist, &key, cfg, None, false).await;
+    assert!(matches!(second, Outcome::Ok(_)), "{second:?}");
+    final_pass_and_check(&s.direct, &s.hist, &[key]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_paused_for_twice_the_timeout_fails_closed_then_heals() {
+    let s = setup(RedisOptions::default()).await;
+    let keys: Vec<String> = (0..4).map(|i| format!("k{i}")).collect();
+    s.server.pause();
+    for key in &keys {
+        let out = call(&s.direct, &s.hist, key, Cfg::default(), None, false).await;
+        assert!(matches!(&out, Outcome::Fail(e) if e.contains("did not answer")), "{out:?}");
+    }
+    tokio::time::sleep(TIMEOUT * 2).await;
+    s.server.resume();
+    let report = final_pass_and_check(&s.direct, &s.hist, &keys).await;
+    assert_eq!(report.executions, keys.len());
+}
+
+/// Workers keep calling while the server is killed and restarted from its append-only file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_killed_and_restarted_mid_run_with_aof() {
+    let mut s = setup(RedisOptions { aof: true, ..Default::default() }).await;
+    let keys: Vec<String> = (0..12).map(|i| format!("k{i}")).collect();
+    for key in &keys[..6] {
+        assert!(matches!(call(&s.direct, &s.hist, key, Cfg::default(), None, false).await, Outcome::Ok(_)));
+    }
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut workers = Vec::new();
+    for w in 0..4 {
+        let (ctx, hist, keys, stop) = (s.direct.clone(), s.hist.clone(), keys.clone(), stop.clone());
+        workers.push(tokio::spawn(async move {
+            let mut i = w;
+            while !stop.load(Ordering::SeqCst) {
+                let cfg = Cfg { on_in_flight: OnInFlight::Reject, ..Cfg::default() };
+                call(&ctx, &hist, &keys[i % keys.len()], cfg, None, false).await;
+                i += 1;
+                tokio::task::yield_now().await;
+            }
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    s.server.kill();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    s.server.restart();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.store(true, Ordering::SeqCst);
+    for w in workers {
+        w.await.unwrap();
+    }
+    // Leases taken just before the kill survive in the AOF; waiting calls take over after them.
+    final_pass_and_check(&s.direct, &s.hist, &keys).await;
+}
+
+/// Without persistence a restart forgets completed operations and they run again: the checker
+/// catches it, and the preflight warned about it beforehand.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_without_persistence_is_caught_by_the_checker_and_the_preflight() {
+    let mut server = RedisServer::start();
+    let store = RedisStore::builder(server.url()).command_timeout(TIMEOUT).build().unwrap();
+    let preflight = store.preflight().await.unwrap();
+    assert!(preflight.problems.iter().any(|p| p.contains("persistence is off")), "{preflight}");
+    let ctx = RunContext::new(store, unique("rel"));
+    let hist = History::new();
+    let keys = vec!["a".to_string(), "b".to_string()];
+    for key in &keys {
+        assert!(matches!(call(&ctx, &hist, key, Cfg::default(), None, false).await, Outcome::Ok(_)));
+    }
+    server.kill();
+    server.restart();
+    for key in &keys {
+        let mut out = call(&ctx, &hist, key, Cfg::default(), None, true).await;
+        for _ in 0..20 {
+            if matches!(out, Outcome::Ok(_)) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            out = call(&ctx, &hist, key, Cfg::default(), None, true).await;
+        }
+    }
+    let (report, errors) = hist.check().expect_err("the checker must catch records lost in a restart");
+    assert_eq!(report.duplicates, 2, "{errors:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn noscript_after_script_flush_mid_run() {
+    let s = setup(RedisOptions::default()).await;
+    let keys: Vec<String> = (0..6).map(|i| format!("k{i}")).collect();
+    for (i, key) in keys.iter().enumerate() {
+        if i % 2 == 0 {
+            s.server.cmd(&["SCRIPT", "FLUSH"]);
+        }
+        assert!(matches!(call(&s.ctx, &s.hist, key, Cfg::default(), None, false).await, Outcome::Ok(_)));
+    }
+    final_pass_and_check(&s.ctx, &s.hist, &keys).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn latency_jitter_with_32_workers() {
+    let s = setup(RedisOptions::default()).await;
+    s.proxy.set(Fault::Latency { min: Duration::from_millis(50), max: Duration::from_millis(300) });
+    let store = RedisStore::builder(s.proxy.url()).command_timeout(Duration::from_secs(3)).build().unwrap();
+    let ctx = RunContext::new(store, unique("jitter"));
+    let keys: Vec<String> = (0..16).map(|i| format!("k{i}")).collect();
+    let mut workers = Vec::new();
+    for w in 0..32 {
+        let (ctx, hist, keys) = (ctx.clone(), s.hist.clone(), keys.clone());
+        workers.push(tokio::spawn(async move {
+            for i in 0..3 {
+                call(&ctx, &hist, &keys[(w + i * 7) % keys.len()], Cfg::default(), None, false).await;
+            }
+        }));
+    }
+    for w in workers {
+        w.await.unwrap();
+    }
+    s.proxy.set(Fault::Pass);
+    let report = final_pass_and_check(&ctx, &s.hist, &keys).await;
+    assert_eq!(report.executions, keys.len(), "no call timed out, so nothing re-ran");
+}
+
+/// Slow actions never hold a connection: 64 of them on a one-connection pool all proceed at once,
+/// and none waits for another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_actions_do_not_exhaust_the_pool() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url()).pool_size(1).command_timeout(TIMEOUT).build().unwrap();
+    let ctx = RunContext::new(store, unique("pool"));
+    let hist = History::new();
+    let running = Arc::new(AtomicUsize::new(0));
+    let all_in = Arc::new(Notify::new());
+    let keys: Vec<String> = (0..64).map(|i| format!("k{i}")).collect();
+    let mut tasks = Vec::new();
+    for key in keys.clone() {
+        let (ctx, hist, running, all_in) = (ctx.clone(), hist.clone(), running.clone(), all_in.clone());
+        tasks.push(tokio::spawn(async move {
+            let hold: Option<Hold> = Some(Box::new(move || {
+                Box::pin(async move {
+                    let notified = all_in.notified();
+                    if running.fetch_add(1, Ordering::SeqCst) + 1 == 64 {
+                        all_in.notify_waiters();
+                    } else {
+                        notified.await;
+                    }
+                })
+            }));
+            call(&ctx, &hist, &key, Cfg::default(), hold, false).await
+        }));
+    }
+    let all = async {
+        let mut outs = Vec::new();
+        for t in tasks {
+            outs.push(t.await.unwrap());
+        }
+        outs
+    };
+    // All 64 actions are inside their side effect at the same moment; a hang here would mean a
+    // connection is held while an action runs.
+    let outs = tokio::time::timeout(Duration::from_secs(20), all).await.expect("slow actions hung on the pool");
+    assert!(outs.iter().all(|o| matches!(o, Outcome::Ok(_))), "{outs:?}");
+    final_pass_and_check(&ctx, &hist, &keys).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_memory_under_noeviction_fails_closed() {
+    let server = RedisServer::start_with(RedisOptions {
+        extra: vec![("maxmemory".into(), "3mb".into()), ("maxmemory-policy".into(), "noeviction".into())],
+        ..Default::default()
+    });
+    let store = RedisStore::builder(server.url()).command_timeout(TIMEOUT).build().unwrap();
+    let ctx = RunContext::new(store, unique("oom"));
+    let hist = History::new();
+    let mut conn = server.connection();
+    let filler = "x".repeat(64 * 1024);
+    for i in 0.. {
+        let r: Result<(), _> =
+            idempotent_core::redis::cmd("SET").arg(format!("junk:{i}")).arg(&filler).query(&mut conn);
+        if r.is_err() {
+            break;
+        }
+        assert!(i < 10_000, "maxmemory was never reached");
+    }
+    let out = call(&ctx, &hist, "k", Cfg::default(), None, false).await;
+    assert!(matches!(&out, Outcome::Fail(e) if e.contains("OOM")), "{out:?}");
+    let report = hist.check().map_err(|(_, e)| e).expect_err("no final pass yet");
+    assert!(report.iter().any(|e| e.contains("final pass")));
+    // Memory freed: the operation runs, once.
+    server.cmd(&["FLUSHALL"]);
+    let report = final_pass_and_check(&ctx, &hist, &["k".to_string()]).await;
+    assert_eq!(report.executions, 1);
+}
+
+/// A 10 MiB result is stored within the default 16 MiB cap while another holder's heartbeats keep
+/// its lease; a 20 MiB result is refused with a clear error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_results_are_capped_and_do_not_starve_heartbeats() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url()).command_timeout(Duration::from_secs(2)).build().unwrap();
+    let ctx = RunContext::new(store, unique("big"));
+    let lease = Duration::from_millis(300);
+    let release = Arc::new(Notify::new());
+    let (started_tx, started_rx) = oneshot::channel();
+    let holder = {
+        let (ctx, release) = (ctx.clone(), release.clone());
+        tokio::spawn(async move {
+            ctx.step("small")
+                .lease(lease)
+                .run(&(), |a| async move {
+                    started_tx.send(()).unwrap();
+                    release.notified().await;
+                    Ok::<_, Error>(a.lease_lost())
+                })
+                .await
+        })
+    };
+    started_rx.await.unwrap();
+    for _ in 0..3 {
+        let big: String =
+            ctx.step("big").run(&unique("payload"), |_| async { Ok::<_, Error>("y".repeat(10 << 20)) }).await.unwrap();
+        assert_eq!(big.len(), 10 << 20);
+    }
+    let dup = ctx
+        .step("small")
+        .lease(lease)
+        .on_in_flight(OnInFlight::Reject)
+        .run(&(), |_| async { Ok::<bool, Error>(true) })
+        .await;
+    assert!(matches!(dup, Err(Error::InFlight { .. })), "the holder lost its lease while big results were written");
+    release.notify_one();
+    assert!(!holder.await.unwrap().unwrap(), "the heartbeat reported a lost lease");
+
+    let err = ctx.step("huge").run(&1, |_| async { Ok::<_, Error>("z".repeat(20 << 20)) }).await.unwrap_err();
+    assert!(matches!(err, Error::ResultTooLarge { .. }) && err.to_string().contains("max_result_bytes"), "{err}");
+    // Nothing was stored: the key was released and a smaller result can be stored.
+    let ok: String = ctx.step("huge").run(&1, |_| async { Ok::<_, Error>("small".into()) }).await.unwrap();
+    assert_eq!(ok, "small");
+}
+
+/// Mixed faults for a while (60 s by default; IDEMPOTENT_NEMESIS_SECS overrides) with 8 workers
+/// on random keys, then heal, a final pass and the checker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nemesis_mixed_faults_with_8_workers() {
+    let secs: u64 = std::env::var("IDEMPOTENT_NEMESIS_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
+    let s = setup(RedisOptions { aof: true, ..Default::default() }).await;
+    let keys: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    let proxy = Arc::new(s.proxy);
+    let mut workers = Vec::new();
+    for w in 0..8u64 {
+        let (ctx, hist, keys) = (s.ctx.clone(), s.hist.clone(), keys.clone());
+        workers.push(tokio::spawn(async move {
+            let mut rng = fastrand_like(w + 1);
+            while tokio::time::Instant::now() < deadline {
+                let key = &keys[(rng() % keys.len() as u64) as usize];
+                let cfg = Cfg {
+                    lease: Duration::from_millis(500),
+                    heartbeat: rng() % 4 != 0,
+                    on_in_flight: if rng() % 2 == 0 {
+                        OnInFlight::Reject
+                    } else {
+                        OnInFlight::Wait { timeout: Duration::from_secs(2) }
+                    },
+                };
+                let work = rng() % 3;
+                let hold: Option<Hold> =
+                    Some(Box::new(move || Box::pin(tokio::time::sleep(Duration::from_millis(work * 120)))));
+                // Some calls are abandoned mid-flight, as a cancelled request would be.
+                let abandon = rng() % 10 == 0;
+                let call = call(&ctx, &hist, key, cfg, hold, false);
+                if abandon {
+                    let _ = tokio::time::timeout(Duration::from_millis(150), call).await;
+                } else {
+                    call.await;
+                }
+            }
+        }));
+    }
+    let nemesis = {
+        let proxy = proxy.clone();
+        let server = &s.server;
+        async move {
+            let mut rng = fastrand_like(99);
+            let mut faults = 0;
+            while tokio::time::Instant::now() < deadline {
+                let fault = match rng() % 6 {
+                    0 => Fault::Latency { min: Duration::from_millis(5), max: Duration::from_millis(200) },
+                    1 => Fault::Reset,
+                    2 => Fault::DropReplies,
+                    3 => Fault::Blackhole,
+                    4 => {
+                        server.cmd(&["SCRIPT", "FLUSH"]);
+                        Fault::Pass
+                    }
+                    _ => Fault::Pass,
+                };
+                proxy.set(fault);
+                faults += 1;
+                tokio::time::sleep(Duration::from_millis(100 + rng() % 400)).await;
+                proxy.set(Fault::Pass);
+                tokio::time::sleep(Duration::from_millis(100 + rng() % 300)).await;
+            }
+            faults
+        }
+    };
+    let faults = nemesis.await;
+    for w in workers {
+        w.await.unwrap();
+    }
+    proxy.set(Fault::Pass);
+    let report = final_pass_and_check(&s.direct, &s.hist, &keys).await;
+    println!("nemesis: {secs} s, {faults} faults injected, {report}");
+    assert!(report.ops > 100, "the workers barely ran: {report}");
+}
+
+/// A deterministic xorshift generator: the nemesis schedule is the same on every run.
+fn fastrand_like(seed: u64) -> impl FnMut() -> u64 {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    }
+}
+
+/// A store with the lease check turned off: it hands the key to every caller. The negative
+/// control: the checker must catch what it lets through.
+struct NoLeaseCheck(MemoryStore);
+
+impl Store for NoLeaseCheck {
+    fn acquire<'a>(
+        &'a self,
+        key: &'a Key,
+        fp: &'a Fingerprint,
+        lease: Duration,
+        keep: Duration,
+    ) -> BoxFuture<'a, Result<Acquire, Error>> {
+        Box::pin(async move {
+            match self.0.acquire(key, fp, lease, keep).await? {
+                Acquire::InFlight { .. } => {
+                    Ok(Acquire::Acquired(Lease { token: Token::random(), fence: 0, attempt: 1, recovered: false }))
+                }
+                other => Ok(other),
+            }
+        })
+    }
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        token: &'a Token,
+        result: Bytes,
+        keep: Duration,
+    ) -> BoxFuture<'a, Result<Transition, Error>> {
+        Box::pin(async move {
+            // Accept any token: a stale holder's result is "stored" too.
+            let _ = self.0.complete(key, token, result, keep).await?;
+            Ok(Transition::Ok)
+        })
+    }
+    fn release<'a>(&'a self, key: &'a Key, token: &'a Token) -> BoxFuture<'a, Result<Transition, Error>> {
+        self.0.release(key, token)
+    }
+    fn renew<'a>(
+        &'a self,
+        key: &'a Key,
+        token: &'a Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Transition, Error>> {
+        self.0.renew(key, token, lease)
+    }
+    fn describe(&self) -> String {
+        "no-lease-check (test only)".into()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn negative_control_the_checker_catches_a_store_without_lease_checks() {
+    for store in
+        [Arc::new(NoLeaseCheck(MemoryStore::new())) as SharedStore, Arc::new(MemoryStore::new()) as SharedStore]
+    {
+        let broken = store.describe().contains("no-lease-check");
+        let ctx = RunContext::new(store, unique("neg"));
+        let hist = History::new();
+        let (open, gate) = watch::channel(false);
+        let mut tasks = Vec::new();
+        for _ in 0..4 {
+            let (ctx, hist, hold) = (ctx.clone(), hist.clone(), held_until(&gate));
+            let cfg = Cfg { on_in_flight: OnInFlight::Reject, ..Cfg::default() };
+            tasks.push(tokio::spawn(async move { call(&ctx, &hist, "k", cfg, hold, false).await }));
+        }
+        // Every caller is either inside the side effect or was turned away.
+        loop {
+            let r = snapshot(&hist);
+            if r.executions + r.fail == 4 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        open.send_replace(true);
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let verdict = {
+            for key in ["k"] {
+                call(&ctx, &hist, key, Cfg::default(), None, true).await;
+            }
+            hist.check()
+        };
+        if broken {
+            let (report, errors) = verdict.expect_err("the checker missed duplicate executions");
+            assert!(report.duplicates >= 1, "{errors:?}");
+            assert!(
+                errors
+                    .iter()
+                    .any(|e| e.contains("overlapped without a higher fence") || e.contains("different results"))
+            );
+        } else {
+            let report = verdict.unwrap_or_else(|(_, e)| panic!("{e:?}"));
+            assert_eq!(report.executions, 1);
+        }
+    }
+}
