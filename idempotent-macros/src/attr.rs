@@ -73,7 +73,7 @@ impl Parse for Args {
             if lookahead.peek(kw::step) {
                 let kw: kw::step = input.parse()?;
                 once(&args.step, "step", kw.span)?;
-                input.parse::<Token![=]>()?;
+                equals(input, "step", kw.span, "step = \"issue_refund\"")?;
                 let name: LitStr = input.parse()?;
                 if name.value().trim().is_empty() {
                     return Err(syn::Error::new(
@@ -85,23 +85,33 @@ impl Parse for Args {
             } else if lookahead.peek(kw::ttl) {
                 let kw: kw::ttl = input.parse()?;
                 once(&args.ttl, "ttl", kw.span)?;
-                args.ttl = Some(seconds(input, "ttl", "how long the result is kept and replayed, e.g. `ttl = 86400` for a day")?);
+                args.ttl = Some(seconds(
+                    input,
+                    "ttl",
+                    kw.span,
+                    "how long the result is kept and replayed, e.g. `ttl = 86400` for a day",
+                )?);
             } else if lookahead.peek(kw::lease) {
                 let kw: kw::lease = input.parse()?;
                 once(&args.lease, "lease", kw.span)?;
-                args.lease = Some(seconds(input, "lease", "how long one attempt holds the key without renewing, e.g. `lease = 60`")?);
+                args.lease = Some(seconds(
+                    input,
+                    "lease",
+                    kw.span,
+                    "how long one attempt holds the key without renewing, e.g. `lease = 60`",
+                )?);
             } else if lookahead.peek(kw::key) {
                 let kw: kw::key = input.parse()?;
                 once(&args.key, "key", kw.span)?;
-                args.key = Some(names(input, "key")?);
+                args.key = Some(names(input, "key", kw.span)?);
             } else if lookahead.peek(kw::skip) {
                 let kw: kw::skip = input.parse()?;
                 once(&args.skip, "skip", kw.span)?;
-                args.skip = Some(names(input, "skip")?);
+                args.skip = Some(names(input, "skip", kw.span)?);
             } else if lookahead.peek(kw::version) {
                 let kw: kw::version = input.parse()?;
                 once(&args.version, "version", kw.span)?;
-                input.parse::<Token![=]>()?;
+                equals(input, "version", kw.span, "version = 2")?;
                 let expr: Expr = input.parse()?;
                 args.version = Some(match &expr {
                     Expr::Lit(ExprLit { lit: Lit::Int(int), .. }) => int.base10_parse::<u32>().map_err(|_| {
@@ -117,7 +127,7 @@ impl Parse for Args {
             } else if lookahead.peek(kw::on_in_flight) {
                 let kw: kw::on_in_flight = input.parse()?;
                 once(&args.on_in_flight, "on_in_flight", kw.span)?;
-                input.parse::<Token![=]>()?;
+                equals(input, "on_in_flight", kw.span, "on_in_flight = \"reject\"")?;
                 let policy: LitStr = input.parse()?;
                 args.on_in_flight = Some(match policy.value().as_str() {
                     "wait" => InFlight::Wait,
@@ -133,19 +143,21 @@ impl Parse for Args {
                 let kw: kw::store_errors = input.parse()?;
                 once(&store_errors, "store_errors", kw.span)?;
                 if input.peek(Token![=]) {
-                    return Err(input.error("`store_errors` takes no value: write `store_errors` to store and replay `Err` outcomes"));
+                    return Err(input.error(
+                        "`store_errors` takes no value: write `store_errors` to store and replay `Err` outcomes",
+                    ));
                 }
                 store_errors = Some(kw.span);
                 args.store_errors = true;
             } else if lookahead.peek(kw::ctx) {
                 let kw: kw::ctx = input.parse()?;
                 once(&args.ctx, "ctx", kw.span)?;
-                input.parse::<Token![=]>()?;
+                equals(input, "ctx", kw.span, "ctx = run")?;
                 args.ctx = Some(input.call(Ident::parse_any)?);
             } else if lookahead.peek(Token![crate]) {
                 let kw: Token![crate] = input.parse()?;
                 once(&args.krate, "crate", kw.span)?;
-                input.parse::<Token![=]>()?;
+                equals(input, "crate", kw.span, "crate = \"::my_idempotent\"")?;
                 let path: LitStr = input.parse()?;
                 args.krate = Some(path.parse::<Path>().map_err(|_| {
                     syn::Error::new(
@@ -177,9 +189,19 @@ impl Parse for Args {
     }
 }
 
+/// The `=` after an option's name; its absence is reported at the name.
+fn equals(input: ParseStream<'_>, name: &str, span: Span, example: &str) -> syn::Result<()> {
+    if input.peek(Token![=]) {
+        input.parse::<Token![=]>()?;
+        Ok(())
+    } else {
+        Err(syn::Error::new(span, format!("`{name}` needs a value, e.g. `{example}`")))
+    }
+}
+
 /// `= <integer literal>`, at least 1.
-fn seconds(input: ParseStream<'_>, name: &str, what: &str) -> syn::Result<Seconds> {
-    input.parse::<Token![=]>()?;
+fn seconds(input: ParseStream<'_>, name: &str, span: Span, what: &str) -> syn::Result<Seconds> {
+    equals(input, name, span, &format!("{name} = 60"))?;
     let expr: Expr = input.parse()?;
     let Expr::Lit(ExprLit { lit: Lit::Int(int), .. }) = &expr else {
         return Err(syn::Error::new_spanned(
@@ -197,7 +219,10 @@ fn seconds(input: ParseStream<'_>, name: &str, what: &str) -> syn::Result<Second
 }
 
 /// `(a, b, ...)`: at least one parameter name, each once.
-fn names(input: ParseStream<'_>, option: &str) -> syn::Result<Vec<Ident>> {
+fn names(input: ParseStream<'_>, option: &str, span: Span) -> syn::Result<Vec<Ident>> {
+    if !input.peek(syn::token::Paren) {
+        return Err(syn::Error::new(span, format!("`{option}` takes a list of parameters, e.g. `{option}(order_id)`")));
+    }
     let content;
     let parens = syn::parenthesized!(content in input);
     let list: Punctuated<Ident, Token![,]> = content.parse_terminated(Ident::parse_any, Token![,])?;

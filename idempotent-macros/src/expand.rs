@@ -13,8 +13,8 @@ use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
 use syn::{
-    AttrStyle, FnArg, GenericParam, Ident, ItemFn, Pat, PatIdent, PatType, Path, ReturnType,
-    Signature, Type, TypeImplTrait, TypePath,
+    AttrStyle, FnArg, GenericParam, Ident, ItemFn, Pat, PatIdent, PatType, Path, ReturnType, Signature, Type,
+    TypeImplTrait, TypePath,
 };
 
 use crate::attr::{Args, InFlight};
@@ -62,13 +62,19 @@ pub(crate) fn expand(args: Args, item: ItemFn) -> syn::Result<TokenStream> {
     let skip = args.skip.as_deref().unwrap_or_default();
     for name in skip {
         if !exists(name) {
-            return Err(syn::Error::new(name.span(), format!("`skip({name})`: this function has no parameter named `{name}`")));
+            return Err(syn::Error::new(
+                name.span(),
+                format!("`skip({name})`: this function has no parameter named `{name}`"),
+            ));
         }
     }
     let key = args.key.as_deref().unwrap_or_default();
     for name in key {
         if !exists(name) {
-            return Err(syn::Error::new(name.span(), format!("`key({name})`: this function has no parameter named `{name}`")));
+            return Err(syn::Error::new(
+                name.span(),
+                format!("`key({name})`: this function has no parameter named `{name}`"),
+            ));
         }
         let not_payload = if name == "self" {
             Some("`self` is never part of the payload")
@@ -80,7 +86,10 @@ pub(crate) fn expand(args: Args, item: ItemFn) -> syn::Result<TokenStream> {
             None
         };
         if let Some(why) = not_payload {
-            return Err(syn::Error::new(name.span(), format!("`key({name})`: {why}; the key is made of payload parameters")));
+            return Err(syn::Error::new(
+                name.span(),
+                format!("`key({name})`: {why}; the key is made of payload parameters"),
+            ));
         }
     }
 
@@ -161,8 +170,6 @@ pub(crate) fn expand(args: Args, item: ItemFn) -> syn::Result<TokenStream> {
         InFlight::Wait => quote!(.on_in_flight(#p::OnInFlight::Wait { timeout: #p::DEFAULT_WAIT })),
         InFlight::Reject => quote!(.on_in_flight(#p::OnInFlight::Reject)),
     });
-    // Spanned at the return type: unmet bounds on `T` and `E` are reported there.
-    let run = Ident::new(if args.store_errors { "run_storing_errors" } else { "run" }, ret.span);
     let ctx_value = quote_spanned!(ctx_ident.span()=> &#ctx_ident);
 
     let ret_ty = &ret.ty;
@@ -185,6 +192,18 @@ pub(crate) fn expand(args: Args, item: ItemFn) -> syn::Result<TokenStream> {
         }
     };
 
+    // Located at the return type (resolved at the call site, like the rest of the expansion):
+    // unmet bounds on `T` and `E`, checked at the call and again at its `.await`, point there.
+    let at_ret = Span::call_site().located_at(ret.span);
+    let run = Ident::new(if args.store_errors { "run_storing_errors" } else { "run" }, at_ret);
+    let call = quote_spanned! {at_ret=>
+        __idempotent_step.#run(&__idempotent_payload, move |_| async move {
+            #fake_return
+            #block
+        })
+        .await
+    };
+
     let (outer, inner): (Vec<_>, Vec<_>) = attrs.into_iter().partition(|a| matches!(a.style, AttrStyle::Outer));
     Ok(quote! {
         #(#outer)*
@@ -201,11 +220,7 @@ pub(crate) fn expand(args: Args, item: ItemFn) -> syn::Result<TokenStream> {
                 ::core::option::Option::Some(identity) => __idempotent_step.identity(identity),
                 ::core::option::Option::None => __idempotent_step,
             };
-            #p::Step::#run(__idempotent_step, &__idempotent_payload, move |_| async move {
-                #fake_return
-                #block
-            })
-            .await
+            #call
         }
     })
 }

@@ -232,9 +232,11 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
 }
 
 /// The error, and the item unchanged, so that a misused attribute does not also make every
-/// caller fail to find the function.
+/// caller fail to find the function. The context parameter is typically used only by the
+/// expansion, so unused-variable warnings on the unexpanded item would be noise.
 fn with_original(error: syn::Error, original: proc_macro2::TokenStream) -> TokenStream {
     let mut out = error.to_compile_error();
+    quote::quote!(#[allow(unused_variables)]).to_tokens(&mut out);
     original.to_tokens(&mut out);
     out.into()
 }

@@ -1,0 +1,6 @@
+use idempotent_core::idempotent;
+
+#[idempotent(step = "refund")]
+struct Refund;
+
+fn main() {}
