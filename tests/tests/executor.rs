@@ -324,7 +324,21 @@ async fn bad_payloads_are_refused_before_anything_runs(store: SharedStore) {
     }
     let err = ctx.step("pay").run(&deep, |_| async { Ok::<u8, Error>(0) }).await.unwrap_err();
     assert!(matches!(err, Error::Payload { .. }), "{err}");
+    // JSON object keys must be strings; an integer-keyed map is refused, not stringified.
+    let by_id: std::collections::HashMap<u32, &str> = [(7, "seven")].into();
+    let err = ctx.step("pay").run(&by_id, |_| async { Ok::<u8, Error>(0) }).await.unwrap_err();
+    assert!(err.to_string().contains("keys are integers"), "{err}");
+    // Identity taken from a non-finite value is refused too.
+    let err = ctx.step("pay").identity(&f64::NAN).run(&1, |_| async { Ok::<u8, Error>(0) }).await.unwrap_err();
+    assert!(matches!(err, Error::Payload { .. }), "{err}");
     assert_eq!(runs.load(Ordering::SeqCst), 0);
+    // Integers beyond 2^53 are never rounded onto their neighbours.
+    let step = ctx.step("pay");
+    let (a, _) = step.key_for(&(1u64 << 53)).unwrap();
+    let (b, _) = step.key_for(&((1u64 << 53) + 1)).unwrap();
+    assert_ne!(a, b);
+    // Lone surrogates cannot exist in a Rust string; in JSON bytes they are refused.
+    assert!(idempotent_core::canonical::canonicalize_json(br#"{"name":"\ud800"}"#).is_err());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
