@@ -61,6 +61,8 @@ pub struct RedisOptions {
     pub aof: bool,
     /// Start as a cluster node.
     pub cluster: bool,
+    /// Also listen with TLS (a self-signed certificate made with `openssl`) on another port.
+    pub tls: bool,
     /// More `--name value` arguments.
     pub extra: Vec<(String, String)>,
 }
@@ -70,6 +72,7 @@ pub struct RedisOptions {
 pub struct RedisServer {
     child: Option<Child>,
     port: u16,
+    tls_port: Option<u16>,
     dir: tempfile::TempDir,
     options: RedisOptions,
 }
@@ -84,7 +87,11 @@ impl RedisServer {
     pub fn start_with(options: RedisOptions) -> RedisServer {
         let dir = tempfile::Builder::new().prefix("idem-redis-").tempdir().expect("create a temp dir");
         let port = free_port(options.cluster);
-        let mut server = RedisServer { child: None, port, dir, options };
+        let tls_port = options.tls.then(|| {
+            make_certificate(dir.path());
+            free_port(false)
+        });
+        let mut server = RedisServer { child: None, port, tls_port, dir, options };
         server.spawn();
         server
     }
@@ -114,6 +121,11 @@ impl RedisServer {
                 "--cluster-node-timeout",
                 "2000",
             ]);
+        }
+        if let Some(tls_port) = self.tls_port {
+            cmd.arg("--tls-port").arg(tls_port.to_string());
+            cmd.args(["--tls-cert-file", "cert.pem", "--tls-key-file", "key.pem", "--tls-ca-cert-file", "cert.pem"]);
+            cmd.args(["--tls-auth-clients", "no"]);
         }
         for (k, v) in &self.options.extra {
             cmd.arg(format!("--{k}")).arg(v);
@@ -159,6 +171,11 @@ impl RedisServer {
     /// Its `redis://` URL.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Its `rediss://` URL (with `#insecure`: the certificate is self-signed), when started with TLS.
+    pub fn tls_url(&self) -> Option<String> {
+        self.tls_port.map(|p| format!("rediss://127.0.0.1:{p}/#insecure"))
     }
 
     /// Its data directory.
@@ -220,6 +237,16 @@ impl RedisServer {
     pub fn reset_stats(&self) {
         self.cmd(&["CONFIG", "RESETSTAT"]);
     }
+}
+
+fn make_certificate(dir: &Path) {
+    let out = Command::new("openssl")
+        .current_dir(dir)
+        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "key.pem", "-out", "cert.pem"])
+        .args(["-days", "1", "-subj", "/CN=localhost"])
+        .output()
+        .unwrap_or_else(|e| panic!("the TLS test needs the openssl command (apt-get install -y openssl): {e}"));
+    assert!(out.status.success(), "openssl failed: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// Parses `cmdstat_evalsha:calls=2,usec=…` lines into command → calls.

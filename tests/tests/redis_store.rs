@@ -210,3 +210,21 @@ async fn acl_credentials_in_the_url() {
     assert!(err.is_store_failure(), "{err}");
     assert!(!err.to_string().contains("wrong"), "the password leaked into the error: {err}");
 }
+
+/// `rediss://` URLs connect over TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_url_connects_over_tls() {
+    let server = RedisServer::start_with(RedisOptions { tls: true, ..Default::default() });
+    let url = server.tls_url().unwrap();
+    let store = RedisStore::builder(&url).command_timeout(Duration::from_secs(2)).build().unwrap();
+    let ctx = RunContext::new(store, unique("run"));
+    let v: u8 = ctx.step("tls").run(&1, |_| async { Ok::<_, Error>(3) }).await.unwrap();
+    assert_eq!(v, 3);
+    let again: u8 = ctx.step("tls").run(&1, |_| async { Ok::<_, Error>(4) }).await.unwrap();
+    assert_eq!(again, 3);
+    // Plain text to the TLS port is not a Redis conversation: a clear store error, no panic.
+    let plain = url.replace("rediss://", "redis://").replace("/#insecure", "");
+    let store = RedisStore::builder(plain).command_timeout(Duration::from_millis(500)).build().unwrap();
+    let err = RunContext::new(store, "r").step("tls").run(&1, |_| async { Ok::<u8, Error>(1) }).await.unwrap_err();
+    assert!(err.is_store_failure(), "{err}");
+}
