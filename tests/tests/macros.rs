@@ -1,0 +1,409 @@
+//! `#[idempotent]` end to end, on a real Redis server and on `MemoryStore`.
+//!
+//! Every check runs on both stores (`redis::*` and `memory::*`). Side effects are recorded in a
+//! ledger outside the store, so "ran once" is checked against what the bodies actually did, not
+//! against what the store says. Bodies that must stay open are held by channels, never by sleeps.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use idempotent_core::record::{Acquire, Token, Transition};
+use idempotent_core::store::BoxFuture;
+use idempotent_core::{
+    Error, Fingerprint, Key, MemoryStore, RedisStore, RunContext, SharedStore, Store, current_attempt, idempotent,
+};
+use idempotent_tests::{RedisServer, unique};
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Notify, watch};
+
+/// What the bodies did, outside the store.
+#[derive(Default)]
+struct Ledger {
+    effects: Mutex<Vec<String>>,
+}
+
+impl Ledger {
+    /// Records an effect and returns how many effects there were before it.
+    fn record(&self, effect: impl Into<String>) -> usize {
+        let mut effects = self.effects.lock().unwrap();
+        effects.push(effect.into());
+        effects.len() - 1
+    }
+
+    fn count(&self) -> usize {
+        self.effects.lock().unwrap().len()
+    }
+
+    fn effects(&self) -> Vec<String> {
+        self.effects.lock().unwrap().clone()
+    }
+}
+
+/// Holds a body open: the body says it started, then waits to be let go.
+#[derive(Default)]
+struct Gate {
+    started: Notify,
+    release: Notify,
+}
+
+impl Gate {
+    async fn hold(&self) {
+        self.started.notify_one();
+        self.release.notified().await;
+    }
+}
+
+/// A store that reports how many acquires were answered "in flight", so a test can wait until
+/// every concurrent caller has met the running attempt before letting it finish.
+struct Watching {
+    inner: SharedStore,
+    in_flight: watch::Sender<usize>,
+}
+
+impl Store for Watching {
+    fn acquire<'a>(
+        &'a self,
+        key: &'a Key,
+        fingerprint: &'a Fingerprint,
+        lease: Duration,
+        retention: Duration,
+    ) -> BoxFuture<'a, Result<Acquire, Error>> {
+        Box::pin(async move {
+            let answer = self.inner.acquire(key, fingerprint, lease, retention).await;
+            if let Ok(Acquire::InFlight { .. }) = &answer {
+                self.in_flight.send_modify(|n| *n += 1);
+            }
+            answer
+        })
+    }
+
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        token: &'a Token,
+        result: Bytes,
+        retention: Duration,
+    ) -> BoxFuture<'a, Result<Transition, Error>> {
+        self.inner.complete(key, token, result, retention)
+    }
+
+    fn release<'a>(&'a self, key: &'a Key, token: &'a Token) -> BoxFuture<'a, Result<Transition, Error>> {
+        self.inner.release(key, token)
+    }
+
+    fn renew<'a>(
+        &'a self,
+        key: &'a Key,
+        token: &'a Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Transition, Error>> {
+        self.inner.renew(key, token, lease)
+    }
+
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+}
+
+// ---- the annotated functions under test ----
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Refund {
+    id: String,
+    amount_cents: u64,
+    fence: u64,
+}
+
+#[idempotent(step = "issue_refund", ttl = 3600, skip(ledger))]
+async fn issue_refund(ctx: &RunContext, ledger: &Ledger, order_id: &str, amount_cents: u64) -> Result<Refund, Error> {
+    let n = ledger.record(format!("refund {order_id} {amount_cents}"));
+    let attempt = current_attempt().expect("the body runs inside a step");
+    Ok(Refund { id: format!("re_{order_id}_{n}"), amount_cents, fence: attempt.fence() })
+}
+
+#[idempotent(step = "slow_refund", lease = 30, skip(ledger, gate))]
+async fn slow_refund(
+    ctx: RunContext,
+    ledger: Arc<Ledger>,
+    gate: Arc<Gate>,
+    order_id: String,
+    amount_cents: u64,
+) -> Result<Refund, Error> {
+    gate.hold().await;
+    let n = ledger.record(format!("refund {order_id} {amount_cents}"));
+    Ok(Refund { id: format!("re_{order_id}_{n}"), amount_cents, fence: current_attempt().unwrap().fence() })
+}
+
+#[idempotent(step = "held_refund", on_in_flight = "reject", skip(ledger, gate))]
+async fn held_refund(ctx: RunContext, ledger: Arc<Ledger>, gate: Arc<Gate>, order_id: String) -> Result<String, Error> {
+    gate.hold().await;
+    Ok(format!("re_{order_id}_{}", ledger.record(format!("refund {order_id}"))))
+}
+
+#[idempotent(step = "charge", key(order_id), skip(ledger))]
+async fn charge(ctx: &RunContext, ledger: &Ledger, order_id: &str, amount_cents: u64) -> Result<String, Error> {
+    Ok(format!("ch_{order_id}_{amount_cents}_{}", ledger.record(format!("charge {order_id} {amount_cents}"))))
+}
+
+#[idempotent(step = "send_email", version = 1, skip(ledger))]
+async fn send_email_v1(ctx: &RunContext, ledger: &Ledger, to: &str) -> Result<usize, Error> {
+    Ok(ledger.record(format!("email v1 {to}")))
+}
+
+#[idempotent(step = "send_email", version = 2, skip(ledger))]
+async fn send_email_v2(ctx: &RunContext, ledger: &Ledger, to: &str) -> Result<usize, Error> {
+    Ok(ledger.record(format!("email v2 {to}")))
+}
+
+#[derive(Debug, PartialEq, Serialize, Deserialize)]
+enum CardError {
+    Declined { attempt: usize },
+    Idempotency(String),
+}
+
+impl From<Error> for CardError {
+    fn from(e: Error) -> Self {
+        CardError::Idempotency(e.to_string())
+    }
+}
+
+#[idempotent(step = "charge_card", store_errors, skip(ledger))]
+async fn charge_card_storing_errors(ctx: &RunContext, ledger: &Ledger, card: &str) -> Result<String, CardError> {
+    Err(CardError::Declined { attempt: ledger.record(format!("decline {card}")) })
+}
+
+#[idempotent(step = "charge_card_transient", skip(ledger))]
+async fn charge_card(ctx: &RunContext, ledger: &Ledger, card: &str) -> Result<String, CardError> {
+    Err(CardError::Declined { attempt: ledger.record(format!("decline {card}")) })
+}
+
+#[idempotent(step = "notify", skip(ledger, trace_id))]
+async fn notify(ctx: &RunContext, ledger: &Ledger, to: &str, trace_id: u64) -> Result<String, Error> {
+    Ok(format!("sent to {to} (trace {trace_id}, effect {})", ledger.record(format!("notify {to}"))))
+}
+
+#[idempotent(step = "measure", skip(ledger))]
+async fn measure(ctx: &RunContext, ledger: &Ledger, reading: f64) -> Result<f64, Error> {
+    ledger.record("measure");
+    Ok(reading)
+}
+
+struct Mailer {
+    ledger: Ledger,
+    sent: usize,
+}
+
+impl Mailer {
+    #[idempotent(step = "mailer_send")]
+    async fn send(&self, ctx: &RunContext, to: &str, subject: String) -> Result<String, Error> {
+        Ok(format!("{to}:{subject}:{}", self.ledger.record(format!("mail {to}"))))
+    }
+
+    #[idempotent(step = "mailer_send_counted", ctx = run)]
+    async fn send_counted(&mut self, run: Arc<RunContext>, to: String) -> Result<usize, Error> {
+        self.sent += 1;
+        self.ledger.record(format!("counted {to}"));
+        Ok(self.sent)
+    }
+}
+
+// ---- the checks, each run on both stores ----
+
+/// Fails the test instead of hanging when a signal never comes (for example because a second
+/// body started and is waiting for a release meant for the first).
+async fn within<F: std::future::Future>(fut: F) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(30), fut).await.expect("a step did not finish within 30 s")
+}
+
+fn ctx(store: &SharedStore) -> RunContext {
+    RunContext::new(store.clone(), unique("run"))
+}
+
+async fn replay_returns_first_result(store: SharedStore) {
+    let ctx = ctx(&store);
+    let ledger = Ledger::default();
+    let first = issue_refund(&ctx, &ledger, "o-1", 1500).await.unwrap();
+    assert!(first.fence > 0);
+    for _ in 0..3 {
+        assert_eq!(issue_refund(&ctx, &ledger, "o-1", 1500).await.unwrap(), first);
+    }
+    assert_eq!(ledger.effects(), ["refund o-1 1500"]);
+
+    // Another argument is another operation; another run id too.
+    let other = issue_refund(&ctx, &ledger, "o-2", 1500).await.unwrap();
+    assert_ne!(other.id, first.id);
+    let next_run = RunContext::new(store.clone(), unique("run"));
+    issue_refund(&next_run, &ledger, "o-1", 1500).await.unwrap();
+    assert_eq!(ledger.count(), 3);
+}
+
+async fn concurrent_calls_run_the_body_once(store: SharedStore) {
+    const CALLERS: usize = 16;
+    let (in_flight, mut seen) = watch::channel(0);
+    let watching: SharedStore = Arc::new(Watching { inner: store, in_flight });
+    let ctx = ctx(&watching);
+    let ledger = Arc::new(Ledger::default());
+    let gate = Arc::new(Gate::default());
+
+    let calls: Vec<_> = (0..CALLERS)
+        .map(|_| tokio::spawn(slow_refund(ctx.clone(), ledger.clone(), gate.clone(), "o-9".to_owned(), 700)))
+        .collect();
+    within(gate.started.notified()).await;
+    // Every other caller has met the running attempt before it is let go.
+    within(seen.wait_for(|n| *n >= CALLERS - 1)).await.unwrap();
+    gate.release.notify_one();
+
+    let mut results = Vec::new();
+    for call in calls {
+        // A second body would wait for a release that never comes: that fails here, not hangs.
+        results.push(within(call).await.unwrap().unwrap());
+    }
+    assert_eq!(ledger.effects(), ["refund o-9 700"]);
+    assert!(results.iter().all(|r| r == &results[0]), "callers saw different results: {results:?}");
+}
+
+async fn reject_policy_gives_in_flight(store: SharedStore) {
+    let ctx = ctx(&store);
+    let ledger = Arc::new(Ledger::default());
+    let gate = Arc::new(Gate::default());
+    let first = tokio::spawn(held_refund(ctx.clone(), ledger.clone(), gate.clone(), "o-3".to_owned()));
+    within(gate.started.notified()).await;
+
+    let duplicate = held_refund(ctx.clone(), ledger.clone(), gate.clone(), "o-3".to_owned()).await;
+    match duplicate {
+        Err(Error::InFlight { retry_after, .. }) => assert!(retry_after > Duration::ZERO),
+        other => panic!("expected Error::InFlight while the first call runs, got {other:?}"),
+    }
+
+    gate.release.notify_one();
+    let id = within(first).await.unwrap().unwrap();
+    assert_eq!(held_refund(ctx.clone(), ledger.clone(), gate.clone(), "o-3".to_owned()).await.unwrap(), id);
+    assert_eq!(ledger.effects(), ["refund o-3"]);
+}
+
+async fn key_with_changed_argument_is_a_mismatch(store: SharedStore) {
+    let ctx = ctx(&store);
+    let ledger = Ledger::default();
+    let first = charge(&ctx, &ledger, "o-4", 1500).await.unwrap();
+
+    match charge(&ctx, &ledger, "o-4", 9900).await {
+        Err(Error::Mismatch { step, .. }) => assert_eq!(step, "charge"),
+        other => panic!("expected Error::Mismatch for a changed amount under the same key, got {other:?}"),
+    }
+    assert_eq!(charge(&ctx, &ledger, "o-4", 1500).await.unwrap(), first);
+    // A different key argument is a different operation.
+    charge(&ctx, &ledger, "o-5", 9900).await.unwrap();
+    assert_eq!(ledger.effects(), ["charge o-4 1500", "charge o-5 9900"]);
+}
+
+async fn version_bump_runs_again(store: SharedStore) {
+    let ctx = ctx(&store);
+    let ledger = Ledger::default();
+    send_email_v1(&ctx, &ledger, "ada@example.com").await.unwrap();
+    send_email_v1(&ctx, &ledger, "ada@example.com").await.unwrap();
+    assert_eq!(ledger.count(), 1);
+    // Same step name and arguments, new version: a new operation.
+    assert_eq!(send_email_v2(&ctx, &ledger, "ada@example.com").await.unwrap(), 1);
+    assert_eq!(send_email_v2(&ctx, &ledger, "ada@example.com").await.unwrap(), 1);
+    assert_eq!(ledger.effects(), ["email v1 ada@example.com", "email v2 ada@example.com"]);
+}
+
+async fn store_errors_replays_the_error(store: SharedStore) {
+    let ctx = ctx(&store);
+    let ledger = Ledger::default();
+    let first = charge_card_storing_errors(&ctx, &ledger, "4242").await;
+    assert_eq!(first, Err(CardError::Declined { attempt: 0 }));
+    assert_eq!(charge_card_storing_errors(&ctx, &ledger, "4242").await, first);
+    assert_eq!(ledger.count(), 1);
+
+    // Without `store_errors` an error frees the key: the retry runs the body again.
+    assert_eq!(charge_card(&ctx, &ledger, "4242").await, Err(CardError::Declined { attempt: 1 }));
+    assert_eq!(charge_card(&ctx, &ledger, "4242").await, Err(CardError::Declined { attempt: 2 }));
+    assert_eq!(ledger.count(), 3);
+}
+
+async fn methods_on_a_struct(store: SharedStore) {
+    let ctx = ctx(&store);
+    let mailer = Mailer { ledger: Ledger::default(), sent: 0 };
+    let first = mailer.send(&ctx, "ada@example.com", "welcome".into()).await.unwrap();
+    assert_eq!(mailer.send(&ctx, "ada@example.com", "welcome".into()).await.unwrap(), first);
+    assert_ne!(mailer.send(&ctx, "ada@example.com", "reminder".into()).await.unwrap(), first);
+    assert_eq!(mailer.ledger.count(), 2);
+
+    // `self` is not part of the payload: another instance replays the same operation.
+    let other = Mailer { ledger: Ledger::default(), sent: 0 };
+    assert_eq!(other.send(&ctx, "ada@example.com", "welcome".into()).await.unwrap(), first);
+    assert_eq!(other.ledger.count(), 0);
+
+    // `&mut self`, with the context named by `ctx = run`.
+    let run = Arc::new(ctx.clone());
+    let mut counted = Mailer { ledger: Ledger::default(), sent: 0 };
+    assert_eq!(counted.send_counted(run.clone(), "bob@example.com".into()).await.unwrap(), 1);
+    assert_eq!(counted.send_counted(run.clone(), "bob@example.com".into()).await.unwrap(), 1);
+    assert_eq!(counted.sent, 1);
+}
+
+async fn skipped_parameter_does_not_change_the_key(store: SharedStore) {
+    let ctx = ctx(&store);
+    let ledger = Ledger::default();
+    let first = notify(&ctx, &ledger, "ada@example.com", 1).await.unwrap();
+    assert_eq!(notify(&ctx, &ledger, "ada@example.com", 2).await.unwrap(), first);
+    assert_eq!(notify(&ctx, &ledger, "ada@example.com", 3).await.unwrap(), first);
+    assert_eq!(ledger.count(), 1);
+    // A parameter that is not skipped does change it.
+    notify(&ctx, &ledger, "bob@example.com", 1).await.unwrap();
+    assert_eq!(ledger.effects(), ["notify ada@example.com", "notify bob@example.com"]);
+}
+
+async fn payload_without_canonical_form_does_not_run(store: SharedStore) {
+    let ctx = ctx(&store);
+    let ledger = Ledger::default();
+    match measure(&ctx, &ledger, f64::NAN).await {
+        Err(Error::Payload { step, source }) => {
+            assert_eq!(step, "measure");
+            assert!(source.to_string().contains("`reading`"), "the error names the parameter: {source}");
+        }
+        other => panic!("expected Error::Payload for a NaN argument, got {other:?}"),
+    }
+    assert_eq!(ledger.count(), 0);
+    assert_eq!(measure(&ctx, &ledger, 1.5).await.unwrap(), 1.5);
+    assert_eq!(measure(&ctx, &ledger, 1.5).await.unwrap(), 1.5);
+    assert_eq!(ledger.count(), 1);
+}
+
+macro_rules! on_both_stores {
+    ($($check:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $check() {
+                    super::$check(std::sync::Arc::new(super::MemoryStore::new())).await;
+                }
+            )*
+        }
+
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $check() {
+                    let server = super::RedisServer::start();
+                    let store = super::RedisStore::connect(&server.url()).expect("connect to the test server");
+                    super::$check(std::sync::Arc::new(store)).await;
+                }
+            )*
+        }
+    };
+}
+
+on_both_stores!(
+    replay_returns_first_result,
+    concurrent_calls_run_the_body_once,
+    reject_policy_gives_in_flight,
+    key_with_changed_argument_is_a_mismatch,
+    version_bump_runs_again,
+    store_errors_replays_the_error,
+    methods_on_a_struct,
+    skipped_parameter_does_not_change_the_key,
+    payload_without_canonical_form_does_not_run,
+);
