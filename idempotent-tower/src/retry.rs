@@ -277,17 +277,17 @@ impl Common {
         let attempt = self.retries + 1;
         let key = key.map_or_else(|| "-".to_owned(), key_digest);
         if attempt >= self.backoff.max_attempts {
-            tracing::warn!(attempt, %reason, key, "idempotent.give_up: attempts exhausted");
+            tracing::warn!(attempt, %reason, %key, "idempotent.give_up: attempts exhausted");
             return None;
         }
         if let Some(wait) = wait
             && wait > self.max_retry_after
         {
-            tracing::warn!(attempt, %reason, key, retry_after_ms = wait.as_millis() as u64, max_ms = self.max_retry_after.as_millis() as u64, "idempotent.give_up: the server asked to wait longer than max_retry_after");
+            tracing::warn!(attempt, %reason, %key, retry_after_ms = wait.as_millis() as u64, max_ms = self.max_retry_after.as_millis() as u64, "idempotent.give_up: the server asked to wait longer than max_retry_after");
             return None;
         }
         if !self.budget.withdraw() {
-            tracing::warn!(attempt, %reason, key, "idempotent.give_up: retry budget exhausted");
+            tracing::warn!(attempt, %reason, %key, "idempotent.give_up: retry budget exhausted");
             return None;
         }
         let delay = match wait {
@@ -298,13 +298,13 @@ impl Common {
             }
         };
         self.retries += 1;
-        tracing::debug!(attempt = attempt + 1, delay_ms = delay.as_millis() as u64, %reason, key, "idempotent.retry");
+        tracing::debug!(attempt = attempt + 1, delay_ms = delay.as_millis() as u64, %reason, %key, "idempotent.retry");
         Some(tokio::time::sleep(delay))
     }
 
     fn give_up_permanent(&self, key: Option<&HeaderValue>) {
         let key = key.map_or_else(|| "-".to_owned(), key_digest);
-        tracing::debug!(attempt = self.retries + 1, key, "idempotent.give_up: permanent error");
+        tracing::debug!(attempt = self.retries + 1, %key, "idempotent.give_up: permanent error");
     }
 }
 
@@ -622,7 +622,7 @@ where
                     let key = key.map_or_else(|| "-".to_owned(), key_digest);
                     tracing::debug!(
                         attempt = self.common.retries + 1,
-                        key,
+                        %key,
                         "idempotent.give_up: the server's pushback says not to retry"
                     );
                     return None;
