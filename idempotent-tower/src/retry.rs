@@ -47,7 +47,7 @@
 //! |---|---|---|
 //! | an error from the inner service (connection refused or reset, a dropped reply, a tower `Timeout`) | yes | no answer arrived; the request may or may not have been processed |
 //! | 408, 425, 429, 500, 502, 503, 504 | yes | the server, or something in front of it, says "not now" |
-//! | 409 with `Retry-After` | yes | the idempotency layer's "the same key is still running": a retry gets that attempt's outcome once it finishes |
+//! | 409 with `Retry-After` | yes | the server layer's "the same key is still running" (problem type `tag:idempotent-tower,2025:key-in-use`, always with `Retry-After`): a retry gets that attempt's outcome once it finishes |
 //! | 400, 401, 403, 404, 409 without `Retry-After`, 413, 422, every other status | no | the same request gets the same answer |
 //! | gRPC `UNAVAILABLE`, `ABORTED` (the server layer's "in flight"), `RESOURCE_EXHAUSTED` | yes | the gRPC equivalents of 503, 409-in-flight and 429; see [`GrpcRetryPolicy::retry_codes`] |
 //!
