@@ -113,7 +113,8 @@ impl IdempotencyLayer {
     /// Whether covered requests without a key are refused with 400 (gRPC: INVALID_ARGUMENT)
     /// instead of passing through unprotected. Default `false`. To require keys on some routes
     /// only, add a second layer with `require_key(true)` to those routes (for example with
-    /// axum's `MethodRouter::layer`).
+    /// axum's `MethodRouter::layer`): a request that an outer `IdempotencyLayer` already took
+    /// the key for passes through inner ones, so the two never compete for the key.
     pub fn require_key(mut self, required: bool) -> Self {
         self.config().require_key = required;
         self

@@ -29,6 +29,10 @@ use super::record::{StoredResponse, strip_hop_by_hop};
 /// The header added to every replayed response.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
+/// Marks a request that an `IdempotencyLayer` has taken the key for.
+#[derive(Debug, Clone, Copy)]
+struct Handled;
+
 /// The longest `Retry-After` suggested to a duplicate of a running request: the first request
 /// usually finishes long before its lease runs out, which is all the store can vouch for.
 const IN_FLIGHT_RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -87,7 +91,10 @@ where
     fn call(&mut self, req: Request<ReqBody>) -> Self::Future {
         let config = &self.config;
         let grpc = grpc::is_grpc(req.headers());
-        if !grpc && !config.methods.contains(req.method()) {
+        // An outer IdempotencyLayer already holds the key for this request: taking it again
+        // here would find the request in flight behind itself.
+        let nested = req.extensions().get::<Handled>().is_some();
+        if nested || (!grpc && !config.methods.contains(req.method())) {
             return ResponseFuture::passthrough(self.inner.call(req.map(RequestBody::stream)));
         }
         let header = || config.header.as_str().to_owned();
@@ -145,7 +152,8 @@ where
         }
     };
     let fingerprint = if grpc { grpc::fingerprint(parts.uri.path(), &data) } else { http_fingerprint(&parts, &data) };
-    let req = Request::from_parts(parts, RequestBody::full(data, trailers));
+    let mut req = Request::from_parts(parts, RequestBody::full(data, trailers));
+    req.extensions_mut().insert(Handled);
 
     let lease = match acquire(&config, &key, &fingerprint, &short).await {
         Acquired::Lease(lease) => lease,

@@ -1,0 +1,735 @@
+//! The server `IdempotencyLayer` behind real axum servers on loopback, over HTTP/1.1 (hyper client
+//! and raw sockets) and HTTP/2 (h2c), on `MemoryStore` and on a spawned Redis.
+//!
+//! Every scenario is an `async fn(SharedStore)`; `on_every_store!` runs it once per backend as
+//! `memory::<name>` and `redis::<name>`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body as AxumBody;
+use axum::extract::{Path, Query, State};
+use axum::routing::post;
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http_body::Frame;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use idempotent_core::record::{Acquire, Token, Transition};
+use idempotent_core::store::BoxFuture;
+use idempotent_core::{Error, FailMode, Fingerprint, Key, OnInFlight, RedisStore, SharedStore, Store};
+use idempotent_tests::{RedisServer, free_port};
+use idempotent_tower::server::IdempotencyLayer;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{Notify, Semaphore};
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type ClientBody = BoxBody<Bytes, BoxError>;
+
+macro_rules! on_every_store {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    super::$name(std::sync::Arc::new(idempotent_core::MemoryStore::new())).await;
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $name() {
+                    let server = idempotent_tests::RedisServer::start();
+                    let store = idempotent_core::RedisStore::connect(&server.url()).unwrap();
+                    super::$name(std::sync::Arc::new(store)).await;
+                    drop(server);
+                }
+            )*
+        }
+    };
+}
+
+on_every_store!(
+    replay_is_byte_identical_over_http1,
+    replay_keeps_trailers_over_http2,
+    sixty_four_concurrent_requests_run_the_handler_once,
+    sixty_four_waiting_requests_all_get_the_first_response,
+    tenants_never_share_a_record,
+    another_request_under_the_same_key_is_422,
+    missing_key_passes_through_or_is_400_when_required,
+    malformed_keys_are_400,
+    bodies_over_the_cap_are_413_with_or_without_content_length,
+    a_body_that_fails_mid_stream_is_400,
+    retryable_outcomes_release_the_key_and_final_ones_are_replayed,
+    responses_over_the_store_cap_are_sent_but_not_stored,
+    methods_and_header_name_are_configurable,
+    the_heartbeat_keeps_a_long_request_in_flight,
+    a_corrupt_record_is_500_and_never_replayed,
+);
+
+// ---------------------------------------------------------------------------------------------
+// The application under test
+
+/// What the handlers did, and a gate that holds `/gated` open until the test lets it finish.
+#[derive(Clone)]
+struct Ledger {
+    calls: Arc<AtomicUsize>,
+    entered: Arc<Notify>,
+    gate: Arc<Semaphore>,
+}
+
+impl Ledger {
+    fn new() -> Self {
+        Ledger { calls: Arc::default(), entered: Arc::default(), gate: Arc::new(Semaphore::new(0)) }
+    }
+
+    fn calls(&self) -> usize {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    fn call(&self) -> usize {
+        self.calls.fetch_add(1, Ordering::SeqCst) + 1
+    }
+}
+
+async fn refund(State(l): State<Ledger>, headers: HeaderMap, body: Bytes) -> Response<AxumBody> {
+    let n = l.call();
+    let tenant = headers.get("x-tenant").and_then(|v| v.to_str().ok()).unwrap_or("-").to_owned();
+    Response::builder()
+        .status(StatusCode::CREATED)
+        .header("set-cookie", "session=abc; Path=/; HttpOnly")
+        .header("set-cookie", format!("refund=re_{n}; Path=/"))
+        .header("x-refund", format!("re_{n}"))
+        .header("content-type", "application/json")
+        .body(AxumBody::from(format!(r#"{{"refund":"re_{n}","tenant":"{tenant}","bytes":{}}}"#, body.len())))
+        .unwrap()
+}
+
+async fn status(State(l): State<Ledger>, Path(code): Path<u16>) -> Response<AxumBody> {
+    let n = l.call();
+    Response::builder().status(code).body(AxumBody::from(format!("status {code}, call {n}"))).unwrap()
+}
+
+#[derive(serde::Deserialize)]
+struct Size {
+    bytes: usize,
+}
+
+async fn big(State(l): State<Ledger>, Query(size): Query<Size>) -> Response<AxumBody> {
+    let n = l.call();
+    let mut body = format!("call {n};").into_bytes();
+    body.resize(size.bytes, b'x');
+    // Streamed in 512-byte chunks, with no length announced.
+    let chunks: Vec<Result<Frame<Bytes>, BoxError>> =
+        body.chunks(512).map(|c| Ok(Frame::data(Bytes::copy_from_slice(c)))).collect();
+    Response::new(AxumBody::new(StreamBody::new(futures_util::stream::iter(chunks))))
+}
+
+async fn gated(State(l): State<Ledger>) -> Response<AxumBody> {
+    let n = l.call();
+    l.entered.notify_one();
+    l.gate.acquire().await.unwrap().forget();
+    Response::builder().status(StatusCode::CREATED).body(AxumBody::from(format!("gated re_{n}"))).unwrap()
+}
+
+async fn trailers(State(l): State<Ledger>) -> Response<AxumBody> {
+    let n = l.call();
+    let mut t = HeaderMap::new();
+    t.insert("x-checksum", HeaderValue::from_str(&format!("sum-{n}")).unwrap());
+    t.append("x-multi", HeaderValue::from_static("one"));
+    t.append("x-multi", HeaderValue::from_static("two"));
+    let frames: Vec<Result<Frame<Bytes>, BoxError>> = vec![
+        Ok(Frame::data(Bytes::from(format!("streamed {n} ")))),
+        Ok(Frame::data(Bytes::from_static(b"\x00\xffbinary"))),
+        Ok(Frame::trailers(t)),
+    ];
+    Response::new(AxumBody::new(StreamBody::new(futures_util::stream::iter(frames))))
+}
+
+fn routes(ledger: &Ledger) -> Router {
+    Router::new()
+        .route("/refunds", post(refund).patch(refund).get(refund).put(refund))
+        .route("/status/{code}", post(status))
+        .route("/big", post(big))
+        .route("/gated", post(gated))
+        .route("/trailers", post(trailers))
+        .with_state(ledger.clone())
+}
+
+fn tenant_from_header(parts: &http::request::Parts) -> Option<String> {
+    parts.headers.get("x-tenant").and_then(|v| v.to_str().ok()).map(str::to_owned)
+}
+
+/// A running server and a client for it.
+struct App {
+    addr: SocketAddr,
+    ledger: Ledger,
+    h1: Client<HttpConnector, ClientBody>,
+    h2: Client<HttpConnector, ClientBody>,
+}
+
+impl App {
+    async fn start(store: &SharedStore, configure: impl FnOnce(IdempotencyLayer) -> IdempotencyLayer) -> App {
+        let ledger = Ledger::new();
+        let layer = configure(IdempotencyLayer::new(store.clone()).tenant(tenant_from_header));
+        Self::serve(routes(&ledger).layer(layer), ledger).await
+    }
+
+    async fn serve(router: Router, ledger: Ledger) -> App {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+        let h1 = Client::builder(TokioExecutor::new()).build_http();
+        let h2 = Client::builder(TokioExecutor::new()).http2_only(true).build_http();
+        App { addr, ledger, h1, h2 }
+    }
+
+    fn req(&self, method: &str, path: &str) -> http::request::Builder {
+        Request::builder()
+            .method(method)
+            .uri(format!("http://{}{path}", self.addr))
+            .header("content-type", "application/json")
+    }
+
+    fn post(&self, path: &str, key: &str) -> http::request::Builder {
+        self.req("POST", path).header("idempotency-key", key)
+    }
+
+    async fn h1(&self, req: http::request::Builder, body: impl Into<Bytes>) -> Reply {
+        Reply::read(self.h1.request(req.body(full(body)).unwrap()).await.unwrap()).await
+    }
+
+    async fn h2(&self, req: http::request::Builder, body: impl Into<Bytes>) -> Reply {
+        Reply::read(self.h2.request(req.body(full(body)).unwrap()).await.unwrap()).await
+    }
+
+    /// Sends raw bytes on a fresh connection and reads until the server closes it.
+    async fn raw(&self, request: &[u8]) -> Vec<u8> {
+        let mut s = tokio::net::TcpStream::connect(self.addr).await.unwrap();
+        s.write_all(request).await.unwrap();
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).await.unwrap();
+        out
+    }
+}
+
+fn full(body: impl Into<Bytes>) -> ClientBody {
+    Full::new(body.into()).map_err(|never| match never {}).boxed()
+}
+
+#[derive(Debug)]
+struct Reply {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+    trailers: Option<HeaderMap>,
+}
+
+impl Reply {
+    async fn read(res: Response<hyper::body::Incoming>) -> Reply {
+        let (parts, body) = res.into_parts();
+        let collected = body.collect().await.unwrap();
+        let trailers = collected.trailers().cloned();
+        Reply { status: parts.status, headers: parts.headers, body: collected.to_bytes(), trailers }
+    }
+
+    fn replayed(&self) -> bool {
+        match self.headers.get("idempotent-replayed") {
+            None => false,
+            Some(v) if v == "true" => true,
+            Some(v) => panic!("Idempotent-Replayed: {v:?}"),
+        }
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// Asserts an RFC 9457 problem with `status` and the given type suffix, and returns it.
+    #[track_caller]
+    fn problem(&self, status: u16, kind: &str) -> serde_json::Value {
+        assert_eq!(self.status.as_u16(), status, "body: {}", self.text());
+        assert_eq!(self.headers["content-type"], "application/problem+json");
+        let doc: serde_json::Value = serde_json::from_slice(&self.body).unwrap();
+        assert_eq!(doc["status"], status);
+        assert_eq!(doc["type"], format!("tag:idempotent-tower,2025:{kind}"));
+        assert!(doc["title"].as_str().is_some_and(|t| !t.is_empty()));
+        assert!(doc["detail"].as_str().is_some_and(|d| d.len() > 40), "{doc}");
+        doc
+    }
+}
+
+/// A raw HTTP/1.1 POST that closes the connection after the response.
+fn raw_post(path: &str, key: &str, body: &str) -> Vec<u8> {
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nIdempotency-Key: {key}\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// The response's bytes without the header lines named in `drop` (case-insensitive).
+fn without_headers(raw: &[u8], drop: &[&str]) -> Vec<u8> {
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("a complete response head") + 4;
+    let (head, body) = raw.split_at(split);
+    let head = String::from_utf8(head.to_vec()).unwrap();
+    let mut out = String::new();
+    for line in head.split_inclusive("\r\n") {
+        let name = line.split(':').next().unwrap_or("").to_ascii_lowercase();
+        if !drop.contains(&name.as_str()) {
+            out.push_str(line);
+        }
+    }
+    let mut out = out.into_bytes();
+    out.extend_from_slice(body);
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scenarios
+
+async fn replay_is_byte_identical_over_http1(store: SharedStore) {
+    let app = App::start(&store, |l| l).await;
+    let request = raw_post("/refunds", "\"raw-1\"", r#"{"order":"o-1","amount":1500}"#);
+    let first = app.raw(&request).await;
+    let second = app.raw(&request).await;
+    assert_eq!(app.ledger.calls(), 1);
+
+    let first_text = String::from_utf8_lossy(&first);
+    assert!(first_text.starts_with("HTTP/1.1 201 Created\r\n"), "{first_text}");
+    assert_eq!(first_text.matches("set-cookie: ").count(), 2, "{first_text}");
+    assert!(!first_text.contains("idempotent-replayed"));
+    let second_text = String::from_utf8_lossy(&second);
+    assert!(second_text.contains("\r\nidempotent-replayed: true\r\n"), "{second_text}");
+
+    // Apart from the date and the replay marker, the replay is the first response, byte for byte.
+    assert_eq!(
+        String::from_utf8_lossy(&without_headers(&second, &["date", "idempotent-replayed"])),
+        String::from_utf8_lossy(&without_headers(&first, &["date"])),
+    );
+
+    // The bare form of the same key names the same record.
+    let bare = app.raw(&raw_post("/refunds", "raw-1", r#"{"order":"o-1","amount":1500}"#)).await;
+    assert_eq!(without_headers(&bare, &["date", "idempotent-replayed"]), without_headers(&first, &["date"]));
+    assert_eq!(app.ledger.calls(), 1);
+}
+
+async fn replay_keeps_trailers_over_http2(store: SharedStore) {
+    let app = App::start(&store, |l| l).await;
+    let first = app.h2(app.post("/trailers", "t-1"), "{}").await;
+    let second = app.h2(app.post("/trailers", "t-1"), "{}").await;
+    assert_eq!(app.ledger.calls(), 1);
+    assert_eq!(first.status, StatusCode::OK);
+    assert!(!first.replayed());
+    assert!(second.replayed());
+    assert_eq!(first.body, Bytes::from_static(b"streamed 1 \x00\xffbinary"));
+    assert_eq!(second.body, first.body);
+    let trailers = second.trailers.as_ref().expect("replayed trailers");
+    assert_eq!(trailers, first.trailers.as_ref().unwrap());
+    assert_eq!(trailers["x-checksum"], "sum-1");
+    assert_eq!(trailers.get_all("x-multi").iter().collect::<Vec<_>>(), ["one", "two"]);
+}
+
+async fn sixty_four_concurrent_requests_run_the_handler_once(store: SharedStore) {
+    let app = Arc::new(App::start(&store, |l| l).await);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    for i in 0..64 {
+        let (app, tx) = (app.clone(), tx.clone());
+        tokio::spawn(async move {
+            // Half over HTTP/1.1 connections, half multiplexed on one HTTP/2 connection.
+            let reply = if i % 2 == 0 {
+                app.h1(app.post("/gated", "same-key"), "{}").await
+            } else {
+                app.h2(app.post("/gated", "same-key"), "{}").await
+            };
+            tx.send(reply).unwrap();
+        });
+    }
+    // The handler that got the key is held at the gate, so the other 63 are answered first.
+    let mut next = async || tokio::time::timeout(Duration::from_secs(20), rx.recv()).await.expect("a reply").unwrap();
+    for _ in 0..63 {
+        let reply = next().await;
+        reply.problem(409, "key-in-use");
+        let retry_after: u64 = reply.headers["retry-after"].to_str().unwrap().parse().unwrap();
+        assert!((1..=60).contains(&retry_after));
+    }
+    assert_eq!(app.ledger.calls(), 1);
+    app.ledger.gate.add_permits(1);
+    let leader = next().await;
+    assert_eq!(leader.status, StatusCode::CREATED);
+    assert_eq!(leader.text(), "gated re_1");
+    assert!(!leader.replayed());
+
+    let again = app.h2(app.post("/gated", "same-key"), "{}").await;
+    assert!(again.replayed());
+    assert_eq!(again.body, leader.body);
+    assert_eq!(app.ledger.calls(), 1);
+}
+
+async fn sixty_four_waiting_requests_all_get_the_first_response(store: SharedStore) {
+    let app =
+        Arc::new(App::start(&store, |l| l.on_in_flight(OnInFlight::Wait { timeout: Duration::from_secs(20) })).await);
+    let mut tasks = Vec::new();
+    for i in 0..64 {
+        let app = app.clone();
+        tasks.push(tokio::spawn(async move {
+            if i % 2 == 0 {
+                app.h1(app.post("/gated", "wait-key"), "{}").await
+            } else {
+                app.h2(app.post("/gated", "wait-key"), "{}").await
+            }
+        }));
+    }
+    app.ledger.entered.notified().await;
+    app.ledger.gate.add_permits(1);
+    let mut fresh = 0;
+    for t in tasks {
+        let reply = tokio::time::timeout(Duration::from_secs(30), t).await.expect("a reply").unwrap();
+        assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.text());
+        assert_eq!(reply.text(), "gated re_1");
+        fresh += usize::from(!reply.replayed());
+    }
+    assert_eq!(fresh, 1);
+    assert_eq!(app.ledger.calls(), 1);
+}
+
+async fn tenants_never_share_a_record(store: SharedStore) {
+    let app = App::start(&store, |l| l).await;
+    let body = r#"{"order":"o-1","amount":1500}"#;
+    let a1 = app.h1(app.post("/refunds", "shared").header("x-tenant", "acme"), body).await;
+    let b1 = app.h1(app.post("/refunds", "shared").header("x-tenant", "globex"), body).await;
+    assert_eq!((a1.status, b1.status), (StatusCode::CREATED, StatusCode::CREATED));
+    assert!(!b1.replayed(), "tenant globex got tenant acme's response");
+    assert_eq!(a1.headers["x-refund"], "re_1");
+    assert_eq!(b1.headers["x-refund"], "re_2");
+
+    let a2 = app.h2(app.post("/refunds", "shared").header("x-tenant", "acme"), body).await;
+    let b2 = app.h2(app.post("/refunds", "shared").header("x-tenant", "globex"), body).await;
+    assert!(a2.replayed() && b2.replayed());
+    assert_eq!(a2.body, a1.body);
+    assert_eq!(b2.body, b1.body);
+
+    // Another tenant's payload under the same key is not a mismatch: it is another record.
+    let c = app.h1(app.post("/refunds", "shared").header("x-tenant", "initech"), r#"{"other":true}"#).await;
+    assert_eq!(c.status, StatusCode::CREATED);
+    // Nor is a request without a tenant.
+    let anonymous = app.h1(app.post("/refunds", "shared"), body).await;
+    assert_eq!(anonymous.status, StatusCode::CREATED);
+    assert!(!anonymous.replayed());
+    assert_eq!(app.ledger.calls(), 4);
+}
+
+async fn another_request_under_the_same_key_is_422(store: SharedStore) {
+    let app = App::start(&store, |l| l).await;
+    let first = app.h1(app.post("/refunds", "m-1"), r#"{"order":"o-1","amount":100}"#).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+
+    // Key order and whitespace are not a different request.
+    let same = app.h1(app.post("/refunds", "m-1"), "{ \"amount\" : 100,\n  \"order\": \"o-1\" }").await;
+    assert!(same.replayed());
+    assert_eq!(same.body, first.body);
+
+    let other_body = app.h1(app.post("/refunds", "m-1"), r#"{"order":"o-1","amount":200}"#).await;
+    other_body.problem(422, "key-reused");
+    let other_query = app.h2(app.post("/refunds?dry_run=1", "m-1"), r#"{"order":"o-1","amount":100}"#).await;
+    other_query.problem(422, "key-reused");
+    let other_method =
+        app.h1(app.req("PATCH", "/refunds").header("idempotency-key", "m-1"), r#"{"order":"o-1","amount":100}"#).await;
+    other_method.problem(422, "key-reused");
+    let other_path = app.h1(app.post("/status/201", "m-1"), r#"{"order":"o-1","amount":100}"#).await;
+    other_path.problem(422, "key-reused");
+    assert_eq!(app.ledger.calls(), 1);
+}
+
+async fn missing_key_passes_through_or_is_400_when_required(store: SharedStore) {
+    let app = App::start(&store, |l| l).await;
+    for _ in 0..2 {
+        assert_eq!(app.h1(app.req("POST", "/refunds"), "{}").await.status, StatusCode::CREATED);
+    }
+    assert_eq!(app.ledger.calls(), 2, "without a key, requests pass through unprotected");
+
+    let strict = App::start(&store, |l| l.require_key(true)).await;
+    strict.h1(strict.req("POST", "/refunds"), "{}").await.problem(400, "key-missing");
+    strict.h2(strict.req("PATCH", "/refunds"), "{}").await.problem(400, "key-missing");
+    // Methods the layer does not cover never need a key.
+    assert_eq!(strict.h1(strict.req("GET", "/refunds"), "").await.status, StatusCode::CREATED);
+    assert_eq!(strict.ledger.calls(), 1);
+
+    // Required on one route only, by layering that route.
+    let ledger = Ledger::new();
+    let router = Router::new()
+        .route("/strict", post(refund).layer(IdempotencyLayer::new(store.clone()).require_key(true)))
+        .route("/lenient", post(refund))
+        .with_state(ledger.clone())
+        .layer(IdempotencyLayer::new(store.clone()));
+    let routed = App::serve(router, ledger).await;
+    routed.h1(routed.req("POST", "/strict"), "{}").await.problem(400, "key-missing");
+    assert_eq!(routed.h1(routed.req("POST", "/lenient"), "{}").await.status, StatusCode::CREATED);
+    assert_eq!(routed.ledger.calls(), 1);
+    // With a key, the outer layer handles the request and the route's layer stands aside.
+    assert_eq!(routed.h1(routed.post("/strict", "nested"), "{}").await.status, StatusCode::CREATED);
+    assert!(routed.h1(routed.post("/strict", "nested"), "{}").await.replayed());
+    assert_eq!(routed.ledger.calls(), 2);
+}
+
+async fn malformed_keys_are_400(store: SharedStore) {
+    let app = App::start(&store, |l| l).await;
+    let long = "k".repeat(256);
+    let quoted_long = format!("\"{long}\"");
+    let cases: [&[u8]; 7] =
+        [b"", b"\"\"", long.as_bytes(), quoted_long.as_bytes(), b"caf\xc3\xa9", b"\"unterminated", b"\"a\", \"b\""];
+    for key in cases {
+        let req = app.req("POST", "/refunds").header("idempotency-key", HeaderValue::from_bytes(key).unwrap());
+        let doc = app.h1(req, "{}").await.problem(400, "key-invalid");
+        assert!(doc["detail"].as_str().unwrap().contains("idempotency-key"), "{doc}");
+    }
+    let twice = app.req("POST", "/refunds").header("idempotency-key", "one").header("idempotency-key", "one");
+    let doc = app.h1(twice, "{}").await.problem(400, "key-invalid");
+    assert!(doc["detail"].as_str().unwrap().contains("more than once"), "{doc}");
+    let twice_h2 = app.req("POST", "/refunds").header("idempotency-key", "a").header("idempotency-key", "b");
+    app.h2(twice_h2, "{}").await.problem(400, "key-invalid");
+    assert_eq!(app.ledger.calls(), 0);
+
+    // The longest key allowed works, in both forms.
+    let longest = "k".repeat(255);
+    assert_eq!(app.h1(app.post("/refunds", &longest), "{}").await.status, StatusCode::CREATED);
+    assert!(app.h1(app.post("/refunds", &format!("\"{longest}\"")), "{}").await.replayed());
+    assert_eq!(app.ledger.calls(), 1);
+}
+
+async fn bodies_over_the_cap_are_413_with_or_without_content_length(store: SharedStore) {
+    let app = App::start(&store, |l| l.max_request_body(1024)).await;
+    // Announced by Content-Length.
+    app.h1(app.post("/refunds", "big-1"), vec![b'x'; 2048]).await.problem(413, "body-too-large");
+    // Chunked, with no Content-Length: caught while reading.
+    let chunked = || {
+        let chunks: Vec<Result<Frame<Bytes>, BoxError>> =
+            (0..3).map(|_| Ok(Frame::data(Bytes::from(vec![b'y'; 600])))).collect();
+        StreamBody::new(futures_util::stream::iter(chunks)).boxed()
+    };
+    let req = app.post("/refunds", "big-2").body(chunked()).unwrap();
+    assert!(req.headers().get("content-length").is_none());
+    Reply::read(app.h1.request(req).await.unwrap()).await.problem(413, "body-too-large");
+    let req = app.post("/refunds", "big-3").body(chunked()).unwrap();
+    Reply::read(app.h2.request(req).await.unwrap()).await.problem(413, "body-too-large");
+    assert_eq!(app.ledger.calls(), 0);
+
+    // Exactly at the cap is fine, and the handler sees the whole body.
+    let ok = app.h1(app.post("/refunds", "big-4"), vec![b'z'; 1024]).await;
+    assert_eq!(ok.status, StatusCode::CREATED);
+    assert!(ok.text().contains("\"bytes\":1024"), "{}", ok.text());
+    // A refused key was never taken: the same key works once the body is small enough.
+    assert_eq!(app.h1(app.post("/refunds", "big-1"), "{}").await.status, StatusCode::CREATED);
+    assert_eq!(app.ledger.calls(), 2);
+}
+
+async fn a_body_that_fails_mid_stream_is_400(store: SharedStore) {
+    let app = App::start(&store, |l| l).await;
+    // A chunked body whose second chunk size is not hex: hyper's body stream fails there.
+    let request = b"POST /refunds HTTP/1.1\r\nHost: test\r\nIdempotency-Key: broken-1\r\n\
+                    Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n5\r\nhello\r\nzz\r\n";
+    let raw = app.raw(request).await;
+    let text = String::from_utf8_lossy(&raw);
+    assert!(text.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{text}");
+    assert!(text.contains("tag:idempotent-tower,2025:body-unreadable"), "{text}");
+    assert_eq!(app.ledger.calls(), 0);
+    // The key was never taken.
+    assert_eq!(app.h1(app.post("/refunds", "broken-1"), "{}").await.status, StatusCode::CREATED);
+}
+
+async fn retryable_outcomes_release_the_key_and_final_ones_are_replayed(store: SharedStore) {
+    let app = App::start(&store, |l| l).await;
+    for code in [500u16, 502, 503, 408, 409, 425, 429] {
+        let key = format!("release-{code}");
+        let first = app.h1(app.post(&format!("/status/{code}"), &key), "{}").await;
+        let before = app.ledger.calls();
+        let second = app.h2(app.post(&format!("/status/{code}"), &key), "{}").await;
+        assert_eq!((first.status.as_u16(), second.status.as_u16()), (code, code));
+        assert!(!second.replayed(), "{code} was stored");
+        assert_eq!(app.ledger.calls(), before + 1, "{code}: the retry did not run the handler");
+    }
+    for code in [200u16, 202, 400, 404, 422] {
+        let key = format!("store-{code}");
+        let first = app.h1(app.post(&format!("/status/{code}"), &key), "{}").await;
+        let before = app.ledger.calls();
+        let second = app.h2(app.post(&format!("/status/{code}"), &key), "{}").await;
+        assert_eq!(second.status.as_u16(), code);
+        assert!(second.replayed(), "{code} was not stored");
+        assert_eq!(second.body, first.body);
+        assert_eq!(app.ledger.calls(), before);
+    }
+}
+
+async fn responses_over_the_store_cap_are_sent_but_not_stored(store: SharedStore) {
+    let app = App::start(&store, |l| l.max_stored_response(1024)).await;
+    let first = app.h1(app.post("/big?bytes=4096", "big-response"), "{}").await;
+    assert_eq!(first.status, StatusCode::OK);
+    assert_eq!(first.body.len(), 4096, "the client gets the whole response");
+    assert!(first.body.starts_with(b"call 1;") && first.body[7..].iter().all(|&b| b == b'x'));
+    let second = app.h2(app.post("/big?bytes=4096", "big-response"), "{}").await;
+    assert!(!second.replayed());
+    assert!(second.body.starts_with(b"call 2;"));
+    assert_eq!(second.body.len(), 4096);
+    // At the cap it is stored.
+    let small = app.h1(app.post("/big?bytes=1024", "small-response"), "{}").await;
+    let replay = app.h1(app.post("/big?bytes=1024", "small-response"), "{}").await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, small.body);
+    assert_eq!(app.ledger.calls(), 3);
+}
+
+async fn methods_and_header_name_are_configurable(store: SharedStore) {
+    let app = App::start(&store, |l| l).await;
+    // GET is not covered by default: the key is ignored.
+    for _ in 0..2 {
+        let r = app.h1(app.req("GET", "/refunds").header("idempotency-key", "get-1"), "").await;
+        assert!(!r.replayed());
+    }
+    // PATCH is.
+    app.h1(app.req("PATCH", "/refunds").header("idempotency-key", "patch-1"), "{}").await;
+    assert!(app.h1(app.req("PATCH", "/refunds").header("idempotency-key", "patch-1"), "{}").await.replayed());
+    assert_eq!(app.ledger.calls(), 3);
+
+    let put_only = App::start(&store, |l| l.methods([Method::PUT]).scope("put-only")).await;
+    for _ in 0..2 {
+        assert!(!put_only.h1(put_only.post("/refunds", "m-1"), "{}").await.replayed());
+    }
+    put_only.h1(put_only.req("PUT", "/refunds").header("idempotency-key", "m-1"), "{}").await;
+    assert!(put_only.h1(put_only.req("PUT", "/refunds").header("idempotency-key", "m-1"), "{}").await.replayed());
+    assert_eq!(put_only.ledger.calls(), 3);
+
+    let custom = App::start(&store, |l| {
+        l.header_name(HeaderName::from_static("x-request-key")).scope("custom").require_key(true)
+    })
+    .await;
+    custom.h1(custom.post("/refunds", "c-1"), "{}").await.problem(400, "key-missing");
+    let first = custom.h1(custom.req("POST", "/refunds").header("x-request-key", "c-1"), "{}").await;
+    let second = custom.h1(custom.req("POST", "/refunds").header("x-request-key", "c-1"), "{}").await;
+    assert!(!first.replayed() && second.replayed());
+    assert_eq!(custom.ledger.calls(), 1);
+}
+
+async fn the_heartbeat_keeps_a_long_request_in_flight(store: SharedStore) {
+    let lease = Duration::from_millis(300);
+    let app = Arc::new(App::start(&store, |l| l.lease(lease)).await);
+    let leader = {
+        let app = app.clone();
+        tokio::spawn(async move { app.h1(app.post("/gated", "slow"), "{}").await })
+    };
+    app.ledger.entered.notified().await;
+    // Time passing is the point here: outlive the lease several times over.
+    tokio::time::sleep(lease * 4).await;
+    // Without renewals the duplicate would take the key and block at the gate too.
+    let duplicate = tokio::time::timeout(Duration::from_secs(10), app.h2(app.post("/gated", "slow"), "{}"))
+        .await
+        .expect("the duplicate ran the handler: the lease ran out while the first request was running");
+    duplicate.problem(409, "key-in-use");
+    assert_eq!(app.ledger.calls(), 1, "the lease ran out while the handler was running");
+    app.ledger.gate.add_permits(1);
+    let first = leader.await.unwrap();
+    assert_eq!(first.status, StatusCode::CREATED);
+    let replay = app.h2(app.post("/gated", "slow"), "{}").await;
+    assert!(replay.replayed());
+    assert_eq!(replay.body, first.body);
+}
+
+/// A store that writes garbage in place of every result: the record a buggy or foreign writer
+/// would leave behind. Everything else goes to the real store.
+struct Corrupting(SharedStore);
+
+impl Store for Corrupting {
+    fn acquire<'a>(
+        &'a self,
+        key: &'a Key,
+        fingerprint: &'a Fingerprint,
+        lease: Duration,
+        retention: Duration,
+    ) -> BoxFuture<'a, Result<Acquire, Error>> {
+        self.0.acquire(key, fingerprint, lease, retention)
+    }
+
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        token: &'a Token,
+        _result: Bytes,
+        retention: Duration,
+    ) -> BoxFuture<'a, Result<Transition, Error>> {
+        self.0.complete(key, token, Bytes::from_static(b"IDRS\x01\x00\xc8\xff\xff\xff\xffnot a response"), retention)
+    }
+
+    fn release<'a>(&'a self, key: &'a Key, token: &'a Token) -> BoxFuture<'a, Result<Transition, Error>> {
+        self.0.release(key, token)
+    }
+
+    fn renew<'a>(
+        &'a self,
+        key: &'a Key,
+        token: &'a Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Transition, Error>> {
+        self.0.renew(key, token, lease)
+    }
+
+    fn describe(&self) -> String {
+        format!("corrupting {}", self.0.describe())
+    }
+}
+
+async fn a_corrupt_record_is_500_and_never_replayed(store: SharedStore) {
+    let corrupting: SharedStore = Arc::new(Corrupting(store));
+    let app = App::start(&corrupting, |l| l).await;
+    assert_eq!(app.h1(app.post("/refunds", "c-1"), "{}").await.status, StatusCode::CREATED);
+    for _ in 0..2 {
+        let reply = app.h2(app.post("/refunds", "c-1"), "{}").await;
+        reply.problem(500, "record-corrupt");
+        assert!(!reply.replayed());
+    }
+    assert_eq!(app.ledger.calls(), 1, "a corrupt record must not run the handler again");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Store failures (Redis only: a memory store cannot be unreachable)
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_unreachable_store_is_503_and_the_handler_is_not_called() {
+    let mut server = RedisServer::start();
+    let store: SharedStore =
+        Arc::new(RedisStore::builder(server.url()).command_timeout(Duration::from_millis(500)).build().unwrap());
+    let app = App::start(&store, |l| l).await;
+    assert_eq!(app.h1(app.post("/refunds", "before"), "{}").await.status, StatusCode::CREATED);
+    server.kill();
+    let reply = app.h1(app.post("/refunds", "during"), "{}").await;
+    let doc = reply.problem(503, "store-unavailable");
+    assert_eq!(reply.headers["retry-after"], "1");
+    assert!(doc["detail"].as_str().unwrap().contains("not processed"));
+    assert_eq!(app.ledger.calls(), 1, "the handler ran although the store was down");
+    // Requests the layer does not cover are unaffected.
+    assert_eq!(app.h1(app.req("GET", "/refunds"), "").await.status, StatusCode::CREATED);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fail_open_calls_the_handler_when_the_store_is_unreachable() {
+    // Nothing listens on this port.
+    let url = format!("redis://127.0.0.1:{}", free_port(false));
+    let store: SharedStore =
+        Arc::new(RedisStore::builder(url).command_timeout(Duration::from_millis(500)).build().unwrap());
+    let closed = App::start(&store, |l| l).await;
+    closed.h2(closed.post("/refunds", "k"), "{}").await.problem(503, "store-unavailable");
+    assert_eq!(closed.ledger.calls(), 0);
+    let open = App::start(&store, |l| l.fail_mode(FailMode::Open)).await;
+    for n in 1..=2 {
+        let reply = open.h2(open.post("/refunds", "k"), "{}").await;
+        assert_eq!(reply.status, StatusCode::CREATED);
+        assert!(!reply.replayed());
+        assert_eq!(open.ledger.calls(), n);
+    }
+}
