@@ -113,7 +113,7 @@ impl Parse for Args {
                 once(&args.version, "version", kw.span)?;
                 equals(input, "version", kw.span, "version = 2")?;
                 let expr: Expr = input.parse()?;
-                args.version = Some(match &expr {
+                args.version = Some(match ungroup(&expr) {
                     Expr::Lit(ExprLit { lit: Lit::Int(int), .. }) => int.base10_parse::<u32>().map_err(|_| {
                         syn::Error::new_spanned(&expr, "`version` must fit in a u32, e.g. `version = 2`")
                     })?,
@@ -199,11 +199,19 @@ fn equals(input: ParseStream<'_>, name: &str, span: Span, example: &str) -> syn:
     }
 }
 
+/// A literal passed through a `macro_rules!` `$x:expr` arrives wrapped in an invisible group.
+fn ungroup(expr: &Expr) -> &Expr {
+    match expr {
+        Expr::Group(g) => ungroup(&g.expr),
+        other => other,
+    }
+}
+
 /// `= <integer literal>`, at least 1.
 fn seconds(input: ParseStream<'_>, name: &str, span: Span, what: &str) -> syn::Result<Seconds> {
     equals(input, name, span, &format!("{name} = 60"))?;
     let expr: Expr = input.parse()?;
-    let Expr::Lit(ExprLit { lit: Lit::Int(int), .. }) = &expr else {
+    let Expr::Lit(ExprLit { lit: Lit::Int(int), .. }) = ungroup(&expr) else {
         return Err(syn::Error::new_spanned(
             &expr,
             format!("`{name}` must be a whole number of seconds as an integer literal: {what}"),

@@ -217,7 +217,7 @@ pub(crate) fn expand(args: Args, item: ItemFn) -> syn::Result<TokenStream> {
             };
             let __idempotent_step = __idempotent_ctx.step(#step) #version #ttl #lease #on_in_flight;
             let __idempotent_step = match &__idempotent_identity {
-                ::core::option::Option::Some(identity) => __idempotent_step.identity(identity),
+                ::core::option::Option::Some(__idempotent_id) => __idempotent_step.identity(__idempotent_id),
                 ::core::option::Option::None => __idempotent_step,
             };
             #call
@@ -244,8 +244,12 @@ fn result_type(sig: &Signature) -> syn::Result<ResultType<'_>> {
         }
     };
     let mut inner = ty;
-    while let Type::Paren(t) = inner {
-        inner = &t.elem;
+    loop {
+        match inner {
+            Type::Paren(t) => inner = &t.elem,
+            Type::Group(t) => inner = &t.elem,
+            _ => break,
+        }
     }
     let is_result = match inner {
         Type::Path(TypePath { qself: None, path }) => {

@@ -13,6 +13,11 @@ use quote::ToTokens;
 mod attr;
 mod expand;
 
+/// The README's example is compiled and run as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctest;
+
 /// Makes every call of an `async fn` an idempotent step: the body runs at most once per
 /// operation, and every later call (a retry, a duplicate) gets the first call's result.
 ///
@@ -45,8 +50,8 @@ mod expand;
 /// - One parameter is the **run context**: a parameter of type `RunContext` or `&RunContext`
 ///   (found by its type), or the one named with `ctx = name`. Its store holds the records and its
 ///   run id (and tenant) is part of every key; every retry of a run must pass the same run id.
-/// - Every other parameter is the **payload**, by name: `self`, the context and the parameters
-///   listed in `skip(..)` are left out. Payload parameters are serialized to canonical JSON and
+/// - Every other parameter is the **payload**, by name: `self`, the context (and any other
+///   `RunContext` parameter) and the parameters listed in `skip(..)` are left out. Payload parameters are serialized to canonical JSON and
 ///   hashed into the key, so they must implement `serde::Serialize`; forgetting to skip a
 ///   client or a connection is a compile error at that parameter. Their types must be concrete:
 ///   a generic or `impl Trait` parameter must be skipped, since its serialized form would depend
