@@ -169,7 +169,9 @@ impl IdempotencyLayer {
     }
 
     /// What a duplicate does while the first request runs: [`OnInFlight::Reject`] (the
-    /// default) answers 409 with `Retry-After`; [`OnInFlight::Wait`] polls the store until the
+    /// default) answers 409 with `Retry-After` (1 s: the first request usually finishes long
+    /// before its lease runs out, which is all the store can vouch for); [`OnInFlight::Wait`]
+    /// polls the store until the
     /// first response is stored and returns it (or, if the first request released the key,
     /// runs the request itself), answering 409 after the timeout.
     pub fn on_in_flight(mut self, policy: OnInFlight) -> Self {

@@ -1,25 +1,4 @@
 //! Which responses are stored and replayed, and which free the key for a retry.
-//!
-//! A stored response is final: every retry with the key gets it back. So only outcomes that a
-//! retry could not change should be stored. [`DefaultStorePolicy`] stores 2xx and the final 4xx
-//! and releases the key on everything that invites a retry: 5xx, 408 Request Timeout,
-//! 409 Conflict, 425 Too Early and 429 Too Many Requests. For gRPC responses it reads
-//! `grpc-status` instead and releases on UNAVAILABLE, ABORTED, RESOURCE_EXHAUSTED,
-//! DEADLINE_EXCEEDED, INTERNAL, and also on CANCELLED and UNKNOWN (neither says anything final),
-//! or when the status is missing altogether.
-//!
-//! ```
-//! use http::StatusCode;
-//! use idempotent_tower::server::{DefaultStorePolicy, IdempotencyLayer, Outcome, StorePolicy};
-//! use idempotent_core::MemoryStore;
-//!
-//! // Also replay 503s that carry a `x-final` header; otherwise behave like the default.
-//! let layer = IdempotencyLayer::new(MemoryStore::new()).store_policy(|outcome: &Outcome<'_>| {
-//!     (outcome.status() == StatusCode::SERVICE_UNAVAILABLE && outcome.headers().contains_key("x-final"))
-//!         || DefaultStorePolicy.should_store(outcome)
-//! });
-//! # let _ = layer;
-//! ```
 
 use http::{HeaderMap, StatusCode};
 
@@ -66,6 +45,27 @@ impl<'a> Outcome<'a> {
 
 /// Decides whether a response is stored (and replayed to every retry) or the key is released.
 ///
+/// A stored response is final: every retry with the key gets it back. So only outcomes that a
+/// retry could not change should be stored. [`DefaultStorePolicy`] stores 2xx and the final 4xx
+/// and releases the key on everything that invites a retry: 5xx, 408 Request Timeout,
+/// 409 Conflict, 425 Too Early and 429 Too Many Requests. For gRPC responses it reads
+/// `grpc-status` instead and releases on UNAVAILABLE, ABORTED, RESOURCE_EXHAUSTED,
+/// DEADLINE_EXCEEDED, INTERNAL, and also on CANCELLED and UNKNOWN (neither says anything final),
+/// or when the status is missing altogether.
+///
+/// ```
+/// use http::StatusCode;
+/// use idempotent_tower::server::{DefaultStorePolicy, IdempotencyLayer, Outcome, StorePolicy};
+/// use idempotent_core::MemoryStore;
+///
+/// // Also replay 503s that carry a `x-final` header; otherwise behave like the default.
+/// let layer = IdempotencyLayer::new(MemoryStore::new()).store_policy(|outcome: &Outcome<'_>| {
+///     (outcome.status() == StatusCode::SERVICE_UNAVAILABLE && outcome.headers().contains_key("x-final"))
+///         || DefaultStorePolicy.should_store(outcome)
+/// });
+/// # let _ = layer;
+/// ```
+///
 /// Implemented for closures `Fn(&Outcome<'_>) -> bool`.
 pub trait StorePolicy: Send + Sync + 'static {
     /// `true` to store the response, `false` to release the key so that a retry runs again.
@@ -82,7 +82,7 @@ where
 }
 
 /// The default [`StorePolicy`]: store 2xx and final 4xx; release on 5xx, 408, 409, 425, 429 and
-/// on transient gRPC statuses. See the [module docs](self).
+/// on transient gRPC statuses. See [`StorePolicy`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DefaultStorePolicy;
 

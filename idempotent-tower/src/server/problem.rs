@@ -75,42 +75,50 @@ impl Refusal {
         }
     }
 
-    pub(crate) fn detail(&self) -> String {
+    /// What happened and what to do, in HTTP or gRPC terms.
+    pub(crate) fn detail(&self, grpc: bool) -> String {
+        let (field, request, parts, wait) = if grpc {
+            ("metadata entry", "call", "method or message", "retry with backoff")
+        } else {
+            ("header", "request", "method, path, query or body", "retry after the time in Retry-After")
+        };
         match self {
             Refusal::MissingKey { header } => format!(
-                "This operation requires an {header} header. Generate a unique key (for example a UUID) \
+                "This operation requires an {header} {field}. Generate a unique key (for example a UUID) \
                  for the operation and send the same key with every retry of it."
             ),
             Refusal::InvalidKey { header, error } => {
-                format!("The {header} header is invalid: {error}. The request was not processed.")
+                format!("The {header} {field} is invalid: {error}. The {request} was not processed.")
             }
             Refusal::BodyTooLarge { limit } => format!(
-                "Requests with an idempotency key may carry at most {limit} bytes of body. The request \
-                 was not processed; send a smaller body."
+                "A {request} with an idempotency key may carry at most {limit} bytes of body. It was not \
+                 processed; send a smaller one."
             ),
-            Refusal::BodyUnreadable => "The request body ended with an error before it was complete. The \
-                 request was not processed; send it again with the same key."
-                .to_owned(),
+            Refusal::BodyUnreadable => format!(
+                "The {request} body ended with an error before it was complete. It was not processed; \
+                 send it again with the same key."
+            ),
             Refusal::Mismatch { header } => format!(
-                "This {header} was already used for a request with a different method, path, query or \
-                 body. The request was not processed. Retry with the original request, or use a new \
-                 key for a new operation."
+                "This {header} was already used for a {request} with a different {parts}. This {request} \
+                 was not processed. Retry with the original {request}, or use a new key for a new operation."
             ),
             Refusal::InFlight { header, .. } => format!(
-                "A request with this {header} is still being processed. The request was not processed \
-                 again; retry after the time in Retry-After to get the first request's response."
+                "A {request} with this {header} is still being processed, so this one was not processed \
+                 again; {wait} to get the first {request}'s response."
             ),
-            Refusal::StoreUnavailable { .. } => "The idempotency store could not be reached, so the request \
-                 was not processed (retrying it could otherwise repeat its effect). Retry after the time \
-                 in Retry-After with the same key."
-                .to_owned(),
-            Refusal::StoreError => "The idempotency store answered with an error; the request was not \
-                 processed. Retry later with the same key."
-                .to_owned(),
-            Refusal::Corrupt => "A response was stored for this key but cannot be read back, so it is not \
-                 replayed and the request was not processed again. Contact the service operator; do \
-                 not retry with this key."
-                .to_owned(),
+            Refusal::StoreUnavailable { .. } => format!(
+                "The idempotency store could not be reached, so the {request} was not processed (running \
+                 it unprotected could repeat its effect); {wait} with the same key."
+            ),
+            Refusal::StoreError => format!(
+                "The idempotency store answered with an error; the {request} was not processed. Retry \
+                 later with the same key."
+            ),
+            Refusal::Corrupt => format!(
+                "A response was stored for this key but cannot be read back, so it is not replayed and \
+                 the {request} was not processed again. Contact the service operator; do not retry with \
+                 this key."
+            ),
         }
     }
 
@@ -124,7 +132,7 @@ impl Refusal {
     /// The refusal as an HTTP problem response, or a gRPC trailers-only response.
     pub(crate) fn into_response<B>(self, grpc: bool) -> Response<ResponseBody<B>> {
         if grpc {
-            return grpc::trailers_only(self.code(), &self.detail(), self.retry_after());
+            return grpc::trailers_only(self.code(), &self.detail(true), self.retry_after());
         }
         let status = self.status();
         let (slug, title) = self.kind();
@@ -132,7 +140,7 @@ impl Refusal {
             "type": format!("tag:idempotent-tower,2025:{slug}"),
             "title": title,
             "status": status.as_u16(),
-            "detail": self.detail(),
+            "detail": self.detail(false),
         });
         let mut res = Response::new(ResponseBody::full(Bytes::from(doc.to_string()), None));
         *res.status_mut() = status;
