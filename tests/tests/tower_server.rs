@@ -72,6 +72,8 @@ on_every_store!(
     methods_and_header_name_are_configurable,
     the_heartbeat_keeps_a_long_request_in_flight,
     a_corrupt_record_is_500_and_never_replayed,
+    a_response_body_that_fails_releases_the_key,
+    a_waiting_duplicate_gives_up_with_409,
 );
 
 // ---------------------------------------------------------------------------------------------
@@ -153,6 +155,13 @@ async fn trailers(State(l): State<Ledger>) -> Response<AxumBody> {
     Response::new(AxumBody::new(StreamBody::new(futures_util::stream::iter(frames))))
 }
 
+async fn failing(State(l): State<Ledger>) -> Response<AxumBody> {
+    let n = l.call();
+    let frames: Vec<Result<Frame<Bytes>, BoxError>> =
+        vec![Ok(Frame::data(Bytes::from(format!("partial {n}")))), Err("the database went away".into())];
+    Response::new(AxumBody::new(StreamBody::new(futures_util::stream::iter(frames))))
+}
+
 fn routes(ledger: &Ledger) -> Router {
     Router::new()
         .route("/refunds", post(refund).patch(refund).get(refund).put(refund))
@@ -160,6 +169,7 @@ fn routes(ledger: &Ledger) -> Router {
         .route("/big", post(big))
         .route("/gated", post(gated))
         .route("/trailers", post(trailers))
+        .route("/failing", post(failing))
         .with_state(ledger.clone())
 }
 
@@ -639,6 +649,40 @@ async fn the_heartbeat_keeps_a_long_request_in_flight(store: SharedStore) {
     let replay = app.h2(app.post("/gated", "slow"), "{}").await;
     assert!(replay.replayed());
     assert_eq!(replay.body, first.body);
+}
+
+async fn a_response_body_that_fails_releases_the_key(store: SharedStore) {
+    let app = App::start(&store, |l| l).await;
+    for n in 1..=2 {
+        let req = app.post("/failing", "fails").body(full("{}")).unwrap();
+        // The stream is reset, before or after the head depending on timing: never a clean reply.
+        match app.h2.request(req).await {
+            Err(e) => assert!(format!("{e:?}").contains("Reset"), "{e:?}"),
+            Ok(res) => {
+                assert!(res.headers().get("idempotent-replayed").is_none());
+                assert!(res.into_body().collect().await.is_err(), "the body error reaches the client");
+            }
+        }
+        assert_eq!(app.ledger.calls(), n, "a failed response must not be stored");
+    }
+}
+
+async fn a_waiting_duplicate_gives_up_with_409(store: SharedStore) {
+    let app = Arc::new(
+        App::start(&store, |l| l.on_in_flight(OnInFlight::Wait { timeout: Duration::from_millis(300) })).await,
+    );
+    let leader = {
+        let app = app.clone();
+        tokio::spawn(async move { app.h1(app.post("/gated", "patient"), "{}").await })
+    };
+    app.ledger.entered.notified().await;
+    let started = std::time::Instant::now();
+    app.h2(app.post("/gated", "patient"), "{}").await.problem(409, "key-in-use");
+    assert!(started.elapsed() >= Duration::from_millis(300), "gave up before the timeout");
+    app.ledger.gate.add_permits(1);
+    assert_eq!(leader.await.unwrap().status, StatusCode::CREATED);
+    assert!(app.h2(app.post("/gated", "patient"), "{}").await.replayed());
+    assert_eq!(app.ledger.calls(), 1);
 }
 
 /// A store that writes garbage in place of every result: the record a buggy or foreign writer
