@@ -18,3 +18,27 @@ pub use server::{Idempotency, IdempotencyLayer};
 pub use client::{IdempotencyKey, IdempotencyKeyLayer};
 // retry re-exports
 pub use retry::{Backoff, GrpcRetryPolicy, HttpRetryPolicy};
+
+/// Entry points for the fuzz targets in `fuzz/`. Not public API: may change in any release.
+#[doc(hidden)]
+pub mod __fuzz {
+    /// Parses one `Idempotency-Key` header value (sf-string or bare form).
+    pub fn parse_key(raw: &[u8]) -> Result<String, String> {
+        crate::server::key::parse_value(raw).map_err(|e| e.to_string())
+    }
+
+    /// Decodes a stored response; when it decodes, re-encodes it and checks the round trip.
+    pub fn decode_record(bytes: &[u8]) -> bool {
+        use crate::server::record::StoredResponse;
+        match StoredResponse::decode(bytes::Bytes::copy_from_slice(bytes)) {
+            Ok(resp) => {
+                // Encoding drops hop-by-hop fields, so compare encodings: they must be stable.
+                let encoded = resp.encode();
+                let again = StoredResponse::decode(encoded.clone()).expect("a re-encoded record decodes");
+                assert_eq!(again.encode(), encoded, "record round trip changed the response");
+                true
+            }
+            Err(_) => false,
+        }
+    }
+}

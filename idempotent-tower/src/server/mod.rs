@@ -113,11 +113,11 @@
 mod body;
 mod future;
 mod grpc;
-mod key;
+pub(crate) mod key;
 mod layer;
 mod policy;
 mod problem;
-mod record;
+pub(crate) mod record;
 mod service;
 
 pub use body::{RequestBody, ResponseBody};
