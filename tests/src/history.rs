@@ -79,6 +79,18 @@ pub struct History {
 #[derive(Debug, Clone, Copy)]
 pub struct OpId(usize);
 
+impl OpId {
+    /// The id as a number (to pass it to a server, e.g. in a header).
+    pub fn index(self) -> usize {
+        self.0
+    }
+
+    /// The id from [`index`](Self::index).
+    pub fn from_index(index: usize) -> OpId {
+        OpId(index)
+    }
+}
+
 /// An id for a side-effect execution, returned by [`History::effect_start`].
 #[derive(Debug, Clone, Copy)]
 pub struct ExecId(usize);

@@ -65,12 +65,17 @@
 //!      once it is stored.
 //!    - the store unreachable → **503** with `Retry-After`, the service not called
 //!      ([`fail_mode`](IdempotencyLayer::fail_mode) `Open` calls it unprotected instead).
-//!    - the key is free → the service is called, its lease renewed while it runs.
+//!    - the key is free → the service is called, its lease renewed while it runs. The request
+//!      carries a [`RequestLease`] extension (fence, attempt number, recovered flag) for the
+//!      handler to pass downstream.
 //! 5. **Outcome.** The response is buffered (up to
 //!    [`max_stored_response`](IdempotencyLayer::max_stored_response)), then the
 //!    [`StorePolicy`] decides: stored for replay (by default 2xx and final 4xx), or the key is
 //!    released so that a retry runs again (5xx, 408, 409, 425, 429). A response too large to
-//!    store is streamed to the client, the key released and a warning logged.
+//!    store is streamed to the client, the key released and a warning logged. A response the store
+//!    failed to take (the store went down, or the request outlived its lease and another attempt
+//!    took over) still goes to the client, marked `Idempotent-Stored: false`: the request ran,
+//!    and a retry under the same key may run it again.
 //!
 //! Refusals are `application/problem+json` documents (RFC 9457) whose `detail` tells the
 //! client what to do. Events are logged with `tracing` (`idempotent.acquired`, `.replayed`,
@@ -126,4 +131,4 @@ pub use layer::{
     DEFAULT_KEY_HEADER, DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_STORED_RESPONSE, IdempotencyLayer, STORE_DOWN_RETRY_AFTER,
 };
 pub use policy::{DefaultStorePolicy, Outcome, StorePolicy};
-pub use service::{IDEMPOTENT_REPLAYED, Idempotency};
+pub use service::{IDEMPOTENT_REPLAYED, IDEMPOTENT_STORED, Idempotency, RequestLease};

@@ -29,6 +29,27 @@ use super::record::{StoredResponse, strip_hop_by_hop};
 /// The header added to every replayed response.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
+/// `Idempotent-Stored: false` marks a response that the service made but the layer could not
+/// store (the store failed, or the request outlived its lease and another attempt took over):
+/// the request ran, and a retry under the same key may run it again.
+pub const IDEMPOTENT_STORED: HeaderName = HeaderName::from_static("idempotent-stored");
+
+/// The lease a request runs under, put in the request's extensions for the handler (in axum:
+/// `Extension<RequestLease>`).
+///
+/// Pass [`fence`](Self::fence) to downstream systems that can reject a stale writer: when a
+/// handler outlives its lease and a retry takes over, the retry's fence is higher.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RequestLease {
+    /// The fencing token: higher for every later attempt under the same key.
+    pub fence: u64,
+    /// 1 for the first attempt under this key, then one more for each.
+    pub attempt: u32,
+    /// A previous attempt's lease ran out without a response.
+    pub recovered: bool,
+}
+
 /// Marks a request that an `IdempotencyLayer` has taken the key for.
 #[derive(Debug, Clone, Copy)]
 struct Handled;
@@ -168,6 +189,11 @@ where
     if lease.recovered {
         tracing::info!(key = %short, fence = lease.fence, "idempotent.recovered: a previous attempt's lease ran out without a response");
     }
+    req.extensions_mut().insert(RequestLease {
+        fence: lease.fence,
+        attempt: lease.attempt,
+        recovered: lease.recovered,
+    });
 
     let limit = config.max_stored_response;
     let work = async {
@@ -183,7 +209,7 @@ where
     };
 
     match collected {
-        Collected::Complete { parts, data, trailers } => {
+        Collected::Complete { mut parts, data, trailers } => {
             let outcome = Outcome { status: parts.status, headers: &parts.headers, trailers: trailers.as_ref(), grpc };
             if config.policy.should_store(&outcome) {
                 let stored = StoredResponse {
@@ -192,7 +218,11 @@ where
                     body: data.clone(),
                     trailers: trailers.clone(),
                 };
-                complete(&config, &key, &lease, &short, stored.encode(), &parts).await;
+                if !complete(&config, &key, &lease, &short, stored.encode(), &parts).await {
+                    // The client still gets the response the service made, marked so that it
+                    // knows a retry under this key may run the request again.
+                    parts.headers.insert(IDEMPOTENT_STORED, HeaderValue::from_static("false"));
+                }
             } else {
                 release(&config, &key, &lease, &short, "the store policy declined the response").await;
             }
@@ -461,20 +491,37 @@ where
     Collected::Complete { parts, data: chunks.into_bytes(), trailers }
 }
 
-async fn complete(config: &Config, key: &Key, lease: &Lease, short: &str, bytes: Bytes, parts: &http::response::Parts) {
+/// Stores the response; `false` when it could not be stored.
+async fn complete(
+    config: &Config,
+    key: &Key,
+    lease: &Lease,
+    short: &str,
+    bytes: Bytes,
+    parts: &http::response::Parts,
+) -> bool {
     // Whatever the store says, the service ran and this is its response: the client gets it.
     match config.store.complete(key, &lease.token, bytes, config.retention).await {
-        Ok(Transition::Ok) => tracing::debug!(key = %short, status = parts.status.as_u16(), "idempotent.stored"),
-        Ok(Transition::LeaseLost) => tracing::warn!(
-            key = %short,
-            fence = lease.fence,
-            "idempotent.lease_lost: the response was not stored; another attempt took over the key"
-        ),
-        Err(e) => tracing::error!(
-            key = %short,
-            error = %e,
-            "idempotent.store_error: the service ran but its response was not stored; the key stays locked until its lease runs out"
-        ),
+        Ok(Transition::Ok) => {
+            tracing::debug!(key = %short, status = parts.status.as_u16(), "idempotent.stored");
+            true
+        }
+        Ok(Transition::LeaseLost) => {
+            tracing::warn!(
+                key = %short,
+                fence = lease.fence,
+                "idempotent.lease_lost: the response was not stored; another attempt took over the key"
+            );
+            false
+        }
+        Err(e) => {
+            tracing::error!(
+                key = %short,
+                error = %e,
+                "idempotent.store_error: the service ran but its response was not stored; the key stays locked until its lease runs out"
+            );
+            false
+        }
     }
 }
 
