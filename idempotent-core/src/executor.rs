@@ -80,6 +80,29 @@ pub struct StepOptions {
     pub fail_mode: FailMode,
 }
 
+/// The longest lease a step may ask for: one day (the heartbeat renews it for longer actions).
+pub const MAX_LEASE: Duration = Duration::from_secs(24 * 60 * 60);
+/// The longest retention a step may ask for: ten years.
+pub const MAX_TTL: Duration = Duration::from_secs(10 * 365 * 24 * 60 * 60);
+
+impl StepOptions {
+    /// Checks that the durations are within what stores can represent.
+    pub fn validate(&self) -> Result<(), Error> {
+        let ms = Duration::from_millis(1);
+        if self.lease < ms || self.lease > MAX_LEASE {
+            return Err(Error::Config(format!(
+                "lease {:?} is out of range: use between 1 ms and {MAX_LEASE:?} (the heartbeat renews it while \
+                 the action runs), and well above the store's command timeout",
+                self.lease
+            )));
+        }
+        if self.ttl < ms || self.ttl > MAX_TTL {
+            return Err(Error::Config(format!("ttl {:?} is out of range: use between 1 ms and {MAX_TTL:?}", self.ttl)));
+        }
+        Ok(())
+    }
+}
+
 impl Default for StepOptions {
     fn default() -> Self {
         StepOptions {
@@ -309,14 +332,14 @@ impl Step<'_> {
         F: FnOnce(Attempt) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        self.options.validate()?;
         let (key, fingerprint) = self.key_for(payload)?;
         let step = self.name.as_str();
         let opts = &self.options;
-        let store = &self.ctx.store;
         let short = key.short();
 
-        let lease = match self.acquire(&key, &fingerprint, &short).await {
-            Ok(Acquired::Lease(lease)) => lease,
+        let (lease, acquired_at) = match self.acquire(&key, &fingerprint, &short).await {
+            Ok(Acquired::Lease(lease, sent)) => (lease, sent),
             Ok(Acquired::Replay(bytes)) => {
                 tracing::debug!(step, key = %short, "idempotent.replayed");
                 return decode(step, &key, &bytes, decode_err);
@@ -340,7 +363,7 @@ impl Step<'_> {
             signal: Some(signal.clone()),
         };
         let action = CURRENT_ATTEMPT.scope(attempt.clone(), action(attempt));
-        let result = self.run_with_heartbeat(&key, &lease, &signal, action, &short).await;
+        let result = self.run_with_heartbeat(&key, &lease, acquired_at, &signal, action, &short).await;
 
         let encoded: Option<Vec<u8>> = match &result {
             Ok(value) => {
@@ -349,7 +372,7 @@ impl Step<'_> {
                     Ok(()) => Some(buf),
                     Err(source) => {
                         // Nothing to store; free the key so the operation is not stuck for a lease.
-                        let _ = store.release(&key, &lease.token).await;
+                        let _ = self.settle(&key, &lease, None).await;
                         return Err(Error::Encode { step: step.to_owned(), source }.into());
                     }
                 }
@@ -372,7 +395,7 @@ impl Step<'_> {
         let encoded = match encoded {
             Some(bytes) if bytes.len() > opts.max_result_bytes => {
                 tracing::warn!(step, key = %short, size = bytes.len(), max = opts.max_result_bytes, "idempotent.store_error: result too large to store; releasing the key");
-                let _ = store.release(&key, &lease.token).await;
+                let _ = self.settle(&key, &lease, None).await;
                 return Err(Error::ResultTooLarge {
                     step: step.to_owned(),
                     size: bytes.len(),
@@ -383,7 +406,7 @@ impl Step<'_> {
             other => other,
         };
         match encoded {
-            Some(bytes) => match store.complete(&key, &lease.token, Bytes::from(bytes), opts.ttl).await {
+            Some(bytes) => match self.settle(&key, &lease, Some(Bytes::from(bytes))).await {
                 Ok(Transition::Ok) => {
                     tracing::debug!(step, key = %short, fence = lease.fence, "idempotent.completed");
                     result
@@ -398,7 +421,7 @@ impl Step<'_> {
                 }
             },
             None => {
-                match store.release(&key, &lease.token).await {
+                match self.settle(&key, &lease, None).await {
                     Ok(Transition::Ok) => tracing::debug!(step, key = %short, "idempotent.released"),
                     Ok(Transition::LeaseLost) => {
                         tracing::warn!(step, key = %short, fence = lease.fence, "idempotent.lease_lost: released after losing the lease")
@@ -413,15 +436,39 @@ impl Step<'_> {
         }
     }
 
+    /// Completes (with a result) or releases (without) the key. The store call runs in its own
+    /// task: once the action has finished, dropping the caller's future (a timeout around the
+    /// step, a `select!`) must not strand the outcome and leave the key to run again.
+    async fn settle(&self, key: &Key, lease: &Lease, result: Option<Bytes>) -> Result<Transition, Error> {
+        let store = self.ctx.store.clone();
+        let (key, token, ttl) = (*key, lease.token.clone(), self.options.ttl);
+        let op = if result.is_some() { "complete" } else { "release" };
+        let task = tokio::spawn(async move {
+            match result {
+                Some(bytes) => store.complete(&key, &token, bytes, ttl).await,
+                None => store.release(&key, &token).await,
+            }
+        });
+        task.await.unwrap_or_else(|e| {
+            Err(Error::Unavailable {
+                store: self.ctx.store.describe(),
+                op,
+                reason: format!("the task storing the outcome failed: {e}"),
+                source: None,
+            })
+        })
+    }
+
     async fn acquire(&self, key: &Key, fingerprint: &Fingerprint, short: &str) -> Result<Acquired, Error> {
         let opts = &self.options;
         let step = self.name.as_str();
         let started = Instant::now();
         let mut backoff = Duration::from_millis(10);
         loop {
+            let sent = Instant::now();
             let answer = self.ctx.store.acquire(key, fingerprint, opts.lease, opts.ttl).await;
             match answer {
-                Ok(Acquire::Acquired(lease)) => return Ok(Acquired::Lease(lease)),
+                Ok(Acquire::Acquired(lease)) => return Ok(Acquired::Lease(lease, sent)),
                 Ok(Acquire::Replay(bytes)) => return Ok(Acquired::Replay(bytes)),
                 Ok(Acquire::Mismatch) => {
                     tracing::warn!(step, key = %short, "idempotent.mismatch: same key, different payload");
@@ -453,10 +500,16 @@ impl Step<'_> {
 
     /// Drives the action, renewing the lease every third of it. A renewal in progress never delays
     /// the action: both are polled together.
+    ///
+    /// The lease is known to hold until `lease` after the last successful renewal (or the
+    /// acquire) was *sent*. When renewals fail for that long — the store is unreachable from here
+    /// while others may reach it — the lease counts as lost and the action is told, even though no
+    /// store said so.
     async fn run_with_heartbeat<T, E, Fut>(
         &self,
         key: &Key,
         lease: &Lease,
+        acquired_at: Instant,
         signal: &LeaseSignal,
         action: Fut,
         short: &str,
@@ -471,25 +524,34 @@ impl Step<'_> {
         let step = self.name.as_str();
         let period = (opts.lease / 3).max(Duration::from_millis(1));
         tokio::pin!(action);
+        let mut valid_until = acquired_at + opts.lease;
         let mut next = Instant::now() + period;
         loop {
-            if let Ok(res) = tokio::time::timeout_at(next, &mut action).await {
+            if let Ok(res) = tokio::time::timeout_at(next.min(valid_until), &mut action).await {
                 return res;
+            }
+            if Instant::now() >= valid_until {
+                tracing::warn!(step, key = %short, fence = lease.fence, "idempotent.lease_lost: no renewal reached the store within the lease; another attempt may take over");
+                signal.mark_lost();
             }
             if signal.is_lost() {
                 return action.await;
             }
+            let sent = Instant::now();
             let renew = self.ctx.store.renew(key, &lease.token, opts.lease);
             tokio::select! {
                 biased;
                 res = &mut action => return res,
                 r = renew => match r {
-                    Ok(Transition::Ok) => tracing::trace!(step, key = %short, "idempotent.renewed"),
+                    Ok(Transition::Ok) => {
+                        valid_until = sent + opts.lease;
+                        tracing::trace!(step, key = %short, "idempotent.renewed");
+                    }
                     Ok(Transition::LeaseLost) => {
                         tracing::warn!(step, key = %short, fence = lease.fence, "idempotent.lease_lost: another attempt took over while this one was running");
                         signal.mark_lost();
                     }
-                    // Keep trying: the lease is still ours until it runs out.
+                    // Keep trying until the lease is known to be over.
                     Err(e) => tracing::warn!(step, key = %short, error = %e, "idempotent.store_error: lease renewal failed"),
                 },
             }
@@ -499,7 +561,8 @@ impl Step<'_> {
 }
 
 enum Acquired {
-    Lease(Lease),
+    /// The lease, and when the acquire that took it was sent (the lease runs from no earlier).
+    Lease(Lease, Instant),
     Replay(Bytes),
 }
 

@@ -69,8 +69,8 @@ pub mod store;
 
 pub use error::{BoxError, Error};
 pub use executor::{
-    Attempt, DEFAULT_LEASE, DEFAULT_MAX_RESULT_BYTES, DEFAULT_TTL, DEFAULT_WAIT, FailMode, OnInFlight, RunContext,
-    Step, StepOptions, current_attempt,
+    Attempt, DEFAULT_LEASE, DEFAULT_MAX_RESULT_BYTES, DEFAULT_TTL, DEFAULT_WAIT, FailMode, MAX_LEASE, MAX_TTL,
+    OnInFlight, RunContext, Step, StepOptions, current_attempt,
 };
 pub use key::{Fingerprint, Key, KeyScope};
 pub use store::{IntoSharedStore, MemoryStore, SharedStore, Store};

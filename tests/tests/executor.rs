@@ -462,3 +462,151 @@ async fn heartbeat_tells_the_action_when_its_lease_was_taken_over() {
     let err = holder.await.unwrap().unwrap_err();
     assert!(matches!(err, Error::LeaseLost { fence: f, .. } if f == fence), "{err}");
 }
+
+/// A MemoryStore whose `complete` and `renew` can be held or failed, to place faults exactly.
+struct Gated {
+    inner: MemoryStore,
+    complete_entered: std::sync::Mutex<Option<oneshot::Sender<()>>>,
+    complete_gate: tokio::sync::watch::Receiver<bool>,
+    complete_done: Arc<Notify>,
+    renew_fails: bool,
+}
+
+impl Gated {
+    fn new(renew_fails: bool) -> (Arc<Gated>, oneshot::Receiver<()>, tokio::sync::watch::Sender<bool>) {
+        let (entered_tx, entered_rx) = oneshot::channel();
+        let (open, gate) = tokio::sync::watch::channel(false);
+        let store = Gated {
+            inner: MemoryStore::new(),
+            complete_entered: std::sync::Mutex::new(Some(entered_tx)),
+            complete_gate: gate,
+            complete_done: Arc::new(Notify::new()),
+            renew_fails,
+        };
+        (Arc::new(store), entered_rx, open)
+    }
+}
+
+impl idempotent_core::Store for Gated {
+    fn acquire<'a>(
+        &'a self,
+        key: &'a idempotent_core::Key,
+        fp: &'a idempotent_core::Fingerprint,
+        lease: Duration,
+        keep: Duration,
+    ) -> idempotent_core::store::BoxFuture<'a, Result<idempotent_core::record::Acquire, Error>> {
+        self.inner.acquire(key, fp, lease, keep)
+    }
+    fn complete<'a>(
+        &'a self,
+        key: &'a idempotent_core::Key,
+        token: &'a idempotent_core::record::Token,
+        result: bytes::Bytes,
+        keep: Duration,
+    ) -> idempotent_core::store::BoxFuture<'a, Result<idempotent_core::record::Transition, Error>> {
+        Box::pin(async move {
+            if let Some(tx) = self.complete_entered.lock().unwrap().take() {
+                let _ = tx.send(());
+            }
+            let mut gate = self.complete_gate.clone();
+            let _ = gate.wait_for(|open| *open).await;
+            let t = self.inner.complete(key, token, result, keep).await;
+            self.complete_done.notify_waiters();
+            t
+        })
+    }
+    fn release<'a>(
+        &'a self,
+        key: &'a idempotent_core::Key,
+        token: &'a idempotent_core::record::Token,
+    ) -> idempotent_core::store::BoxFuture<'a, Result<idempotent_core::record::Transition, Error>> {
+        self.inner.release(key, token)
+    }
+    fn renew<'a>(
+        &'a self,
+        key: &'a idempotent_core::Key,
+        token: &'a idempotent_core::record::Token,
+        lease: Duration,
+    ) -> idempotent_core::store::BoxFuture<'a, Result<idempotent_core::record::Transition, Error>> {
+        if self.renew_fails {
+            return Box::pin(async { Err(Error::Config("renewals are failing in this test".into())) });
+        }
+        self.inner.renew(key, token, lease)
+    }
+    fn describe(&self) -> String {
+        "gated memory (test)".into()
+    }
+}
+
+/// The caller's future is dropped after the action finished but before `complete` landed (a
+/// timeout around the step): the outcome is still stored, and the retry replays it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropping_the_call_after_the_action_still_stores_the_outcome() {
+    let (store, complete_entered, open) = Gated::new(false);
+    let done = store.complete_done.clone();
+    let ctx = RunContext::new(store.clone() as SharedStore, unique("run"));
+    let runs = Arc::new(AtomicU32::new(0));
+    let call = {
+        let (ctx, runs) = (ctx.clone(), runs.clone());
+        tokio::spawn(async move {
+            ctx.step("refund")
+                .run(&1, |_| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, Error>("re_1".to_string())
+                })
+                .await
+        })
+    };
+    complete_entered.await.unwrap();
+    call.abort();
+    assert!(call.await.unwrap_err().is_cancelled());
+    let stored = done.notified();
+    open.send_replace(true);
+    stored.await;
+    let again: String = ctx.step("refund").run(&1, |_| async { Ok::<_, Error>("re_2".to_string()) }).await.unwrap();
+    assert_eq!(again, "re_1");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// Renewals that keep failing for a whole lease count as a lost lease: the action is told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_renewals_for_a_whole_lease_mark_it_lost() {
+    let (store, _entered, open) = Gated::new(true);
+    open.send_replace(true);
+    let ctx = RunContext::new(store as SharedStore, unique("run"));
+    let (was_lost, number) = ctx
+        .step("long")
+        .lease(Duration::from_millis(300))
+        .run(&(), |a| async move {
+            assert!(!a.lease_lost());
+            // Resolves once the executor concludes the lease is over.
+            a.lost().await;
+            Ok::<_, Error>((a.lease_lost(), a.number()))
+        })
+        .await
+        .unwrap();
+    assert!(was_lost);
+    assert_eq!(number, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_range_durations_are_refused_before_anything_runs() {
+    let ctx = RunContext::new(MemoryStore::new(), unique("run"));
+    for step in [
+        ctx.step("s").lease(Duration::ZERO),
+        ctx.step("s").lease(Duration::from_secs(2 * 24 * 3600)),
+        ctx.step("s").ttl(Duration::MAX),
+        ctx.step("s").ttl(Duration::ZERO),
+    ] {
+        let err = step.run(&1, |_| async { Ok::<u8, Error>(1) }).await.unwrap_err();
+        assert!(matches!(err, Error::Config(ref m) if m.contains("out of range")), "{err}");
+    }
+    let ok: u8 = ctx
+        .step("s")
+        .ttl(idempotent_core::MAX_TTL)
+        .lease(idempotent_core::MAX_LEASE)
+        .run(&1, |_| async { Ok::<_, Error>(2) })
+        .await
+        .unwrap();
+    assert_eq!(ok, 2);
+}

@@ -228,3 +228,63 @@ async fn tls_url_connects_over_tls() {
     let err = RunContext::new(store, "r").step("tls").run(&1, |_| async { Ok::<u8, Error>(1) }).await.unwrap_err();
     assert!(err.is_store_failure(), "{err}");
 }
+
+/// The scripts are idempotent per owner token: a late duplicate of an acquire (its first reply
+/// was lost, the call retried, the owner already released) changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_duplicate_acquire_changes_nothing() {
+    let server = RedisServer::start();
+    let mut conn = server.connection();
+    let acquire = idempotent_core::redis::Script::new(include_str!("../../idempotent-core/src/store/acquire.lua"));
+    let release = idempotent_core::redis::Script::new(include_str!("../../idempotent-core/src/store/release.lua"));
+    let key = "idem:late-duplicate";
+    let first: Vec<i64> = acquire.key(key).arg("fp").arg(60_000).arg("token-1").arg(60_000).invoke(&mut conn).unwrap();
+    assert_eq!((first[0], first[2]), (1, 1));
+    let again: Vec<i64> = acquire.key(key).arg("fp").arg(60_000).arg("token-1").arg(60_000).invoke(&mut conn).unwrap();
+    assert_eq!(again, first, "a retried acquire answers as the first did");
+    let released: i64 = release.key(key).arg("token-1").invoke(&mut conn).unwrap();
+    assert_eq!(released, 1);
+    let late: Vec<i64> = acquire.key(key).arg("fp").arg(60_000).arg("token-1").arg(60_000).invoke(&mut conn).unwrap();
+    assert_eq!(late[1], first[1], "the late duplicate took a new fence");
+    let state: String = idempotent_core::redis::cmd("HGET").arg(key).arg("st").query(&mut conn).unwrap();
+    assert_eq!(state, "released", "the late duplicate took the key");
+    // The next real owner is not told a crash happened.
+    let next: Vec<i64> = acquire.key(key).arg("fp").arg(60_000).arg("token-2").arg(60_000).invoke(&mut conn).unwrap();
+    assert_eq!((next[0], next[2], next[3]), (1, 2, 0));
+    assert!(next[1] > first[1]);
+}
+
+/// A store on the application's own pool leaves connections to the application and serves a
+/// burst of first calls larger than the pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn from_pool_shares_the_pool_with_the_application() {
+    let server = RedisServer::start();
+    let pool = idempotent_core::deadpool_redis::Config::from_url(server.url())
+        .builder()
+        .unwrap()
+        .max_size(4)
+        .wait_timeout(Some(Duration::from_secs(1)))
+        .runtime(idempotent_core::deadpool_redis::Runtime::Tokio1)
+        .build()
+        .unwrap();
+    let store = RedisStore::from_pool(pool.clone(), "app:idem:", Duration::from_secs(2));
+    let ctx = RunContext::new(store, unique("run"));
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let ctx = ctx.clone();
+        tasks.push(tokio::spawn(async move { ctx.step("s").run(&i, |_| async move { Ok::<_, Error>(i) }).await }));
+    }
+    for (i, t) in tasks.into_iter().enumerate() {
+        assert_eq!(t.await.unwrap().unwrap(), i);
+    }
+    // The application still gets connections from its pool.
+    let mut mine = Vec::new();
+    for _ in 0..2 {
+        mine.push(pool.get().await.expect("the store took the whole pool"));
+    }
+    let pong: String = idempotent_core::redis::cmd("PING").query_async(&mut *mine[0]).await.unwrap();
+    assert_eq!(pong, "PONG");
+    let keys: Vec<String> =
+        idempotent_core::redis::cmd("KEYS").arg("app:idem:*").query_async(&mut *mine[1]).await.unwrap();
+    assert_eq!(keys.len(), 16);
+}

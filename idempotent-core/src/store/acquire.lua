@@ -26,6 +26,14 @@ if not ok then
 end
 local st = rec[1]
 local recovered = 0
+if st and rec[7] == ARGV[3] then
+  -- This token already acquired the key: a retry, or a late duplicate, of an acquire whose reply
+  -- was lost. Answer as then, and change nothing.
+  if st == 'done' then
+    return {2, rec[6]}
+  end
+  return {1, tonumber(rec[4]), tonumber(rec[5]), tonumber(rec[8]) or 0}
+end
 if st then
   if rec[2] ~= ARGV[1] then
     return {4}
@@ -36,10 +44,6 @@ if st then
     end
     return {2, rec[6]}
   elseif st == 'running' then
-    if rec[7] == ARGV[3] then
-      -- This token already holds the key: the reply to an earlier try was lost.
-      return {1, tonumber(rec[4]), tonumber(rec[5]), tonumber(rec[8]) or 0}
-    end
     local lease = tonumber(rec[3])
     if not lease then
       return redis.error_reply('IDEMPOTENT_CORRUPT running record without a lease')

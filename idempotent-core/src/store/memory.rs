@@ -124,6 +124,12 @@ impl MemoryStore {
         lock(&self.inner.shards[idx])
     }
 
+    /// Counts one more record if the capacity allows it (exactly, across shards).
+    fn reserve(&self) -> bool {
+        let cap = self.inner.capacity.unwrap_or(usize::MAX);
+        self.inner.len.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < cap).then_some(n + 1)).is_ok()
+    }
+
     fn sweep_shard(&self, shard: &mut Shard, now: Instant) {
         let before = shard.map.len();
         shard.map.retain(|_, r| r.expires > now);
@@ -154,23 +160,21 @@ impl MemoryStore {
             }
             Some(_) => (0, false),
             None => {
-                if let Some(capacity) = self.inner.capacity
-                    && self.len() >= capacity
-                {
-                    // Full: sweep every shard (this one under the lock we hold), then look again.
+                if !self.reserve() {
+                    // Full: sweep every shard (this one's lock released first), then look again.
                     drop(shard);
                     self.sweep();
                     shard = self.shard(key);
-                    if self.len() >= capacity {
-                        return Err(Error::Full { store: self.describe(), capacity });
-                    }
                     if shard.map.contains_key(key) {
                         // Another caller inserted the key meanwhile; answer as for a live record.
                         drop(shard);
                         return self.acquire_now(key, fp, lease, retention);
                     }
+                    if !self.reserve() {
+                        let capacity = self.inner.capacity.unwrap_or(usize::MAX);
+                        return Err(Error::Full { store: self.describe(), capacity });
+                    }
                 }
-                self.inner.len.fetch_add(1, Ordering::Relaxed);
                 (0, false)
             }
         };
@@ -180,10 +184,10 @@ impl MemoryStore {
         shard.map.insert(
             *key,
             Record {
-                state: State::Running { token: token.clone(), lease_until: now + lease },
+                state: State::Running { token: token.clone(), lease_until: later(now, lease) },
                 fingerprint: *fp,
                 attempt,
-                expires: now + lease.max(retention),
+                expires: later(now, lease.max(retention)),
             },
         );
         Ok(Acquire::Acquired(Lease { token, fence, attempt, recovered }))
@@ -209,6 +213,11 @@ impl MemoryStore {
             _ => Transition::LeaseLost,
         }
     }
+}
+
+/// `now + d`, saturating far in the future instead of panicking on overflow.
+fn later(now: Instant, d: Duration) -> Instant {
+    now.checked_add(d).unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 60 * 60))
 }
 
 fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
@@ -239,7 +248,7 @@ impl Store for MemoryStore {
         let done_by_us = |s: &State| matches!(s, State::Done { token: t, .. } if t == token);
         let t = self.with_owned(key, token, done_by_us, |r, now| {
             r.state = State::Done { result, token: token.clone() };
-            r.expires = now + retention;
+            r.expires = later(now, retention);
         });
         Box::pin(std::future::ready(Ok(t)))
     }
@@ -262,9 +271,9 @@ impl Store for MemoryStore {
             |_| false,
             |r, now| {
                 if let State::Running { lease_until, .. } = &mut r.state {
-                    *lease_until = now + lease;
+                    *lease_until = later(now, lease);
                 }
-                r.expires = r.expires.max(now + lease);
+                r.expires = r.expires.max(later(now, lease));
             },
         );
         Box::pin(std::future::ready(Ok(t)))
@@ -291,6 +300,36 @@ mod tests {
 
     const FP: Fingerprint = Fingerprint::from_bytes([1; 32]);
     const SEC: Duration = Duration::from_secs(1);
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn capacity_is_exact_under_concurrent_inserts() {
+        let store = MemoryStore::with_capacity(10);
+        let mut tasks = Vec::new();
+        for i in 0..64u8 {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move { store.acquire(&key(i), &FP, SEC, SEC).await }));
+        }
+        let mut acquired = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                Ok(Acquire::Acquired(_)) => acquired += 1,
+                Err(Error::Full { .. }) => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(acquired, 10);
+        assert_eq!(store.len(), 10);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn huge_durations_saturate_instead_of_panicking() {
+        let store = MemoryStore::new();
+        let Acquire::Acquired(lease) = store.acquire(&key(1), &FP, Duration::MAX, Duration::MAX).await.unwrap() else {
+            panic!("not acquired")
+        };
+        assert_eq!(store.renew(&key(1), &lease.token, Duration::MAX).await.unwrap(), Transition::Ok);
+        assert_eq!(store.complete(&key(1), &lease.token, Bytes::new(), Duration::MAX).await.unwrap(), Transition::Ok);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn expired_records_are_swept_and_capacity_holds() {

@@ -45,10 +45,13 @@ enum Pool {
 
 /// A [`Store`] on Redis: one hash per operation, each transition one Lua script.
 ///
-/// Every call takes a pooled connection for exactly one script invocation (`EVALSHA`, reloaded on
-/// `NOSCRIPT`) and gives it back, so no connection is held while the action runs. Every call is
-/// bounded by the command timeout (default 2 s), which covers waiting for a pooled connection too;
-/// a call that fails or times out returns an error, and the executor then does not run the action.
+/// Every call is one script invocation (`EVALSHA`, reloaded on `NOSCRIPT`) on one of a few
+/// multiplexed connections the store keeps checked out of its deadpool pool (see
+/// [`RedisStoreBuilder::pool_size`]); a connection is never held exclusively, so no call waits
+/// for an action to finish. Every call is bounded by the command timeout (default 2 s), which
+/// covers connecting too; a call that fails or times out returns an error, and the executor then
+/// does not run the action. A connection found dead is replaced and the call tried once more:
+/// every script is idempotent for its owner token, so a retried call cannot act twice.
 ///
 /// Records are keyed `{prefix}{hex digest}`: one key per operation, so Redis Cluster never sees a
 /// cross-slot script. Leases and fences are judged by the server's clock (`TIME`).
@@ -236,20 +239,28 @@ impl RedisStore {
         Self::builder(url).build()
     }
 
-    /// A store on an existing deadpool pool (its own pool settings apply).
+    /// A store on an existing deadpool pool.
+    ///
+    /// The store keeps half of the pool's connections (at least one) checked out for its calls —
+    /// they are multiplexed, so they serve any number of concurrent calls — and leaves the rest
+    /// to the application. Calls are bounded by `timeout`; note that redis-rs connections carry a
+    /// response timeout of their own (500 ms by default) unless the pool's manager was built with
+    /// `deadpool_redis::Manager::new_with_config`.
     pub fn from_pool(pool: deadpool_redis::Pool, prefix: impl Into<String>, timeout: Duration) -> RedisStore {
-        let size = pool.status().max_size;
+        let size = (pool.status().max_size / 2).max(1);
         RedisStore::from_parts(Pool::Single(pool), prefix.into(), timeout, "redis (pool)".to_owned(), size)
     }
 
-    /// A store on an existing deadpool cluster pool.
+    /// A store on an existing deadpool cluster pool (half of its connections kept, as in
+    /// [`from_pool`](Self::from_pool)).
     pub fn from_cluster_pool(pool: cluster::Pool, prefix: impl Into<String>, timeout: Duration) -> RedisStore {
-        let size = pool.status().max_size;
+        let size = (pool.status().max_size / 2).max(1);
         RedisStore::from_parts(Pool::Cluster(pool), prefix.into(), timeout, "redis cluster (pool)".to_owned(), size)
     }
 
     fn from_parts(pool: Pool, prefix: String, timeout: Duration, describe: String, size: usize) -> RedisStore {
         let slots = (0..size.max(1)).map(|_| Mutex::new(None)).collect();
+        // `size` is how many connections the store keeps checked out of `pool`.
         RedisStore {
             inner: Arc::new(Inner {
                 pool,
@@ -382,9 +393,14 @@ impl RedisStore {
             Pool::Single(p) => Held::Single(p.get().await.map_err(|e| self.pool_error(op, e))?),
             Pool::Cluster(p) => Held::Cluster(p.get().await.map_err(|e| self.pool_error(op, e))?),
         };
+        let mut slot = lock(&self.inner.slots[slot]);
+        if let Some(filled) = slot.as_ref() {
+            // Another call filled the slot while we waited: use its connection and give ours
+            // back to the pool.
+            return Ok(filled.handle());
+        }
         let conn = held.handle();
-        let previous = lock(&self.inner.slots[slot]).replace(held);
-        drop(previous);
+        *slot = Some(held);
         Ok(conn)
     }
 
@@ -524,8 +540,11 @@ impl redis::aio::ConnectionLike for Conn {
     }
 }
 
+/// Milliseconds as the scripts take them: at least 1, at most ten years, so that Lua's number
+/// formatting never turns them into exponent notation.
 fn millis(d: Duration) -> String {
-    d.as_millis().max(1).to_string()
+    const TEN_YEARS_MS: u128 = 10 * 365 * 24 * 60 * 60 * 1000;
+    d.as_millis().clamp(1, TEN_YEARS_MS).to_string()
 }
 
 impl Store for RedisStore {
