@@ -66,7 +66,9 @@ pub struct StepOptions {
     pub version: u32,
     /// How long a result is kept and replayed.
     pub ttl: Duration,
-    /// How long an attempt holds the key without renewing.
+    /// How long an attempt holds the key without renewing. Keep it at least three times the
+    /// store's command timeout: the heartbeat renews every third of the lease, and a renewal that
+    /// takes as long as the timeout must still land inside the lease.
     pub lease: Duration,
     /// Renew the lease while the action runs (every third of the lease).
     pub heartbeat: bool,

@@ -52,6 +52,12 @@
 //! downstream systems that can reject stale writers. When the store is unreachable the action is
 //! not run ([`FailMode::Closed`]) unless the step opts into [`FailMode::Open`].
 //!
+//! Two cases are indeterminate by nature, and reported as such: when the store fails while the
+//! outcome is being stored ([`Error::action_may_have_run`] is true), the key stays taken until the
+//! lease runs out and a retry may then run the action again; and an acquire that times out after
+//! reaching the store leaves the key taken for one lease (callers see [`Error::InFlight`] until
+//! then).
+//!
 //! Events are logged with `tracing` under the names `idempotent.acquired`, `.replayed`,
 //! `.in_flight`, `.mismatch`, `.lease_lost`, `.store_error`, with the step name and a 12-hex-digit
 //! prefix of the key; payloads are never logged.

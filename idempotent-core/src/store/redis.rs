@@ -94,8 +94,9 @@ pub struct RedisStoreBuilder {
 }
 
 impl RedisStoreBuilder {
-    /// How many connections the store keeps open (default 4). Connections are multiplexed: each
-    /// carries many concurrent calls, so a few serve hundreds of callers.
+    /// How many connections the store keeps checked out for its calls (default 4; the pool may
+    /// hold up to twice as many while a failed one is being replaced). Connections are
+    /// multiplexed: each carries many concurrent calls, so a few serve hundreds of callers.
     pub fn pool_size(mut self, size: usize) -> Self {
         self.pool_size = size;
         self
