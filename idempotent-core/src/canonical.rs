@@ -94,7 +94,7 @@ pub fn to_canonical_vec<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, Can
 /// Appends the canonical JSON of `value` to `out`. On error, `out` is left as it was.
 pub fn write_canonical<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) -> Result<(), CanonicalError> {
     let start = out.len();
-    let mut ser = Canonicalizer { out, depth: 0 };
+    let mut ser = Canonicalizer { out, depth: 0, scratch: Vec::new() };
     let res = value.serialize(&mut ser);
     if res.is_err() {
         ser.out.truncate(start);
@@ -131,6 +131,9 @@ pub struct JsonError {
 struct Canonicalizer<'a> {
     out: &'a mut Vec<u8>,
     depth: usize,
+    /// Where an object's members are copied while they are put in order; kept across objects so
+    /// that reordering does not allocate once per object.
+    scratch: Vec<u8>,
 }
 
 /// An object member's name and the byte range of `"name":value` in the output (without commas).
@@ -246,23 +249,17 @@ impl ObjectState {
             if let Some(w) = self.entries.windows(2).find(|w| w[0].0 == w[1].0) {
                 return Err(CanonicalError::DuplicateKey(w[0].0.to_string()));
             }
-            // Copy the members past the end of the output, then back in order: the same bytes
-            // and commas, so they fill exactly the space they came from, with no allocation
-            // beyond the output's own growth.
-            let end = ser.out.len();
-            ser.out.extend_from_within(self.start..end);
-            let copy = end - self.start;
-            let mut at = self.start;
+            // Inner objects are finished before this one, so the scratch buffer is free here.
+            ser.scratch.clear();
+            ser.scratch.extend_from_slice(&ser.out[self.start..]);
+            ser.out.truncate(self.start);
             for (i, (_, range)) in self.entries.iter().enumerate() {
                 if i > 0 {
-                    ser.out[at] = b',';
-                    at += 1;
+                    ser.out.push(b',');
                 }
-                ser.out.copy_within(range.start + copy..range.end + copy, at);
-                at += range.len();
+                let local = range.start - self.start..range.end - self.start;
+                ser.out.extend_from_slice(&ser.scratch[local]);
             }
-            debug_assert_eq!(at, end);
-            ser.out.truncate(end);
         }
         ser.out.push(b'}');
         ser.depth -= 1;

@@ -1,0 +1,490 @@
+//! `RedisStore` through the executor against the floor Redis itself sets, in one run.
+//!
+//! ```text
+//! cargo run --release -p idempotent-benches --bin redis_bench [-- --secs 1 --rounds 3 --pool 4]
+//! ```
+//!
+//! Spawns its own `redis-server` (through the test harness), then measures at concurrency 1 and
+//! 64, from one process and one runtime:
+//!
+//! - first execution and replay through `RunContext::step(..).run(..)` on a `RedisStore`;
+//! - the floor, through the same redis client and connection setup as the store (`pool` multiplexed
+//!   connections checked out of a deadpool pool built with the store's settings, one picked
+//!   round-robin per command): for a replay one raw round trip (`GET`, and `EVALSHA` of a trivial
+//!   `GET` script), for a first execution two (`SET NX` + `SET`, and two `EVALSHA` of a trivial
+//!   `SET` script);
+//! - the client commands each call sent, from `INFO commandstats` (commands run inside scripts
+//!   are left out).
+//!
+//! Rows are interleaved round by round (every row once, then every row again …) so that noise
+//! from other processes on the machine lands on all rows alike; calls/s is the median of the
+//! rounds, p50/p99 are over all rounds' calls together.
+
+use std::collections::BTreeMap;
+use std::hint::black_box;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use idempotent_benches::{Refund, RefundResult, Rounds, Sample, arg, closed_loop, fmt_rate, process_cpu};
+use idempotent_core::deadpool_redis::{self, Runtime};
+use idempotent_core::record::{Acquire, Transition};
+use idempotent_core::redis::{self, Script, Value, aio::MultiplexedConnection};
+use idempotent_core::{DEFAULT_LEASE, DEFAULT_TTL, Error, Fingerprint, Key, RedisStore, RunContext, Store};
+use idempotent_tests::RedisServer;
+
+/// Commands our Lua scripts run; `INFO commandstats` counts them as if a client had sent them.
+const OURS_IN_SCRIPT: &[&str] = &["hmget", "hset", "hdel", "pexpire", "pttl", "time"];
+/// Keys pre-filled for the replay rows.
+const REPLAY_KEYS: u64 = 4096;
+/// The store's default command timeout, which its connections are also configured with.
+const TIMEOUT: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Path {
+    OursFirst { heartbeat: bool },
+    FloorSetSet,
+    FloorEvalEval,
+    OursReplay,
+    FloorGet,
+    FloorEvalGet,
+    StoreFirst,
+    StoreReplay,
+}
+
+impl Path {
+    const ALL: [Path; 9] = [
+        Path::OursFirst { heartbeat: true },
+        Path::OursFirst { heartbeat: false },
+        Path::StoreFirst,
+        Path::FloorSetSet,
+        Path::FloorEvalEval,
+        Path::OursReplay,
+        Path::StoreReplay,
+        Path::FloorGet,
+        Path::FloorEvalGet,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Path::OursFirst { heartbeat: true } => "first execution (ours, heartbeat on = default)",
+            Path::OursFirst { heartbeat: false } => "first execution (ours, heartbeat off)",
+            Path::FloorSetSet => "floor: SET NX + SET (2 round trips)",
+            Path::FloorEvalEval => "floor: 2 × EVALSHA trivial SET script",
+            Path::OursReplay => "replay (ours)",
+            Path::FloorGet => "floor: GET (1 round trip)",
+            Path::FloorEvalGet => "floor: EVALSHA trivial GET script",
+            Path::StoreFirst => "diag: RedisStore acquire + complete, no executor",
+            Path::StoreReplay => "diag: RedisStore acquire (replay), no executor",
+        }
+    }
+
+    /// Commands that run inside this path's scripts (not sent by the client).
+    fn in_script(self) -> &'static [&'static str] {
+        match self {
+            Path::OursFirst { .. } | Path::OursReplay | Path::StoreFirst | Path::StoreReplay => OURS_IN_SCRIPT,
+            Path::FloorEvalEval => &["set"],
+            Path::FloorEvalGet => &["get"],
+            Path::FloorSetSet | Path::FloorGet => &[],
+        }
+    }
+}
+
+/// The store's client setup without the store: the same pool settings, `pool` connections
+/// checked out and kept, one picked round-robin per command (as `RedisStore` does).
+struct Raw {
+    conns: Vec<MultiplexedConnection>,
+    _held: Vec<deadpool_redis::Connection>,
+    next: AtomicUsize,
+}
+
+impl Raw {
+    async fn connect(url: &str, size: usize) -> Raw {
+        let conn_config =
+            redis::AsyncConnectionConfig::new().set_response_timeout(None).set_connection_timeout(Some(TIMEOUT));
+        let manager = deadpool_redis::Manager::new_with_config(url, conn_config).unwrap();
+        let pool = deadpool_redis::Pool::builder(manager)
+            .config(deadpool_redis::PoolConfig {
+                max_size: size * 2,
+                timeouts: deadpool_redis::Timeouts {
+                    wait: Some(TIMEOUT),
+                    create: Some(TIMEOUT),
+                    recycle: Some(TIMEOUT),
+                },
+                ..Default::default()
+            })
+            .runtime(Runtime::Tokio1)
+            .build()
+            .unwrap();
+        let mut held = Vec::new();
+        for _ in 0..size {
+            held.push(pool.get().await.expect("connect to the bench redis-server"));
+        }
+        let conns = held.iter().map(|c| (**c).clone()).collect();
+        Raw { conns, _held: held, next: AtomicUsize::new(0) }
+    }
+
+    fn conn(&self) -> MultiplexedConnection {
+        self.conns[self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len()].clone()
+    }
+}
+
+struct Env {
+    ctx: RunContext,
+    store: RedisStore,
+    /// The keys of the replay rows' payloads, for the rows that call the store directly.
+    replay_keys: Vec<(Key, Fingerprint)>,
+    raw: Raw,
+    seq: AtomicU64,
+    set_script: Script,
+    get_script: Script,
+    /// What the first round trip of a first execution writes (about what acquire writes).
+    claim: Vec<u8>,
+    /// The stored result, as the executor stores it.
+    stored: Vec<u8>,
+}
+
+fn replay_index(task: usize, i: u64) -> u64 {
+    (task as u64 * 7919 + i) % REPLAY_KEYS
+}
+
+async fn run(env: &Arc<Env>, path: Path, concurrency: usize, duration: Duration) -> Sample {
+    let env = env.clone();
+    closed_loop(concurrency, duration, move |task, i| {
+        let env = env.clone();
+        async move {
+            match path {
+                Path::OursFirst { heartbeat } => {
+                    let payload = Refund::new(env.seq.fetch_add(1, Ordering::Relaxed));
+                    let r: RefundResult = env
+                        .ctx
+                        .step("issue_refund")
+                        .heartbeat(heartbeat)
+                        .run(&payload, |_| async { Ok::<_, Error>(RefundResult::sample()) })
+                        .await
+                        .expect("first execution");
+                    black_box(r);
+                }
+                Path::OursReplay => {
+                    let payload = Refund::new(replay_index(task, i));
+                    let r: RefundResult = env
+                        .ctx
+                        .step("replayed_refund")
+                        .run(&payload, |_| async { Err::<RefundResult, _>(Error::Config("replay ran".into())) })
+                        .await
+                        .expect("replay");
+                    black_box(r);
+                }
+                Path::StoreFirst => {
+                    let mut k = [0xa5; 32];
+                    k[..8].copy_from_slice(&env.seq.fetch_add(1, Ordering::Relaxed).to_le_bytes());
+                    let key = Key::from_bytes(k);
+                    let fp = Fingerprint::from_bytes([7; 32]);
+                    let Acquire::Acquired(lease) =
+                        env.store.acquire(&key, &fp, DEFAULT_LEASE, DEFAULT_TTL).await.expect("acquire")
+                    else {
+                        panic!("a fresh key was not acquired")
+                    };
+                    let stored = Bytes::copy_from_slice(&env.stored);
+                    let t = env.store.complete(&key, &lease.token, stored, DEFAULT_TTL).await.expect("complete");
+                    assert_eq!(t, Transition::Ok);
+                }
+                Path::StoreReplay => {
+                    let (key, fp) = &env.replay_keys[replay_index(task, i) as usize];
+                    let a = env.store.acquire(key, fp, DEFAULT_LEASE, DEFAULT_TTL).await.expect("acquire");
+                    assert!(matches!(a, Acquire::Replay(_)));
+                }
+                Path::FloorSetSet => {
+                    let key = format!("floor:first:{}", env.seq.fetch_add(1, Ordering::Relaxed));
+                    let v: Value = redis::cmd("SET")
+                        .arg(&key)
+                        .arg(&env.claim)
+                        .arg("NX")
+                        .arg("PX")
+                        .arg(60_000)
+                        .query_async(&mut env.raw.conn())
+                        .await
+                        .expect("SET NX");
+                    black_box(v);
+                    let v: Value = redis::cmd("SET")
+                        .arg(&key)
+                        .arg(&env.stored)
+                        .arg("PX")
+                        .arg(86_400_000)
+                        .query_async(&mut env.raw.conn())
+                        .await
+                        .expect("SET");
+                    black_box(v);
+                }
+                Path::FloorEvalEval => {
+                    let key = format!("floor:first:{}", env.seq.fetch_add(1, Ordering::Relaxed));
+                    let v: Value = env
+                        .set_script
+                        .key(&key)
+                        .arg(&env.claim)
+                        .arg(60_000)
+                        .invoke_async(&mut env.raw.conn())
+                        .await
+                        .expect("EVALSHA");
+                    black_box(v);
+                    let v: Value = env
+                        .set_script
+                        .key(&key)
+                        .arg(&env.stored)
+                        .arg(86_400_000)
+                        .invoke_async(&mut env.raw.conn())
+                        .await
+                        .expect("EVALSHA");
+                    black_box(v);
+                }
+                Path::FloorGet => {
+                    let v: Value = redis::cmd("GET")
+                        .arg(format!("floor:replay:{}", replay_index(task, i)))
+                        .query_async(&mut env.raw.conn())
+                        .await
+                        .expect("GET");
+                    assert!(matches!(v, Value::BulkString(_)));
+                }
+                Path::FloorEvalGet => {
+                    let v: Value = env
+                        .get_script
+                        .key(format!("floor:replay:{}", replay_index(task, i)))
+                        .invoke_async(&mut env.raw.conn())
+                        .await
+                        .expect("EVALSHA");
+                    assert!(matches!(v, Value::BulkString(_)));
+                }
+            }
+        }
+    })
+    .await
+}
+
+/// The text of `INFO <section>`.
+fn info(server: &RedisServer, section: &str) -> String {
+    match server.cmd(&["INFO", section]) {
+        Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
+        Value::VerbatimString { text, .. } => text,
+        other => panic!("unexpected INFO reply {other:?}"),
+    }
+}
+
+/// The server's CPU time so far (`used_cpu_user + used_cpu_sys`).
+fn server_cpu(server: &RedisServer) -> Duration {
+    let info = info(server, "cpu");
+    let field = |name: &str| info.lines().find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok()).unwrap_or(0.0);
+    Duration::from_secs_f64(field("used_cpu_user:") + field("used_cpu_sys:"))
+}
+
+/// What `INFO commandstats` counted for the commands clients sent: (calls, usec, names).
+/// Commands run inside scripts are left out (a script's `usec` already includes them), and so
+/// are the stats commands themselves.
+fn client_commands(server: &RedisServer, path: Path) -> (u64, u64, String) {
+    let (mut calls, mut usec) = (0, 0);
+    let mut names = Vec::new();
+    for line in info(server, "commandstats").lines() {
+        let Some((name, stats)) = line.strip_prefix("cmdstat_").and_then(|r| r.split_once(':')) else {
+            continue;
+        };
+        if path.in_script().contains(&name) || name == "config|resetstat" || name == "info" {
+            continue;
+        }
+        let field = |f: &str| stats.split(',').find_map(|kv| kv.strip_prefix(f)?.parse::<u64>().ok()).unwrap_or(0);
+        calls += field("calls=");
+        usec += field("usec=");
+        names.push(format!("{name}={}", field("calls=")));
+    }
+    (calls, usec, names.join(" "))
+}
+
+struct Row {
+    path: Path,
+    rounds: Rounds,
+    commands: u64,
+    command_names: String,
+    /// Redis time spent executing this row's commands (`INFO commandstats` usec).
+    server_usec: u64,
+    /// Redis process CPU (`INFO cpu`), which adds connection handling and reply writing.
+    server_cpu: Duration,
+    /// This process's CPU.
+    client_cpu: Duration,
+}
+
+fn main() {
+    let secs: f64 = arg("--secs", 1.0);
+    let rounds: usize = arg("--rounds", 3);
+    let pool: usize = arg("--pool", 4);
+    let workers: usize = arg("--workers", std::thread::available_parallelism().map_or(2, |n| n.get()));
+    let concurrencies: Vec<usize> = arg("--concurrency", "1,64".to_owned())
+        .split(',')
+        .map(|c| c.trim().parse().expect("--concurrency takes a list like 1,64"))
+        .collect();
+    let duration = Duration::from_secs_f64(secs);
+    let warmup = Duration::from_millis(200);
+
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build().unwrap();
+    let store = RedisStore::builder(server.url()).pool_size(pool).command_timeout(TIMEOUT).build().unwrap();
+    let env = rt.block_on(async {
+        let raw = Raw::connect(&server.url(), pool).await;
+        let ctx = RunContext::new(store.clone(), "bench-run");
+        let replay_keys =
+            (0..REPLAY_KEYS).map(|n| ctx.step("replayed_refund").key_for(&Refund::new(n)).unwrap()).collect();
+        let mut stored = vec![b'o'];
+        serde_json::to_writer(&mut stored, &RefundResult::sample()).unwrap();
+        let env = Arc::new(Env {
+            ctx,
+            store,
+            replay_keys,
+            raw,
+            seq: AtomicU64::new(0),
+            set_script: Script::new("return redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])"),
+            get_script: Script::new("return redis.call('GET', KEYS[1])"),
+            claim: vec![b'c'; 120],
+            stored,
+        });
+        for n in 0..REPLAY_KEYS {
+            let r: RefundResult = env
+                .ctx
+                .step("replayed_refund")
+                .run(&Refund::new(n), |_| async { Ok::<_, Error>(RefundResult::sample()) })
+                .await
+                .unwrap();
+            black_box(r);
+            let _: () = redis::cmd("SET")
+                .arg(format!("floor:replay:{n}"))
+                .arg(&env.stored)
+                .query_async(&mut env.raw.conn())
+                .await
+                .unwrap();
+        }
+        env
+    });
+
+    let only: String = arg("--only", String::new());
+    let paths: Vec<(usize, Path)> =
+        Path::ALL.iter().copied().enumerate().filter(|(_, p)| p.label().contains(only.as_str())).collect();
+    let mut table: BTreeMap<(usize, usize), Row> = BTreeMap::new();
+    let started = Instant::now();
+    for round in 0..rounds {
+        for &concurrency in &concurrencies {
+            for &(idx, path) in &paths {
+                rt.block_on(run(&env, path, concurrency, warmup));
+                server.reset_stats();
+                let (client0, server0) = (process_cpu(), server_cpu(&server));
+                let sample = rt.block_on(run(&env, path, concurrency, duration));
+                let (client1, server1) = (process_cpu(), server_cpu(&server));
+                let (commands, usec, names) = client_commands(&server, path);
+                eprintln!(
+                    "round {}/{rounds} c={concurrency:<3} {:<48} {:>9} calls/s  {:.3} cmds/call",
+                    round + 1,
+                    path.label(),
+                    fmt_rate(sample.rate()),
+                    commands as f64 / sample.calls as f64
+                );
+                let row = table.entry((concurrency, idx)).or_insert_with(|| Row {
+                    path,
+                    rounds: Rounds::default(),
+                    commands: 0,
+                    command_names: String::new(),
+                    server_usec: 0,
+                    server_cpu: Duration::ZERO,
+                    client_cpu: Duration::ZERO,
+                });
+                row.commands += commands;
+                row.command_names = names;
+                row.server_usec += usec;
+                row.server_cpu += server1.saturating_sub(server0);
+                row.client_cpu += client1.saturating_sub(client0);
+                row.rounds.push(sample);
+            }
+        }
+    }
+
+    let version = info(&server, "server")
+        .lines()
+        .find_map(|l| l.strip_prefix("redis_version:").map(str::to_owned))
+        .unwrap_or_default();
+    println!(
+        "\nredis_bench: redis-server {version} on loopback, RedisStore pool_size {pool}, tokio {workers} workers, \
+         {rounds} rounds × {secs} s per row (interleaved), {:.0} s total\n",
+        started.elapsed().as_secs_f64()
+    );
+    let rate = |c: usize, p: Path| {
+        let idx = Path::ALL.iter().position(|&q| q == p).unwrap();
+        table.get(&(c, idx)).map(|row| row.rounds.median_rate())
+    };
+    let ratio = |c: usize, ours: Path, floor: Path| match (rate(c, ours), rate(c, floor)) {
+        (Some(o), Some(f)) => Some(o / f),
+        _ => None,
+    };
+    let show = |r: Option<f64>| r.map(|r| format!("{r:.2}")).unwrap_or_default();
+    for &concurrency in &concurrencies {
+        println!("concurrency {concurrency}\n");
+        println!(
+            "| path | calls/s (median) | min–max of rounds | p50 µs | p99 µs | client cmds/call \
+             | ÷ raw floor | ÷ EVALSHA floor | client CPU µs/call | redis CPU µs/call | redis cmd µs/call |"
+        );
+        println!("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
+        for ((c, _), row) in table.range((concurrency, 0)..(concurrency + 1, 0)) {
+            debug_assert_eq!(*c, concurrency);
+            let (lo, hi) = row.rounds.rate_range();
+            let calls = row.rounds.calls() as f64;
+            let (raw, eval) = match row.path {
+                ours @ Path::OursFirst { .. } => {
+                    (ratio(concurrency, ours, Path::FloorSetSet), ratio(concurrency, ours, Path::FloorEvalEval))
+                }
+                ours @ (Path::OursReplay | Path::StoreReplay) => {
+                    (ratio(concurrency, ours, Path::FloorGet), ratio(concurrency, ours, Path::FloorEvalGet))
+                }
+                Path::StoreFirst => (
+                    ratio(concurrency, Path::StoreFirst, Path::FloorSetSet),
+                    ratio(concurrency, Path::StoreFirst, Path::FloorEvalEval),
+                ),
+                _ => (None, None),
+            };
+            println!(
+                "| {} | {} | {}–{} | {:.0} | {:.0} | {:.3} | {} | {} | {:.1} | {:.1} | {:.1} |",
+                row.path.label(),
+                fmt_rate(row.rounds.median_rate()),
+                fmt_rate(lo),
+                fmt_rate(hi),
+                row.rounds.quantile_us(0.50),
+                row.rounds.quantile_us(0.99),
+                row.commands as f64 / calls,
+                show(raw),
+                show(eval),
+                row.client_cpu.as_secs_f64() * 1e6 / calls,
+                row.server_cpu.as_secs_f64() * 1e6 / calls,
+                row.server_usec as f64 / calls,
+            );
+        }
+        println!();
+    }
+    println!("Client commands seen in the last round of each row (commands run inside scripts left out):\n");
+    for ((concurrency, _), row) in &table {
+        println!("- c={concurrency} {}: {}", row.path.label(), row.command_names);
+    }
+
+    let c = *concurrencies.last().unwrap();
+    println!("\nTargets (concurrency {c}):");
+    let verdict = |r: Option<f64>, target: f64| match r {
+        Some(r) if r >= target => "met",
+        Some(_) => "MISSED",
+        None => "not measured",
+    };
+    for (label, ours, raw, eval, target) in [
+        ("replay", Path::OursReplay, Path::FloorGet, Path::FloorEvalGet, 0.85),
+        ("first execution", Path::OursFirst { heartbeat: true }, Path::FloorSetSet, Path::FloorEvalEval, 0.80),
+    ] {
+        let (vs_raw, vs_eval) = (ratio(c, ours, raw), ratio(c, ours, eval));
+        println!(
+            "- {label}: {}× the raw-command floor ({}), {}× the EVALSHA floor ({}); target ≥ {target}",
+            show(vs_raw),
+            verdict(vs_raw, target),
+            show(vs_eval),
+            verdict(vs_eval, target)
+        );
+    }
+}

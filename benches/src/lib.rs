@@ -1,0 +1,315 @@
+//! Shared pieces of the benchmarks: realistic payloads, a closed-loop load driver that records
+//! every call's latency, percentile and table helpers, and the process's peak RSS.
+//!
+//! The benchmarks compare each path of the library with its *floor*: the least work any
+//! implementation must do for the same job (serialize and hash the payload; one or two Redis
+//! round trips; an axum handler that makes one round trip itself), measured in the same process
+//! and run so that machine noise hits both sides alike. See `BENCHMARKS.md` at the repository
+//! root for the commands and the figures.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+/// A refund request of about 200 bytes of JSON: the typical small step payload.
+///
+/// Fields are declared in the order a person would write them, not sorted, so the canonical
+/// serializer has to reorder members as it would for real structs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Refund {
+    /// The order being refunded.
+    pub order_id: String,
+    /// The amount in minor units.
+    pub amount_cents: u64,
+    /// ISO 4217 currency.
+    pub currency: String,
+    /// The customer's id.
+    pub customer: String,
+    /// Why.
+    pub reason: String,
+    /// A sequence number, so that callers can make every payload unique.
+    pub seq: u64,
+    /// Free-form tags.
+    pub metadata: RefundMeta,
+}
+
+/// The nested part of [`Refund`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RefundMeta {
+    /// Where the request came from.
+    pub source: String,
+    /// Who asked.
+    pub agent: String,
+    /// Whether a person approved it.
+    pub approved: bool,
+}
+
+impl Refund {
+    /// A refund with sequence number `seq`.
+    pub fn new(seq: u64) -> Refund {
+        Refund {
+            order_id: "ord_7Hq2mXK9pLzV4rT1".into(),
+            amount_cents: 1500,
+            currency: "EUR".into(),
+            customer: "cus_Nf3kQ8wZ2sYb6Jd0".into(),
+            reason: "item arrived damaged".into(),
+            seq,
+            metadata: RefundMeta { source: "support".into(), agent: "llm/refunds".into(), approved: true },
+        }
+    }
+}
+
+/// The result a refund step stores and replays (about 60 bytes of JSON).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RefundResult {
+    /// The provider's refund id.
+    pub refund_id: String,
+    /// Its status.
+    pub status: String,
+}
+
+impl RefundResult {
+    /// The result the benchmarks' actions return.
+    pub fn sample() -> RefundResult {
+        RefundResult { refund_id: "re_3PqX7yLkd82Hf0Zs1mN4".into(), status: "succeeded".into() }
+    }
+}
+
+/// An LLM tool call of about 4 KiB of JSON: a conversation excerpt with its arguments.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The tool being called.
+    pub tool: String,
+    /// The conversation it belongs to.
+    pub conversation_id: String,
+    /// The turn within the conversation.
+    pub turn: u32,
+    /// Sampling temperature (a float, so the number formatter is exercised).
+    pub temperature: f64,
+    /// The token budget.
+    pub max_tokens: u32,
+    /// The messages so far.
+    pub messages: Vec<Message>,
+    /// The tool's own arguments.
+    pub arguments: ToolArgs,
+}
+
+/// One chat message.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Message {
+    /// `user`, `assistant` or `tool`.
+    pub role: String,
+    /// The text.
+    pub content: String,
+}
+
+/// The arguments of [`ToolCall`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ToolArgs {
+    /// The recipient.
+    pub to: String,
+    /// The subject line.
+    pub subject: String,
+    /// Attachment ids.
+    pub attachments: Vec<String>,
+}
+
+impl ToolCall {
+    /// A tool call of about 4 KiB, with sequence number `turn`.
+    pub fn new(turn: u32) -> ToolCall {
+        const TEXT: &str = "The customer reports that the parcel arrived two days late and the box was \
+                            crushed on one side; the blender inside works but the jug has a hairline \
+                            crack near the handle. They would like a replacement jug rather than a refund, \
+                            and ask whether \"express\" shipping can be used this time.\n";
+        let messages = (0..13)
+            .map(|i| Message {
+                role: if i % 2 == 0 { "user".into() } else { "assistant".into() },
+                content: format!("{i}: {}", &TEXT[..TEXT.len() - (i * 7)]),
+            })
+            .collect();
+        ToolCall {
+            tool: "send_email".into(),
+            conversation_id: "conv_01HZX3K9Q7M2V8B4N6P0R5T1Y".into(),
+            turn,
+            temperature: 0.7,
+            max_tokens: 1024,
+            messages,
+            arguments: ToolArgs {
+                to: "customer@example.com".into(),
+                subject: "Your replacement jug is on its way".into(),
+                attachments: vec!["att_1".into(), "att_2".into()],
+            },
+        }
+    }
+}
+
+/// What one closed-loop run measured.
+#[derive(Debug, Clone, Default)]
+pub struct Sample {
+    /// Calls completed.
+    pub calls: u64,
+    /// Wall time from the first call's start to the last call's end.
+    pub elapsed: Duration,
+    /// Every call's latency in nanoseconds, unsorted.
+    pub latencies_ns: Vec<u64>,
+}
+
+impl Sample {
+    /// Calls per second.
+    pub fn rate(&self) -> f64 {
+        self.calls as f64 / self.elapsed.as_secs_f64()
+    }
+}
+
+/// Runs `concurrency` tasks that each call `call(task, i)` back to back until `duration` has
+/// passed (a call in progress at the deadline finishes and counts), recording every latency.
+///
+/// Must run inside a Tokio runtime; the tasks are spawned, so a multi-thread runtime spreads them.
+pub async fn closed_loop<F, Fut>(concurrency: usize, duration: Duration, call: F) -> Sample
+where
+    F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let call = Arc::new(call);
+    let start = Instant::now();
+    let deadline = start + duration;
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|task| {
+            let call = call.clone();
+            tokio::spawn(async move {
+                let mut latencies = Vec::with_capacity(16 * 1024);
+                let mut i = 0;
+                loop {
+                    let t0 = Instant::now();
+                    if t0 >= deadline {
+                        break;
+                    }
+                    call(task, i).await;
+                    latencies.push(t0.elapsed().as_nanos() as u64);
+                    i += 1;
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut sample = Sample::default();
+    for t in tasks {
+        let mut l = t.await.expect("a benchmark task panicked");
+        sample.latencies_ns.append(&mut l);
+    }
+    sample.elapsed = start.elapsed();
+    sample.calls = sample.latencies_ns.len() as u64;
+    sample
+}
+
+/// Several runs of the same measurement (rounds, interleaved with other measurements).
+#[derive(Debug, Clone, Default)]
+pub struct Rounds {
+    /// One sample per round.
+    pub samples: Vec<Sample>,
+}
+
+impl Rounds {
+    /// Adds a round.
+    pub fn push(&mut self, s: Sample) {
+        self.samples.push(s);
+    }
+
+    /// The median of the rounds' calls per second.
+    pub fn median_rate(&self) -> f64 {
+        let mut r: Vec<f64> = self.samples.iter().map(Sample::rate).collect();
+        r.sort_by(f64::total_cmp);
+        match r.len() {
+            0 => 0.0,
+            n if !n.is_multiple_of(2) => r[n / 2],
+            n => (r[n / 2 - 1] + r[n / 2]) / 2.0,
+        }
+    }
+
+    /// The lowest and highest round's calls per second.
+    pub fn rate_range(&self) -> (f64, f64) {
+        let r = self.samples.iter().map(Sample::rate);
+        (r.clone().fold(f64::INFINITY, f64::min), r.fold(0.0, f64::max))
+    }
+
+    /// The `q` quantile (0..=1) of all rounds' latencies together, in microseconds.
+    pub fn quantile_us(&self, q: f64) -> f64 {
+        let mut all: Vec<u64> = self.samples.iter().flat_map(|s| s.latencies_ns.iter().copied()).collect();
+        quantile_us(&mut all, q)
+    }
+
+    /// Calls in all rounds together.
+    pub fn calls(&self) -> u64 {
+        self.samples.iter().map(|s| s.calls).sum()
+    }
+}
+
+/// The `q` quantile of latencies given in nanoseconds, in microseconds (sorts `ns`).
+pub fn quantile_us(ns: &mut [u64], q: f64) -> f64 {
+    if ns.is_empty() {
+        return f64::NAN;
+    }
+    ns.sort_unstable();
+    let idx = ((ns.len() as f64 - 1.0) * q).round() as usize;
+    ns[idx] as f64 / 1000.0
+}
+
+/// A number of calls per second, rounded for a table (`12 345`).
+pub fn fmt_rate(r: f64) -> String {
+    let n = r.round() as u64;
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push('\u{202f}');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The process's peak resident set size (`VmHWM`) in KiB, if `/proc` has it.
+pub fn peak_rss_kib() -> Option<u64> {
+    proc_status_kib("VmHWM:")
+}
+
+/// The process's current resident set size (`VmRSS`) in KiB, if `/proc` has it.
+pub fn rss_kib() -> Option<u64> {
+    proc_status_kib("VmRSS:")
+}
+
+fn proc_status_kib(field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    line[field.len()..].trim().trim_end_matches("kB").trim().parse().ok()
+}
+
+/// CPU time this process's threads have used so far, from `/proc/self/task/*/schedstat`
+/// (nanosecond resolution, unlike `/proc/self/stat`'s clock ticks). Threads that already exited
+/// are not counted, so take both readings while the same threads are alive.
+pub fn process_cpu() -> Duration {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Duration::ZERO;
+    };
+    let ns: u64 = tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    Duration::from_nanos(ns)
+}
+
+/// Reads `--name value` from the command line, or `default`.
+pub fn arg<T: std::str::FromStr>(name: &str, default: T) -> T {
+    let args: Vec<String> = std::env::args().collect();
+    args.windows(2)
+        .find(|w| w[0] == name)
+        .map(|w| w[1].parse().unwrap_or_else(|_| panic!("cannot parse {name} {}", w[1])))
+        .unwrap_or(default)
+}
+
+/// Whether `--name` is on the command line.
+pub fn flag(name: &str) -> bool {
+    std::env::args().any(|a| a == name)
+}
