@@ -28,6 +28,7 @@ use idempotent_tests::{RedisServer, free_port};
 use idempotent_tower::server::IdempotencyLayer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Notify, Semaphore};
+use tower::ServiceExt;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type ClientBody = BoxBody<Bytes, BoxError>;
@@ -74,6 +75,9 @@ on_every_store!(
     a_corrupt_record_is_500_and_never_replayed,
     a_response_body_that_fails_releases_the_key,
     a_waiting_duplicate_gives_up_with_409,
+    a_request_dropped_while_its_body_is_read_still_stores_the_response,
+    a_request_dropped_while_complete_is_in_flight_still_stores_the_response,
+    a_lease_whose_renewals_keep_failing_is_lost_and_not_stored,
 );
 
 // ---------------------------------------------------------------------------------------------
@@ -162,6 +166,17 @@ async fn failing(State(l): State<Ledger>) -> Response<AxumBody> {
     Response::new(AxumBody::new(StreamBody::new(futures_util::stream::iter(frames))))
 }
 
+/// Answers at once; the body yields only once the gate opens.
+async fn slow_body(State(l): State<Ledger>) -> Response<AxumBody> {
+    let n = l.call();
+    let body = futures_util::stream::once(async move {
+        l.entered.notify_one();
+        l.gate.acquire().await.unwrap().forget();
+        Ok::<_, BoxError>(Frame::data(Bytes::from(format!("slow re_{n}"))))
+    });
+    Response::builder().status(StatusCode::CREATED).body(AxumBody::new(StreamBody::new(body))).unwrap()
+}
+
 fn routes(ledger: &Ledger) -> Router {
     Router::new()
         .route("/refunds", post(refund).patch(refund).get(refund).put(refund))
@@ -170,6 +185,7 @@ fn routes(ledger: &Ledger) -> Router {
         .route("/gated", post(gated))
         .route("/trailers", post(trailers))
         .route("/failing", post(failing))
+        .route("/slow-body", post(slow_body))
         .with_state(ledger.clone())
 }
 
@@ -683,6 +699,212 @@ async fn a_waiting_duplicate_gives_up_with_409(store: SharedStore) {
     assert_eq!(leader.await.unwrap().status, StatusCode::CREATED);
     assert!(app.h2(app.post("/gated", "patient"), "{}").await.replayed());
     assert_eq!(app.ledger.calls(), 1);
+}
+
+/// An in-process request to `path` under `key` (no connection: the test drops the future
+/// itself, as hyper does when the client goes away).
+fn in_process(path: &str, key: &str) -> Request<AxumBody> {
+    Request::post(path)
+        .header("idempotency-key", key)
+        .header("content-type", "application/json")
+        .body(AxumBody::from("{}"))
+        .unwrap()
+}
+
+async fn a_request_dropped_while_its_body_is_read_still_stores_the_response(store: SharedStore) {
+    let ledger = Ledger::new();
+    // A retry that waits for the first response; it gives up (409) long before a lease of 60 s
+    // would free a key left `running`.
+    let layer = IdempotencyLayer::new(store).on_in_flight(OnInFlight::Wait { timeout: Duration::from_secs(3) });
+    let app = routes(&ledger).layer(layer);
+    tokio::select! {
+        res = app.clone().oneshot(in_process("/slow-body", "dropped")) => {
+            panic!("the response came before its body could be read: {:?}", res.map(|r| r.status()))
+        }
+        // The handler has answered and the layer is reading the body: drop the request.
+        () = ledger.entered.notified() => {}
+    }
+    ledger.gate.add_permits(1);
+    let retry = app.oneshot(in_process("/slow-body", "dropped")).await.unwrap();
+    assert_eq!(retry.status(), StatusCode::CREATED, "the response was never stored");
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(retry.into_body().collect().await.unwrap().to_bytes(), "slow re_1");
+    assert_eq!(ledger.calls(), 1, "the retry ran the handler again");
+}
+
+/// A store whose `complete` waits at a gate after saying it started.
+struct SlowComplete {
+    store: SharedStore,
+    entered: Notify,
+    gate: Semaphore,
+}
+
+impl Store for SlowComplete {
+    fn acquire<'a>(
+        &'a self,
+        key: &'a Key,
+        fingerprint: &'a Fingerprint,
+        lease: Duration,
+        retention: Duration,
+    ) -> BoxFuture<'a, Result<Acquire, Error>> {
+        self.store.acquire(key, fingerprint, lease, retention)
+    }
+
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        token: &'a Token,
+        result: Bytes,
+        retention: Duration,
+    ) -> BoxFuture<'a, Result<Transition, Error>> {
+        Box::pin(async move {
+            self.entered.notify_one();
+            self.gate.acquire().await.unwrap().forget();
+            self.store.complete(key, token, result, retention).await
+        })
+    }
+
+    fn release<'a>(&'a self, key: &'a Key, token: &'a Token) -> BoxFuture<'a, Result<Transition, Error>> {
+        self.store.release(key, token)
+    }
+
+    fn renew<'a>(
+        &'a self,
+        key: &'a Key,
+        token: &'a Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Transition, Error>> {
+        self.store.renew(key, token, lease)
+    }
+
+    fn describe(&self) -> String {
+        format!("slow-complete {}", self.store.describe())
+    }
+}
+
+async fn a_request_dropped_while_complete_is_in_flight_still_stores_the_response(store: SharedStore) {
+    let slow = Arc::new(SlowComplete { store, entered: Notify::new(), gate: Semaphore::new(0) });
+    let ledger = Ledger::new();
+    let shared: SharedStore = slow.clone();
+    let layer = IdempotencyLayer::new(shared).on_in_flight(OnInFlight::Wait { timeout: Duration::from_secs(3) });
+    let app = routes(&ledger).layer(layer);
+    tokio::select! {
+        res = app.clone().oneshot(in_process("/refunds", "dropped")) => {
+            panic!("the response came before it was stored: {:?}", res.map(|r| r.status()))
+        }
+        () = slow.entered.notified() => {}
+    }
+    slow.gate.add_permits(1);
+    let retry = app.oneshot(in_process("/refunds", "dropped")).await.unwrap();
+    assert_eq!(retry.status(), StatusCode::CREATED, "the response was never stored");
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(retry.headers()["x-refund"], "re_1");
+    assert_eq!(ledger.calls(), 1, "the retry ran the handler again");
+}
+
+/// A store that cannot renew: every renewal fails as if the store were out of reach, or, with
+/// `hang`, never answers.
+struct RenewFails(SharedStore, bool);
+
+impl Store for RenewFails {
+    fn acquire<'a>(
+        &'a self,
+        key: &'a Key,
+        fingerprint: &'a Fingerprint,
+        lease: Duration,
+        retention: Duration,
+    ) -> BoxFuture<'a, Result<Acquire, Error>> {
+        self.0.acquire(key, fingerprint, lease, retention)
+    }
+
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        token: &'a Token,
+        result: Bytes,
+        retention: Duration,
+    ) -> BoxFuture<'a, Result<Transition, Error>> {
+        self.0.complete(key, token, result, retention)
+    }
+
+    fn release<'a>(&'a self, key: &'a Key, token: &'a Token) -> BoxFuture<'a, Result<Transition, Error>> {
+        self.0.release(key, token)
+    }
+
+    fn renew<'a>(
+        &'a self,
+        _key: &'a Key,
+        _token: &'a Token,
+        _lease: Duration,
+    ) -> BoxFuture<'a, Result<Transition, Error>> {
+        if self.1 {
+            return Box::pin(std::future::pending());
+        }
+        Box::pin(std::future::ready(Err(Error::Unavailable {
+            store: self.describe(),
+            op: "renew",
+            reason: "connection refused (injected)".into(),
+            source: None,
+        })))
+    }
+
+    fn describe(&self) -> String {
+        format!("renew-fails {}", self.0.describe())
+    }
+}
+
+async fn a_lease_whose_renewals_keep_failing_is_lost_and_not_stored(store: SharedStore) {
+    let lease = Duration::from_millis(300);
+    let failing: SharedStore = Arc::new(RenewFails(store, false));
+    let app = Arc::new(App::start(&failing, |l| l.lease(lease)).await);
+    let leader = {
+        let app = app.clone();
+        tokio::spawn(async move { app.h1(app.post("/gated", "unrenewed"), "{}").await })
+    };
+    app.ledger.entered.notified().await;
+    // Time passing is the point: outlive the lease with every renewal failing.
+    tokio::time::sleep(lease * 4).await;
+    app.ledger.gate.add_permits(1);
+    let first = leader.await.unwrap();
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(first.text(), "gated re_1", "the client still gets the response");
+    assert_eq!(
+        first.headers.get("idempotent-stored").map(|v| v.to_str().unwrap()),
+        Some("false"),
+        "a response made after the lease ran out must not be stored as the key's outcome"
+    );
+    // Nothing was stored: a retry runs the request again (and, quick enough not to need a
+    // renewal, stores its own response).
+    app.ledger.gate.add_permits(1);
+    let retry = app.h2(app.post("/gated", "unrenewed"), "{}").await;
+    assert_eq!(retry.status, StatusCode::CREATED);
+    assert!(!retry.replayed());
+    assert_eq!(retry.text(), "gated re_2");
+    let replay = app.h2(app.post("/gated", "unrenewed"), "{}").await;
+    assert!(replay.replayed());
+    assert_eq!(replay.text(), "gated re_2");
+    assert_eq!(app.ledger.calls(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_renewal_that_never_answers_loses_the_lease_when_it_runs_out() {
+    let lease = Duration::from_secs(30);
+    let store: SharedStore = Arc::new(RenewFails(Arc::new(idempotent_core::MemoryStore::new()), true));
+    let ledger = Ledger::new();
+    let app = routes(&ledger).layer(IdempotencyLayer::new(store).lease(lease));
+    let leader = tokio::spawn(app.clone().oneshot(in_process("/gated", "hung")));
+    ledger.entered.notified().await;
+    // The first renewal (at a third of the lease) hangs; the lease must still count as lost
+    // once it has run out, not when (if ever) the store answers.
+    tokio::time::sleep(lease + Duration::from_secs(1)).await;
+    ledger.gate.add_permits(1);
+    let first = leader.await.unwrap().unwrap();
+    assert_eq!(first.status(), StatusCode::CREATED);
+    assert_eq!(first.headers()["idempotent-stored"], "false");
+    ledger.gate.add_permits(1);
+    let retry = app.oneshot(in_process("/gated", "hung")).await.unwrap();
+    assert!(retry.headers().get("idempotent-replayed").is_none(), "a response made without a lease was replayed");
+    assert_eq!(ledger.calls(), 2);
 }
 
 /// A store that writes garbage in place of every result: the record a buggy or foreign writer

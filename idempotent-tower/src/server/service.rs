@@ -16,6 +16,7 @@ use idempotent_core::record::{Acquire, Lease, Transition};
 use idempotent_core::{Error, FailMode, Fingerprint, Key, OnInFlight};
 use tokio::time::Instant;
 use tower::{BoxError, Service};
+use tracing::Instrument;
 
 use super::body::{RequestBody, ResponseBody};
 use super::future::ResponseFuture;
@@ -152,7 +153,8 @@ where
     S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
     ReqBody: Body<Data = Bytes>,
     ReqBody::Error: Into<BoxError>,
-    ResBody: Body<Data = Bytes>,
+    // Sent to the task that stores the response (see below).
+    ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
     let (parts, body) = req.into_parts();
@@ -176,8 +178,8 @@ where
     let mut req = Request::from_parts(parts, RequestBody::full(data, trailers));
     req.extensions_mut().insert(Handled);
 
-    let lease = match acquire(&config, &key, &fingerprint, &short).await {
-        Acquired::Lease(lease) => lease,
+    let (lease, acquired_at) = match acquire(&config, &key, &fingerprint, &short).await {
+        Acquired::Lease(lease, sent) => (lease, sent),
         Acquired::Replay(bytes) => return Ok(replay(bytes, grpc, &short)),
         Acquired::Refuse(refusal) => return Ok(refusal.into_response(grpc)),
         Acquired::FailOpen => {
@@ -195,49 +197,24 @@ where
         recovered: lease.recovered,
     });
 
-    let limit = config.max_stored_response;
-    let work = async {
-        let res = inner.call(req).await?;
-        Ok(collect(res, limit).await)
-    };
-    let collected = match with_heartbeat(&config, &key, &lease, &short, work).await {
-        Ok(collected) => collected,
+    let mut held = Held { valid_until: acquired_at + config.lease, lost: false, config, key, lease, short };
+    let res = match held.heartbeat(inner.call(req)).await {
+        Ok(res) => res,
         Err(e) => {
-            release(&config, &key, &lease, &short, "the service failed").await;
+            held.release("the service failed").await;
             return Err(e);
         }
     };
-
-    match collected {
-        Collected::Complete { mut parts, data, trailers } => {
-            let outcome = Outcome { status: parts.status, headers: &parts.headers, trailers: trailers.as_ref(), grpc };
-            if config.policy.should_store(&outcome) {
-                let stored = StoredResponse {
-                    status: parts.status,
-                    headers: parts.headers.clone(),
-                    body: data.clone(),
-                    trailers: trailers.clone(),
-                };
-                if !complete(&config, &key, &lease, &short, stored.encode(), &parts).await {
-                    // The client still gets the response the service made, marked so that it
-                    // knows a retry under this key may run the request again.
-                    parts.headers.insert(IDEMPOTENT_STORED, HeaderValue::from_static("false"));
-                }
-            } else {
-                release(&config, &key, &lease, &short, "the store policy declined the response").await;
-            }
-            Ok(Response::from_parts(parts, ResponseBody::full(data, trailers)))
-        }
-        Collected::TooLarge { parts, prefix, rest } => {
-            tracing::warn!(key = %short, limit, status = parts.status.as_u16(), "idempotent.not_stored: the response is larger than max_stored_response; releasing the key, so a retry runs the request again");
-            release(&config, &key, &lease, &short, "the response is too large to store").await;
-            Ok(Response::from_parts(parts, ResponseBody::resume(prefix, rest)))
-        }
-        Collected::Failed { parts, prefix, error } => {
-            tracing::warn!(key = %short, %error, "idempotent.not_stored: the response body failed");
-            release(&config, &key, &lease, &short, "the response body failed").await;
-            Ok(Response::from_parts(parts, ResponseBody::failed(prefix, error)))
-        }
+    // The service has run. Storing its response must not depend on the client still waiting:
+    // hyper drops this future when the client goes away, and the record would then stay
+    // `running` until its lease passed, and the retry would run the request again. A spawned
+    // task is not dropped with the future that awaits it.
+    let finishing = tokio::spawn(held.finish(res, grpc).in_current_span());
+    match finishing.await {
+        Ok(res) => Ok(res),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // Only when the runtime shuts down under us; no client is left to read this.
+        Err(_) => Ok(Refusal::StoreError.into_response(grpc)),
     }
 }
 
@@ -340,7 +317,8 @@ fn http_fingerprint(parts: &Parts, body: &[u8]) -> Fingerprint {
 }
 
 enum Acquired {
-    Lease(Lease),
+    /// The lease, and when the acquire that took it was sent: the lease runs from no earlier.
+    Lease(Lease, Instant),
     Replay(Bytes),
     Refuse(Refusal),
     FailOpen,
@@ -351,8 +329,9 @@ async fn acquire(config: &Config, key: &Key, fingerprint: &Fingerprint, short: &
     let started = Instant::now();
     let mut backoff = Duration::from_millis(10);
     loop {
+        let sent = Instant::now();
         match config.store.acquire(key, fingerprint, config.lease, config.retention).await {
-            Ok(Acquire::Acquired(lease)) => return Acquired::Lease(lease),
+            Ok(Acquire::Acquired(lease)) => return Acquired::Lease(lease, sent),
             Ok(Acquire::Replay(bytes)) => return Acquired::Replay(bytes),
             Ok(Acquire::Mismatch) => {
                 tracing::info!(key = %short, "idempotent.mismatch: the key was used with another request");
@@ -419,32 +398,180 @@ fn replay<B>(bytes: Bytes, grpc: bool, short: &str) -> Response<ResponseBody<B>>
     res
 }
 
-/// Drives `work`, renewing the lease every third of it. A renewal never delays the work: both
-/// are polled together, and the work's result wins a tie.
-async fn with_heartbeat<F: Future>(config: &Config, key: &Key, lease: &Lease, short: &str, work: F) -> F::Output {
-    let period = (config.lease / 3).max(Duration::from_millis(1));
-    let mut work = pin!(work);
-    let mut lost = false;
-    loop {
-        if let Ok(out) = tokio::time::timeout(period, &mut work).await {
-            return out;
-        }
-        if lost {
-            return work.await;
-        }
-        let renew = config.store.renew(key, &lease.token, config.lease);
-        tokio::select! {
-            biased;
-            out = &mut work => return out,
-            answer = renew => match answer {
-                Ok(Transition::Ok) => tracing::trace!(key = %short, "idempotent.renewed"),
-                Ok(Transition::LeaseLost) => {
-                    tracing::warn!(key = %short, fence = lease.fence, "idempotent.lease_lost: another attempt took over while this request was running");
-                    lost = true;
+/// A lease this request holds, and what this process knows about it.
+struct Held {
+    config: Arc<Config>,
+    key: Key,
+    lease: Lease,
+    short: String,
+    /// Until when the lease is known to hold: `lease` after the acquire or the last successful
+    /// renewal was *sent*. The store started counting no earlier, so its deadline is no sooner.
+    valid_until: Instant,
+    /// The lease is gone, or may be: a renewal said so, or none reached the store in time.
+    lost: bool,
+}
+
+/// What ended one wait of the heartbeat.
+enum Beat<T> {
+    Done(T),
+    Renewed(Result<Transition, Error>, Instant),
+    Expired,
+}
+
+impl Held {
+    /// Drives `work`, renewing the lease every third of it. A renewal never delays the work:
+    /// both are polled together, and the work's result wins a tie. When no renewal succeeds
+    /// for a whole lease (the store is unreachable from here, while others may reach it), the
+    /// lease counts as lost, although no store said so: another attempt may have taken over.
+    async fn heartbeat<F: Future>(&mut self, work: F) -> F::Output {
+        let lease = self.config.lease;
+        let period = (lease / 3).max(Duration::from_millis(1));
+        let mut work = pin!(work);
+        loop {
+            if self.lost {
+                return work.await;
+            }
+            let next = (Instant::now() + period).min(self.valid_until);
+            if let Ok(out) = tokio::time::timeout_at(next, &mut work).await {
+                return out;
+            }
+            if Instant::now() >= self.valid_until {
+                self.expired();
+                continue;
+            }
+            let beat = {
+                let sent = Instant::now();
+                let renew = self.config.store.renew(&self.key, &self.lease.token, lease);
+                tokio::select! {
+                    biased;
+                    out = &mut work => Beat::Done(out),
+                    answer = renew => Beat::Renewed(answer, sent),
+                    () = tokio::time::sleep_until(self.valid_until) => Beat::Expired,
                 }
-                // The lease is still ours until it runs out; keep trying.
-                Err(e) => tracing::warn!(key = %short, error = %e, "idempotent.store_error: lease renewal failed"),
-            },
+            };
+            match beat {
+                Beat::Done(out) => return out,
+                Beat::Renewed(Ok(Transition::Ok), sent) => {
+                    self.valid_until = sent + lease;
+                    tracing::trace!(key = %self.short, "idempotent.renewed");
+                }
+                Beat::Renewed(Ok(Transition::LeaseLost), _) => {
+                    tracing::warn!(key = %self.short, fence = self.lease.fence, "idempotent.lease_lost: another attempt took over while this request was running");
+                    self.lost = true;
+                }
+                // The lease may still be ours until `valid_until`; keep trying.
+                Beat::Renewed(Err(e), _) => {
+                    tracing::warn!(key = %self.short, error = %e, "idempotent.store_error: lease renewal failed")
+                }
+                Beat::Expired => self.expired(),
+            }
+        }
+    }
+
+    fn expired(&mut self) {
+        if !self.lost {
+            tracing::warn!(key = %self.short, fence = self.lease.fence, "idempotent.lease_lost: no renewal reached the store within the lease; another attempt may take over, so the response will not be stored");
+            self.lost = true;
+        }
+    }
+
+    /// Reads the response body (renewing the lease meanwhile), stores the response or releases
+    /// the key, and returns the response for the client.
+    async fn finish<B>(mut self, res: Response<B>, grpc: bool) -> Response<ResponseBody<B>>
+    where
+        B: Body<Data = Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        let limit = self.config.max_stored_response;
+        let collected = self.heartbeat(collect(res, limit)).await;
+        // The body may have ended between two beats.
+        if Instant::now() >= self.valid_until {
+            self.expired();
+        }
+        let short = &self.short;
+        match collected {
+            Collected::Complete { mut parts, data, trailers } => {
+                let outcome =
+                    Outcome { status: parts.status, headers: &parts.headers, trailers: trailers.as_ref(), grpc };
+                if self.config.policy.should_store(&outcome) {
+                    let stored = StoredResponse {
+                        status: parts.status,
+                        headers: parts.headers.clone(),
+                        body: data.clone(),
+                        trailers: trailers.clone(),
+                    };
+                    if !self.complete(stored.encode(), &parts).await {
+                        // The client still gets the response the service made, marked so that it
+                        // knows a retry under this key may run the request again.
+                        parts.headers.insert(IDEMPOTENT_STORED, HeaderValue::from_static("false"));
+                    }
+                } else {
+                    self.release("the store policy declined the response").await;
+                }
+                Response::from_parts(parts, ResponseBody::full(data, trailers))
+            }
+            Collected::TooLarge { parts, prefix, rest } => {
+                tracing::warn!(key = %short, limit, status = parts.status.as_u16(), "idempotent.not_stored: the response is larger than max_stored_response; releasing the key, so a retry runs the request again");
+                self.release("the response is too large to store").await;
+                Response::from_parts(parts, ResponseBody::resume(prefix, rest))
+            }
+            Collected::Failed { parts, prefix, error } => {
+                tracing::warn!(key = %short, %error, "idempotent.not_stored: the response body failed");
+                self.release("the response body failed").await;
+                Response::from_parts(parts, ResponseBody::failed(prefix, error))
+            }
+        }
+    }
+
+    /// Stores the response; `false` when it was not stored.
+    async fn complete(&self, bytes: Bytes, parts: &http::response::Parts) -> bool {
+        let short = &self.short;
+        if self.lost {
+            // Another attempt may hold the key by now, and may have run the request too: the
+            // layer cannot vouch for this response, so it does not store it.
+            tracing::warn!(key = %short, fence = self.lease.fence, "idempotent.not_stored: the lease was lost while the request ran");
+            return false;
+        }
+        // Whatever the store says, the service ran and this is its response: the client gets it.
+        match self.config.store.complete(&self.key, &self.lease.token, bytes, self.config.retention).await {
+            Ok(Transition::Ok) => {
+                tracing::debug!(key = %short, status = parts.status.as_u16(), "idempotent.stored");
+                true
+            }
+            Ok(Transition::LeaseLost) => {
+                tracing::warn!(
+                    key = %short,
+                    fence = self.lease.fence,
+                    "idempotent.lease_lost: the response was not stored; another attempt took over the key"
+                );
+                false
+            }
+            Err(e) => {
+                tracing::error!(
+                    key = %short,
+                    error = %e,
+                    "idempotent.store_error: the service ran but its response was not stored; the key stays locked until its lease runs out"
+                );
+                false
+            }
+        }
+    }
+
+    async fn release(&self, why: &'static str) {
+        let short = &self.short;
+        if self.lost {
+            // Nothing to give up: the lease ran out, or another attempt holds the key.
+            tracing::debug!(key = %short, why, "idempotent.not_released: the lease was lost");
+            return;
+        }
+        match self.config.store.release(&self.key, &self.lease.token).await {
+            Ok(Transition::Ok) => tracing::debug!(key = %short, why, "idempotent.released"),
+            Ok(Transition::LeaseLost) => {
+                tracing::warn!(key = %short, why, "idempotent.lease_lost: released after losing the lease")
+            }
+            Err(e) => {
+                tracing::warn!(key = %short, why, error = %e, "idempotent.store_error: could not release; the key frees itself when the lease runs out")
+            }
         }
     }
 }
@@ -489,52 +616,6 @@ where
         }
     }
     Collected::Complete { parts, data: chunks.into_bytes(), trailers }
-}
-
-/// Stores the response; `false` when it could not be stored.
-async fn complete(
-    config: &Config,
-    key: &Key,
-    lease: &Lease,
-    short: &str,
-    bytes: Bytes,
-    parts: &http::response::Parts,
-) -> bool {
-    // Whatever the store says, the service ran and this is its response: the client gets it.
-    match config.store.complete(key, &lease.token, bytes, config.retention).await {
-        Ok(Transition::Ok) => {
-            tracing::debug!(key = %short, status = parts.status.as_u16(), "idempotent.stored");
-            true
-        }
-        Ok(Transition::LeaseLost) => {
-            tracing::warn!(
-                key = %short,
-                fence = lease.fence,
-                "idempotent.lease_lost: the response was not stored; another attempt took over the key"
-            );
-            false
-        }
-        Err(e) => {
-            tracing::error!(
-                key = %short,
-                error = %e,
-                "idempotent.store_error: the service ran but its response was not stored; the key stays locked until its lease runs out"
-            );
-            false
-        }
-    }
-}
-
-async fn release(config: &Config, key: &Key, lease: &Lease, short: &str, why: &'static str) {
-    match config.store.release(key, &lease.token).await {
-        Ok(Transition::Ok) => tracing::debug!(key = %short, why, "idempotent.released"),
-        Ok(Transition::LeaseLost) => {
-            tracing::warn!(key = %short, why, "idempotent.lease_lost: released after losing the lease")
-        }
-        Err(e) => {
-            tracing::warn!(key = %short, why, error = %e, "idempotent.store_error: could not release; the key frees itself when the lease runs out")
-        }
-    }
 }
 
 #[cfg(test)]
