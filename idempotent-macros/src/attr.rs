@@ -28,7 +28,7 @@ pub(crate) enum InFlight {
     Reject,
 }
 
-/// A number of seconds, at least 1.
+/// A number of seconds, at least 1 and at most the option's maximum.
 #[derive(Debug)]
 pub(crate) struct Seconds {
     pub(crate) secs: u64,
@@ -89,6 +89,7 @@ impl Parse for Args {
                     input,
                     "ttl",
                     kw.span,
+                    MAX_TTL,
                     "how long the result is kept and replayed, e.g. `ttl = 86400` for a day",
                 )?);
             } else if lookahead.peek(kw::lease) {
@@ -98,6 +99,7 @@ impl Parse for Args {
                     input,
                     "lease",
                     kw.span,
+                    MAX_LEASE,
                     "how long one attempt holds the key without renewing, e.g. `lease = 60`",
                 )?);
             } else if lookahead.peek(kw::key) {
@@ -207,8 +209,14 @@ fn ungroup(expr: &Expr) -> &Expr {
     }
 }
 
-/// `= <integer literal>`, at least 1.
-fn seconds(input: ParseStream<'_>, name: &str, span: Span, what: &str) -> syn::Result<Seconds> {
+/// The longest `ttl`: 10 years (3650 days). Stores turn it into a deadline, which must stay
+/// representable (an `Instant` overflows, Redis scripts see huge numbers in exponent notation).
+const MAX_TTL: (u64, &str) = (3650 * 24 * 60 * 60, "10 years");
+/// The longest `lease`: a day. An attempt that crashes blocks its key for a whole lease.
+const MAX_LEASE: (u64, &str) = (24 * 60 * 60, "1 day");
+
+/// `= <integer literal>`, at least 1 and at most `max`.
+fn seconds(input: ParseStream<'_>, name: &str, span: Span, max: (u64, &str), what: &str) -> syn::Result<Seconds> {
     equals(input, name, span, &format!("{name} = 60"))?;
     let expr: Expr = input.parse()?;
     let Expr::Lit(ExprLit { lit: Lit::Int(int), .. }) = ungroup(&expr) else {
@@ -222,6 +230,13 @@ fn seconds(input: ParseStream<'_>, name: &str, span: Span, what: &str) -> syn::R
     })?;
     if secs == 0 {
         return Err(syn::Error::new(int.span(), format!("`{name}` must be at least 1 second: {what}")));
+    }
+    let (max, max_words) = max;
+    if secs > max {
+        return Err(syn::Error::new(
+            int.span(),
+            format!("`{name}` must be at most {max} seconds ({max_words}): {what}"),
+        ));
     }
     Ok(Seconds { secs })
 }

@@ -5,7 +5,8 @@
 //! non-serializable one is reported there and by name), and hands the original body to
 //! `Step::run` as the action, wrapped in an `async move` block whose type is pinned to the user's
 //! return type, as `#[tracing::instrument]` does, so that rustc reports type errors in the body
-//! against that return type.
+//! against that return type. The expansion's own locals (`__idempotent_*`) have mixed-site
+//! hygiene, so a parameter that happens to share one of their names is still the user's.
 
 use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens, format_ident, quote, quote_spanned};
@@ -127,6 +128,16 @@ pub(crate) fn expand(args: Args, item: ItemFn) -> syn::Result<TokenStream> {
     let krate: Path = args.krate.clone().unwrap_or_else(|| syn::parse_quote!(::idempotent_core));
     let p = quote!(#krate::__private);
 
+    // The expansion's own locals are mixed-site hygienic: the user's parameters and body cannot
+    // see them, and they never shadow a user parameter of the same name. Those an error may be
+    // reported at keep the position of the user's token with `located_at`.
+    let local = |name: &str| Ident::new(name, Span::mixed_site());
+    let ctx_var = local("__idempotent_ctx");
+    let payload_var = local("__idempotent_payload");
+    let identity_var = local("__idempotent_identity");
+    let id_var = local("__idempotent_id");
+    let step_var = local("__idempotent_step");
+
     let pushes = payload.iter().map(|ident| {
         let name = ident.unraw().to_string();
         let check = format_ident!("__idempotent_arg_{}", name);
@@ -150,7 +161,7 @@ pub(crate) fn expand(args: Args, item: ItemFn) -> syn::Result<TokenStream> {
                         #p::canonical(self)
                     }
                 }
-                __idempotent_payload.push(#name, #check::__idempotent_canonical(#value));
+                #payload_var.push(#name, #check::__idempotent_canonical(#value));
             }
         }
     });
@@ -173,6 +184,7 @@ pub(crate) fn expand(args: Args, item: ItemFn) -> syn::Result<TokenStream> {
     let ctx_value = quote_spanned!(ctx_ident.span()=> &#ctx_ident);
 
     let ret_ty = &ret.ty;
+    let fake_var = Ident::new("__idempotent_fake_return", Span::mixed_site().located_at(ret.span));
     // An unreachable early return of the declared type, first thing in the body: rustc infers the
     // body's type from it and reports mismatches against the user's signature.
     let fake_return = quote_spanned! {ret.span=>
@@ -187,8 +199,8 @@ pub(crate) fn expand(args: Args, item: ItemFn) -> syn::Result<TokenStream> {
             clippy::unreachable
         )]
         if false {
-            let __idempotent_fake_return: #ret_ty = loop {};
-            return __idempotent_fake_return;
+            let #fake_var: #ret_ty = loop {};
+            return #fake_var;
         }
     };
 
@@ -196,8 +208,13 @@ pub(crate) fn expand(args: Args, item: ItemFn) -> syn::Result<TokenStream> {
     // unmet bounds on `T` and `E`, checked at the call and again at its `.await`, point there.
     let at_ret = Span::call_site().located_at(ret.span);
     let run = Ident::new(if args.store_errors { "run_storing_errors" } else { "run" }, at_ret);
+    let step_at_ret = Ident::new("__idempotent_step", Span::mixed_site().located_at(ret.span));
+    let payload_at_ret = Ident::new("__idempotent_payload", Span::mixed_site().located_at(ret.span));
+    // The parentheses keep the whole call expression in `at_ret`'s context: with the mixed-site
+    // receiver first, rustc would see the call's span as another one and report the unmet bound
+    // on `T` a second time.
     let call = quote_spanned! {at_ret=>
-        __idempotent_step.#run(&__idempotent_payload, move |_| async move {
+        (#step_at_ret).#run(&#payload_at_ret, move |_| async move {
             #fake_return
             #block
         })
@@ -209,16 +226,16 @@ pub(crate) fn expand(args: Args, item: ItemFn) -> syn::Result<TokenStream> {
         #(#outer)*
         #vis #sig {
             #(#inner)*
-            let __idempotent_ctx: #p::RunContext = #p::RunContext::clone(#ctx_value);
-            let (__idempotent_payload, __idempotent_identity) = {
-                let mut __idempotent_payload = #p::Payload::new();
+            let #ctx_var: #p::RunContext = #p::RunContext::clone(#ctx_value);
+            let (#payload_var, #identity_var) = {
+                let mut #payload_var = #p::Payload::new();
                 #(#pushes)*
-                __idempotent_payload.finish(&[#(#key_names),*])
+                #payload_var.finish(&[#(#key_names),*])
             };
-            let __idempotent_step = __idempotent_ctx.step(#step) #version #ttl #lease #on_in_flight;
-            let __idempotent_step = match &__idempotent_identity {
-                ::core::option::Option::Some(__idempotent_id) => __idempotent_step.identity(__idempotent_id),
-                ::core::option::Option::None => __idempotent_step,
+            let #step_var = #ctx_var.step(#step) #version #ttl #lease #on_in_flight;
+            let #step_var = match &#identity_var {
+                ::core::option::Option::Some(#id_var) => #step_var.identity(#id_var),
+                ::core::option::Option::None => #step_var,
             };
             #call
         }

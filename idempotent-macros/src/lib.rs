@@ -50,31 +50,73 @@ struct ReadmeDoctest;
 /// - One parameter is the **run context**: a parameter of type `RunContext` or `&RunContext`
 ///   (found by its type), or the one named with `ctx = name`. Its store holds the records and its
 ///   run id (and tenant) is part of every key; every retry of a run must pass the same run id.
-/// - Every other parameter is the **payload**, by name: `self`, the context (and any other
-///   `RunContext` parameter) and the parameters listed in `skip(..)` are left out. Payload parameters are serialized to canonical JSON and
-///   hashed into the key, so they must implement `serde::Serialize`; forgetting to skip a
+/// - Every other parameter is the **payload**, by name: `self` (see
+///   [below](#self-is-not-part-of-the-key)), the context (and any other `RunContext`
+///   parameter) and the parameters listed in `skip(..)` are left out. Payload parameters are
+///   serialized to canonical JSON and hashed into the key, so they must implement
+///   `serde::Serialize`; forgetting to skip a
 ///   client or a connection is a compile error at that parameter. Their types must be concrete:
 ///   a generic or `impl Trait` parameter must be skipped, since its serialized form would depend
 ///   on the caller. (Generic parameters of an enclosing `impl` block are not visible to the
 ///   macro; they are accepted when they implement `Serialize`.)
+///
+/// # `self` is not part of the key
+///
+/// **Two receivers called with the same arguments share one key.** The macro leaves `self` out
+/// of the payload (it is usually a client or a service, not data), so `alice.deposit(&ctx, 100)`
+/// and `bob.deposit(&ctx, 100)` in the same run are one operation: the second call replays the
+/// first one's result and its body never runs. When the receiver matters, pass what identifies
+/// it as an argument (an `account_id`), which is then part of the payload (and can be named in
+/// `key(..)`). Methods of different types already differ when their `step` names (or
+/// `version`s) do.
+///
+/// ```
+/// use idempotent_core::{idempotent, Error, MemoryStore, RunContext};
+///
+/// struct Account { id: String }
+///
+/// impl Account {
+///     // Wrong: `self` is not in the payload, so every account shares the key of `amount`.
+///     #[idempotent(step = "deposit")]
+///     async fn deposit(&self, ctx: &RunContext, amount: u64) -> Result<String, Error> {
+///         Ok(format!("{} +{amount}", self.id))
+///     }
+///
+///     // Right: the account id is an argument, so it is part of the key.
+///     #[idempotent(step = "deposit_to")]
+///     async fn deposit_to(&self, ctx: &RunContext, account_id: &str, amount: u64) -> Result<String, Error> {
+///         Ok(format!("{account_id} +{amount}"))
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Error> {
+/// let ctx = RunContext::new(MemoryStore::new(), "payday");
+/// let (alice, bob) = (Account { id: "alice".into() }, Account { id: "bob".into() });
+/// assert_eq!(alice.deposit(&ctx, 100).await?, "alice +100");
+/// assert_eq!(bob.deposit(&ctx, 100).await?, "alice +100"); // alice's result: bob's body never ran
+/// assert_eq!(alice.deposit_to(&ctx, &alice.id, 100).await?, "alice +100");
+/// assert_eq!(bob.deposit_to(&ctx, &bob.id, 100).await?, "bob +100");
+/// # Ok(()) }
+/// ```
 ///
 /// # Options
 ///
 /// | option | meaning | default |
 /// |---|---|---|
 /// | `step = "name"` | the step name, part of every key (required) | — |
-/// | `ttl = 86400` | seconds the result is kept and replayed | the context's default (24 h) |
-/// | `lease = 60` | seconds one attempt holds the key without renewing (renewed while the body runs) | the context's default (60 s) |
+/// | `ttl = 86400` | seconds the result is kept and replayed (1 ..= 315360000, i.e. 10 years) | the context's default (24 h) |
+/// | `lease = 60` | seconds one attempt holds the key without renewing (renewed while the body runs; 1 ..= 86400, i.e. a day) | the context's default (60 s) |
 /// | `key(a, b)` | key the operation on these parameters only; the rest of the payload is still fingerprinted | the whole payload |
 /// | `skip(a, b)` | leave these parameters out of the payload | none |
 /// | `version = 2` | part of the key: bumping it makes every operation of the step run afresh | 0 |
-/// | `on_in_flight = "wait"` or `"reject"` | while another attempt runs: wait for its result (up to 30 s, then take over if its lease ran out) or fail at once with `Error::InFlight` | the context's default (wait) |
+/// | `on_in_flight = "wait"` or `"reject"` | while another attempt runs: `"wait"` polls the store for up to 30 s and returns the other attempt's result once it is stored; it takes over (runs the body) only if the other attempt's lease runs out, or it frees the key, within those 30 s, and otherwise fails with `Error::InFlight`. `"reject"` fails with `Error::InFlight` at once | the context's default (wait) |
 /// | `store_errors` | store and replay `Err` outcomes too (`E: Serialize + DeserializeOwned`); without it an `Err` frees the key so a retry runs the body again | off |
 /// | `ctx = name` | the parameter that holds the `RunContext` (when its type is not spelled `RunContext`, e.g. an `Arc<RunContext>`) | the parameter typed `RunContext` |
 /// | `crate = "path"` | where `idempotent_core` is, when the dependency is renamed | `::idempotent_core` |
 ///
 /// Every misuse (a sync fn, a missing `step`, an option given twice or empty, an unknown option,
-/// a `ttl` or `lease` that is not a positive integer, `skip`/`key` naming a parameter that does
+/// a `ttl` or `lease` that is not a positive integer or is above its maximum, `skip`/`key` naming a parameter that does
 /// not exist, no context parameter, a return type that is not a `Result`, a generic parameter in
 /// the payload) is a compile error at the offending token.
 ///
