@@ -78,6 +78,7 @@ on_every_store!(
     a_request_dropped_while_its_body_is_read_still_stores_the_response,
     a_request_dropped_while_complete_is_in_flight_still_stores_the_response,
     a_lease_whose_renewals_keep_failing_is_lost_and_not_stored,
+    absurd_lease_and_retention_are_clamped,
 );
 
 // ---------------------------------------------------------------------------------------------
@@ -905,6 +906,19 @@ async fn a_renewal_that_never_answers_loses_the_lease_when_it_runs_out() {
     let retry = app.oneshot(in_process("/gated", "hung")).await.unwrap();
     assert!(retry.headers().get("idempotent-replayed").is_none(), "a response made without a lease was replayed");
     assert_eq!(ledger.calls(), 2);
+}
+
+async fn absurd_lease_and_retention_are_clamped(store: SharedStore) {
+    for d in [Duration::ZERO, Duration::MAX] {
+        let app = App::start(&store, |l| l.lease(d).retention(d).scope(format!("{d:?}"))).await;
+        let first = app.h1(app.post("/refunds", "absurd"), "{}").await;
+        assert_eq!(first.status, StatusCode::CREATED, "{d:?}: {}", first.text());
+        if d == Duration::MAX {
+            let retry = app.h2(app.post("/refunds", "absurd"), "{}").await;
+            assert!(retry.replayed(), "{d:?}: {}", retry.text());
+            assert_eq!(app.ledger.calls(), 1);
+        }
+    }
 }
 
 /// A store that writes garbage in place of every result: the record a buggy or foreign writer

@@ -18,6 +18,13 @@ pub const DEFAULT_MAX_STORED_RESPONSE: usize = 1024 * 1024;
 /// The `Retry-After` sent with 503 when the store is unreachable.
 pub const STORE_DOWN_RETRY_AFTER: Duration = Duration::from_secs(1);
 
+/// Bounds on [`IdempotencyLayer::lease`]: a zero lease would expire as it is taken, and the
+/// stores cannot represent a deadline near `Duration::MAX` (an `Instant` overflows; Redis
+/// scripts would see the number in exponent notation).
+const LEASE_BOUNDS: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(24 * 60 * 60));
+/// Bounds on [`IdempotencyLayer::retention`], for the same reasons.
+const RETENTION_BOUNDS: (Duration, Duration) = (Duration::from_millis(1), Duration::from_secs(10 * 365 * 24 * 60 * 60));
+
 type TenantFn = dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync;
 
 /// Everything the service needs, shared by every clone of it.
@@ -154,17 +161,25 @@ impl IdempotencyLayer {
         self
     }
 
-    /// How long a request holds its key without renewing it (default 60 s). The lease is
-    /// renewed every third of it while the service runs, so it only bounds how long a crashed
-    /// server blocks a key.
+    /// How long a request holds its key without renewing it (default 60 s), clamped to
+    /// 10 ms ..= 1 day.
+    ///
+    /// The lease is renewed every third of it while the service runs, so it bounds how long a
+    /// key stays blocked by a request that no longer runs: one whose server crashed, or one
+    /// dropped before the service answered (the client went away and the server dropped the
+    /// request's future; once the service has answered, the response is stored even if the
+    /// client is gone). A retry in that window gets 409. When no renewal reaches the store for a
+    /// whole lease, the request's lease counts as lost: its response still goes to the client,
+    /// marked `Idempotent-Stored: false`, and is not stored.
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.config().lease = lease;
+        self.config().lease = lease.clamp(LEASE_BOUNDS.0, LEASE_BOUNDS.1);
         self
     }
 
-    /// How long a stored response is replayed (default 24 h).
+    /// How long a stored response is replayed (default 24 h), clamped to 1 ms ..= 10 years
+    /// (3650 days).
     pub fn retention(mut self, retention: Duration) -> Self {
-        self.config().retention = retention;
+        self.config().retention = retention.clamp(RETENTION_BOUNDS.0, RETENTION_BOUNDS.1);
         self
     }
 
@@ -199,5 +214,43 @@ impl<S> Layer<S> for IdempotencyLayer {
 
     fn layer(&self, inner: S) -> Self::Service {
         Idempotency { inner, config: self.config.clone() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idempotent_core::MemoryStore;
+
+    #[test]
+    fn lease_and_retention_are_clamped() {
+        let layer = IdempotencyLayer::new(MemoryStore::new()).lease(Duration::ZERO).retention(Duration::ZERO);
+        assert_eq!(layer.config.lease, Duration::from_millis(10));
+        assert_eq!(layer.config.retention, Duration::from_millis(1));
+        let layer = IdempotencyLayer::new(MemoryStore::new()).lease(Duration::MAX).retention(Duration::MAX);
+        assert_eq!(layer.config.lease, Duration::from_secs(86_400));
+        assert_eq!(layer.config.retention, Duration::from_secs(3650 * 86_400));
+        let layer =
+            IdempotencyLayer::new(MemoryStore::new()).lease(Duration::from_secs(5)).retention(Duration::from_secs(7));
+        assert_eq!((layer.config.lease, layer.config.retention), (Duration::from_secs(5), Duration::from_secs(7)));
+    }
+
+    #[tokio::test]
+    async fn absurd_durations_never_reach_the_store() {
+        use tower::{ServiceExt, service_fn};
+        // `MemoryStore` adds the lease and retention to an `Instant`: `Duration::MAX` overflows.
+        let layer = IdempotencyLayer::new(MemoryStore::new()).lease(Duration::MAX).retention(Duration::MAX);
+        let svc = layer.layer(service_fn(|_req: http::Request<_>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Full::new(bytes::Bytes::from("ok"))))
+        }));
+        for replayed in [false, true] {
+            let req = http::Request::post("/x")
+                .header("idempotency-key", "k")
+                .body(http_body_util::Empty::<bytes::Bytes>::new())
+                .unwrap();
+            let res = svc.clone().oneshot(req).await.unwrap();
+            assert_eq!(res.status(), 200);
+            assert_eq!(res.headers().contains_key("idempotent-replayed"), replayed);
+        }
     }
 }
