@@ -62,6 +62,7 @@ on_every_store!(
     transient_statuses_release_the_key,
     final_error_statuses_are_replayed,
     tenants_never_share_a_record,
+    grpc_web_is_stored_and_replayed_as_http,
 );
 
 // ---------------------------------------------------------------------------------------------
@@ -293,6 +294,75 @@ async fn replay_is_byte_identical_with_trailers(store: SharedStore) {
     assert_eq!(second_parts.headers["idempotent-replayed"], "true");
     assert_eq!(second_parts.headers["content-type"], first_parts.headers["content-type"]);
     assert_eq!(second_parts.headers["x-refund-call"], "1");
+}
+
+/// gRPC-Web sends its trailers as the last frame of the body (flag 0x80), so the response has
+/// no `grpc-status` header or trailer: the layer treats it as the HTTP POST it is, and stores
+/// the 200 with its in-body trailers.
+async fn grpc_web_is_stored_and_replayed_as_http(store: SharedStore) {
+    use tower::{Layer, ServiceExt};
+    let calls = Arc::new(AtomicUsize::new(0));
+    let web = tower::service_fn({
+        let calls = calls.clone();
+        move |_req: http::Request<_>| {
+            let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+            let message = RefundReply { refund_id: format!("re_web_{n}"), call: n as u64 }.encode_to_vec();
+            let trailer = b"grpc-status:0\r\ngrpc-message:\r\n";
+            let mut body = BytesMut::new();
+            body.put_u8(0);
+            body.put_u32(message.len() as u32);
+            body.put_slice(&message);
+            body.put_u8(0x80);
+            body.put_u32(trailer.len() as u32);
+            body.put_slice(trailer);
+            let res = http::Response::builder()
+                .header("content-type", "application/grpc-web+proto")
+                .body(Full::new(body.freeze()))
+                .unwrap();
+            std::future::ready(Ok::<_, Infallible>(res))
+        }
+    });
+    let svc = IdempotencyLayer::new(store).layer(web);
+    let message = order("o-web", 900).encode_to_vec();
+    let mut framed = BytesMut::new();
+    framed.put_u8(0);
+    framed.put_u32(message.len() as u32);
+    framed.put_slice(&message);
+    let framed = framed.freeze();
+    let call = |key: Option<&str>, body: Bytes| {
+        let mut req = http::Request::post(REFUND).header("content-type", "application/grpc-web+proto");
+        if let Some(key) = key {
+            req = req.header("idempotency-key", key);
+        }
+        let svc = svc.clone();
+        async move {
+            let res = svc.oneshot(req.body(Full::new(body)).unwrap()).await.unwrap();
+            let (parts, body) = res.into_parts();
+            let collected = body.collect().await.unwrap();
+            assert!(collected.trailers().is_none(), "gRPC-Web has no HTTP trailers");
+            (parts, collected.to_bytes())
+        }
+    };
+    let (first, first_body) = call(Some("web-1"), framed.clone()).await;
+    let (second, second_body) = call(Some("web-1"), framed.clone()).await;
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the gRPC-Web call ran twice: its response was not stored");
+    assert_eq!(first.status, 200);
+    assert!(first.headers.get("idempotent-replayed").is_none());
+    assert_eq!(second.headers["idempotent-replayed"], "true");
+    assert_eq!(second.headers["content-type"], "application/grpc-web+proto");
+    assert_eq!(second_body, first_body, "the replay differs from the first response");
+    assert!(second_body.ends_with(b"grpc-status:0\r\ngrpc-message:\r\n"), "in-body trailers replayed");
+    // Another message under the key: an HTTP refusal (422), not a gRPC status.
+    let other = order("o-web", 901).encode_to_vec();
+    let mut framed = BytesMut::new();
+    framed.put_u8(0);
+    framed.put_u32(other.len() as u32);
+    framed.put_slice(&other);
+    let (refused, _) = call(Some("web-1"), framed.freeze()).await;
+    assert_eq!(refused.status, 422);
+    assert_eq!(refused.headers["content-type"], "application/problem+json");
+    assert!(refused.headers.get("grpc-status").is_none());
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
 }
 
 async fn sixty_four_concurrent_calls_run_the_handler_once(store: SharedStore) {

@@ -1,8 +1,9 @@
 //! gRPC calls: how they are recognised, fingerprinted and refused.
 //!
 //! A request whose `content-type` is `application/grpc` (or `application/grpc+proto`, and so on)
-//! is a gRPC call. Its key comes from the same header as for HTTP (`idempotency-key` metadata by
-//! default; gRPC metadata keys are lowercase HTTP/2 headers), whatever the method list says.
+//! is a gRPC call; gRPC-Web (`application/grpc-web*`) is not (see `is_grpc`). A call's key
+//! comes from the same header as for HTTP (`idempotency-key` metadata by default; gRPC metadata
+//! keys are lowercase HTTP/2 headers), whatever the method list says.
 //! Its fingerprint is the path (`/package.Service/Method`) and the request's message bytes as
 //! framed on the wire. Refusals are trailers-only responses — HTTP 200 with `grpc-status` and
 //! `grpc-message` in the headers and no body — because a gRPC client reads its status from
@@ -28,12 +29,22 @@ pub(crate) enum Code {
     Unavailable = 14,
 }
 
-/// Whether the request is a gRPC call.
+/// Whether the request is a gRPC call: `application/grpc`, alone or followed by `+codec` or
+/// parameters.
+///
+/// gRPC-Web (`application/grpc-web`, `application/grpc-web-text`, with or without a codec) is
+/// not: its trailers travel inside the response body, so the response carries no `grpc-status`
+/// for the store policy to read. It goes through the HTTP path instead (covered by its method,
+/// POST; fingerprinted by its body; a 200 stored and replayed byte for byte, in-body trailers
+/// included; refusals as HTTP problem documents).
 pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
-    headers
-        .get(CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|ct| ct.len() >= 16 && ct[..16].eq_ignore_ascii_case("application/grpc"))
+    const GRPC: &[u8] = b"application/grpc";
+    let Some(ct) = headers.get(CONTENT_TYPE).map(HeaderValue::as_bytes) else {
+        return false;
+    };
+    ct.len() >= GRPC.len()
+        && ct[..GRPC.len()].eq_ignore_ascii_case(GRPC)
+        && matches!(ct.get(GRPC.len()), None | Some(b'+' | b';' | b' ' | b'\t'))
 }
 
 /// The fingerprint of a gRPC call: its path and its framed message bytes.
@@ -78,12 +89,16 @@ mod tests {
 
     #[test]
     fn grpc_content_types_are_recognised() {
-        for ct in ["application/grpc", "application/grpc+proto", "application/GRPC+json", "application/grpc-web"] {
+        for ct in ["application/grpc", "application/grpc+proto", "application/GRPC+json", "application/grpc; charset=x"]
+        {
             let mut h = HeaderMap::new();
             h.insert(CONTENT_TYPE, HeaderValue::from_str(ct).unwrap());
             assert!(is_grpc(&h), "{ct}");
         }
-        for ct in ["application/json", "application/grp", "text/plain"] {
+        // gRPC-Web carries its trailers in the body: it takes the HTTP path.
+        let web =
+            ["application/grpc-web", "application/grpc-web+proto", "application/grpc-web-text", "application/grpcx"];
+        for ct in web.into_iter().chain(["application/json", "application/grp", "text/plain"]) {
             let mut h = HeaderMap::new();
             h.insert(CONTENT_TYPE, HeaderValue::from_str(ct).unwrap());
             assert!(!is_grpc(&h), "{ct}");

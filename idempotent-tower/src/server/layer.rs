@@ -111,7 +111,8 @@ impl IdempotencyLayer {
     }
 
     /// The HTTP methods the layer covers (default POST and PATCH). Requests with other methods
-    /// pass through untouched, key or not. gRPC calls are always covered.
+    /// pass through untouched, key or not. gRPC calls are always covered (gRPC-Web requests are
+    /// HTTP POSTs here; see the [module docs](super#grpc)).
     pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
         self.config().methods = methods.into_iter().collect();
         self
@@ -122,6 +123,10 @@ impl IdempotencyLayer {
     /// only, add a second layer with `require_key(true)` to those routes (for example with
     /// axum's `MethodRouter::layer`): a request that an outer `IdempotencyLayer` already took
     /// the key for passes through inner ones, so the two never compete for the key.
+    ///
+    /// For gRPC, `true` refuses *every* call without a key, health checks and read-only
+    /// methods included: put such a layer on the services that need keys only (the
+    /// [module docs](super#grpc) show how with tonic).
     pub fn require_key(mut self, required: bool) -> Self {
         self.config().require_key = required;
         self

@@ -73,9 +73,20 @@
 //!    [`StorePolicy`] decides: stored for replay (by default 2xx and final 4xx), or the key is
 //!    released so that a retry runs again (5xx, 408, 409, 425, 429). A response too large to
 //!    store is streamed to the client, the key released and a warning logged. A response the store
-//!    failed to take (the store went down, or the request outlived its lease and another attempt
-//!    took over) still goes to the client, marked `Idempotent-Stored: false`: the request ran,
-//!    and a retry under the same key may run it again.
+//!    failed to take (the store went down, or the request outlived its lease: another attempt
+//!    took over, or no renewal reached the store for a whole lease, so that another attempt may
+//!    have) still goes to the client, marked `Idempotent-Stored: false`: the request ran, and a
+//!    retry under the same key may run it again.
+//!
+//! # When the client goes away
+//!
+//! A server drops the request's future when its client disconnects. Once the service has
+//! answered, that no longer matters: reading the response body and storing the response (or
+//! releasing the key) run in a task of their own, so a retry gets the replay. If the future is
+//! dropped *before* the service answered, the service's work is cancelled with it, and the key
+//! stays held until the lease passes ([`lease`](IdempotencyLayer::lease), 60 s by default): a
+//! retry in that window gets 409, and the retry after it runs the request again with
+//! [`RequestLease::recovered`] set.
 //!
 //! Refusals are `application/problem+json` documents (RFC 9457) whose `detail` tells the
 //! client what to do. Events are logged with `tracing` (`idempotent.acquired`, `.replayed`,
@@ -86,13 +97,63 @@
 //! # gRPC
 //!
 //! The same layer serves tonic: `Server::builder().layer(IdempotencyLayer::new(store))`. Calls
-//! are recognised by `content-type: application/grpc*`; the key comes from `idempotency-key`
-//! metadata; the fingerprint is the method path and the message bytes; trailers (`grpc-status`,
-//! `grpc-message`, …) are stored and replayed; the default policy releases the key on
+//! are recognised by `content-type: application/grpc` (alone or with `+proto` and the like;
+//! gRPC-Web is not, see below); the key comes from `idempotency-key` metadata; the fingerprint
+//! is the method path and the message bytes; trailers (`grpc-status`, `grpc-message`, …) are
+//! stored and replayed; the default policy releases the key on
 //! UNAVAILABLE, ABORTED, RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED, INTERNAL, CANCELLED and
 //! UNKNOWN. Refusals are trailers-only gRPC statuses: missing or invalid key INVALID_ARGUMENT,
 //! body too large RESOURCE_EXHAUSTED, mismatch FAILED_PRECONDITION, in flight ABORTED, store
 //! down UNAVAILABLE.
+//!
+//! **Streaming.** The fingerprint needs the whole request, so a client-streaming or
+//! bidirectional call with a key is read to its end (up to
+//! [`max_request_body`](IdempotencyLayer::max_request_body)) before the service sees its first
+//! message: a bidirectional call that needs its messages interleaved with replies (a chat, a
+//! request that waits for an answer before sending the next) does not work with a key; call it
+//! without one, or keep such services out of the layer. A server-streaming response is
+//! buffered up to [`max_stored_response`](IdempotencyLayer::max_stored_response) before the
+//! client sees any of it; a longer stream is passed on as it comes and not stored.
+//!
+//! **`require_key(true)` applies to every gRPC call**, whatever its method: health checks,
+//! reflection and read-only methods included, which their clients call without a key. Put the
+//! layer with `require_key(true)` on the services that need it only, for example on their
+//! route of a tonic [`Routes`](https://docs.rs/tonic/latest/tonic/service/struct.Routes.html):
+//!
+//! ```no_run
+//! use std::convert::Infallible;
+//!
+//! use idempotent_core::MemoryStore;
+//! use idempotent_tower::server::{IdempotencyLayer, RequestBody};
+//! use tonic::service::Routes;
+//! use tower::Layer;
+//!
+//! type Payments = tower::util::BoxCloneSyncService<
+//!     http::Request<RequestBody<axum::body::Body>>,
+//!     http::Response<tonic::body::Body>,
+//!     Infallible,
+//! >;
+//!
+//! # async fn serve(health: Routes, payments: Payments) -> Result<(), tonic::transport::Error> {
+//! // `payments` is a generated server (`PaymentsServer::new(service)`), `health` the routes of
+//! // the health service: keys are required on `payments.Payments` and nowhere else.
+//! let keyed = IdempotencyLayer::new(MemoryStore::new()).require_key(true).layer(payments);
+//! let routes = health.into_axum_router().route_service("/payments.Payments/{*method}", keyed);
+//! tonic::transport::Server::builder()
+//!     .add_routes(Routes::from(routes))
+//!     .serve("127.0.0.1:50051".parse().unwrap())
+//!     .await
+//! # }
+//! ```
+//!
+//! **gRPC-Web** (`application/grpc-web`, `application/grpc-web-text`) is not handled as gRPC: its
+//! trailers, `grpc-status` included, travel inside the response body, where the store policy
+//! cannot read them. It is handled as the HTTP POST it is: covered when POST is among
+//! [`methods`](IdempotencyLayer::methods), fingerprinted by path, query and body, and a 200
+//! (whatever `grpc-status` its body carries) stored and replayed byte for byte, in-body trailers
+//! included. Its refusals are HTTP problem documents (400, 409, 422, 503), which gRPC-Web
+//! clients report by HTTP status. Put the layer inside the gRPC-Web translation (e.g.
+//! `tonic-web`) to have such calls handled as gRPC.
 //!
 //! ```no_run
 //! use idempotent_core::MemoryStore;

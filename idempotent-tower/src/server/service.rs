@@ -31,8 +31,9 @@ use super::record::{StoredResponse, strip_hop_by_hop};
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
 /// `Idempotent-Stored: false` marks a response that the service made but the layer could not
-/// store (the store failed, or the request outlived its lease and another attempt took over):
-/// the request ran, and a retry under the same key may run it again.
+/// store (the store failed, or the request outlived its lease: another attempt took over, or no
+/// renewal reached the store for a whole lease): the request ran, and a retry under the same
+/// key may run it again.
 pub const IDEMPOTENT_STORED: HeaderName = HeaderName::from_static("idempotent-stored");
 
 /// The lease a request runs under, put in the request's extensions for the handler (in axum:
