@@ -68,9 +68,12 @@
 //! together retries together and the overloaded server sees the same spike again; full jitter
 //! spreads them over the whole window. When the response says how long to wait — `Retry-After`
 //! as delta-seconds or as an HTTP-date, or gRPC's `grpc-retry-pushback-ms` — the policy waits
-//! exactly that long instead, unless it is longer than
-//! [`max_retry_after`](HttpRetryPolicy::max_retry_after): then it gives up and returns that
-//! response, since the caller is usually better placed to decide about a long wait.
+//! that long instead, plus a small jitter: up to a tenth of the wait, at least 50 ms and at
+//! most 250 ms (so up to 100 ms on top of `Retry-After: 1`). A server answers every client of a
+//! spike with the same `Retry-After`, and without the jitter they would all come back in the
+//! same instant. A wait longer than [`max_retry_after`](HttpRetryPolicy::max_retry_after) is not
+//! honoured: the policy gives up and returns that response, since the caller is usually better
+//! placed to decide about a long wait.
 //!
 //! # Why a budget as well as a maximum number of attempts
 //!
@@ -165,6 +168,18 @@ impl Default for Backoff {
     fn default() -> Self {
         Backoff::new(Duration::from_millis(100), Duration::from_secs(10))
     }
+}
+
+/// The bounds of the jitter added to a server-requested wait.
+const RETRY_AFTER_JITTER: (Duration, Duration) = (Duration::from_millis(50), Duration::from_millis(250));
+
+/// Drawn uniformly from zero to a tenth of `wait`, kept within [`RETRY_AFTER_JITTER`]: enough to
+/// spread clients that were told the same `Retry-After`, too little to matter to the server
+/// that asked for the wait.
+fn retry_after_jitter(wait: Duration, rng: &mut fastrand::Rng) -> Duration {
+    let spread = (wait / 10).clamp(RETRY_AFTER_JITTER.0, RETRY_AFTER_JITTER.1);
+    // Whole milliseconds, the resolution of tokio's timer.
+    Duration::from_millis(rng.u64(0..=spread.as_millis() as u64))
 }
 
 /// Decides whether an error from the inner service is worth a retry.
@@ -290,11 +305,11 @@ impl Common {
             tracing::warn!(attempt, %reason, %key, "idempotent.give_up: retry budget exhausted");
             return None;
         }
-        let delay = match wait {
-            Some(wait) => wait,
-            None => {
-                let mut rng = self.rng.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-                self.backoff.delay(self.retries, &mut rng)
+        let delay = {
+            let mut rng = self.rng.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            match wait {
+                Some(wait) => wait.saturating_add(retry_after_jitter(wait, &mut rng)),
+                None => self.backoff.delay(self.retries, &mut rng),
             }
         };
         self.retries += 1;
@@ -338,7 +353,8 @@ macro_rules! common_setters {
             self
         }
 
-        /// Seeds the jitter, so that delays are reproducible (tests). Unseeded by default.
+        /// Seeds the jitter (of the backoff and of server-requested waits), so that delays are
+        /// reproducible (tests). Unseeded by default.
         pub fn jitter_seed(mut self, seed: u64) -> Self {
             self.common.rng = Arc::new(Mutex::new(fastrand::Rng::with_seed(seed)));
             self

@@ -159,12 +159,47 @@ async fn a_seed_makes_the_delays_reproducible_and_different_seeds_differ() {
     assert_ne!(runs[0], runs[2]);
 }
 
+/// The delay a policy seeded with `seed` adds to a server-requested `wait` on its first retry.
+fn seeded_jitter(seed: u64, wait: Duration) -> Duration {
+    retry_after_jitter(wait, &mut fastrand::Rng::with_seed(seed))
+}
+
 #[tokio::test(start_paused = true)]
-async fn retry_after_in_seconds_is_waited_exactly() {
-    let policy = HttpRetryPolicy::new().backoff(fast());
+async fn retry_after_in_seconds_is_waited_plus_a_small_jitter() {
+    let policy = HttpRetryPolicy::new().backoff(fast()).jitter_seed(11);
     let (result, calls) = run(policy, get(), vec![status_with(503, "retry-after", "7")]).await;
     assert_eq!(result.unwrap().status(), 200);
-    assert_eq!(calls.gaps(), [Duration::from_secs(7)]);
+    let wait = Duration::from_secs(7);
+    assert_eq!(calls.gaps(), [wait + seeded_jitter(11, wait)]);
+    assert!(calls.gaps()[0] <= wait + Duration::from_millis(250));
+}
+
+#[tokio::test(start_paused = true)]
+async fn clients_told_the_same_retry_after_do_not_come_back_together() {
+    let mut gaps = Vec::new();
+    for seed in 0..64 {
+        let policy = HttpRetryPolicy::new().backoff(fast()).jitter_seed(seed);
+        let (_, calls) = run(policy, post_with_key(), vec![status_with(409, "retry-after", "1")]).await;
+        let gap = calls.gaps()[0];
+        assert!(gap >= Duration::from_secs(1), "retried before Retry-After: {gap:?}");
+        assert!(gap <= Duration::from_millis(1100), "a tenth of the wait at most: {gap:?}");
+        gaps.push(gap);
+    }
+    gaps.sort();
+    gaps.dedup();
+    assert!(gaps.len() > 32, "64 clients retried at only {} distinct instants", gaps.len());
+    assert!(gaps[gaps.len() - 1] - gaps[0] > Duration::from_millis(50), "spread: {gaps:?}");
+}
+
+#[test]
+fn retry_after_jitter_is_a_tenth_of_the_wait_within_50_to_250_ms() {
+    let mut rng = fastrand::Rng::with_seed(5);
+    let max = |wait: Duration, rng: &mut fastrand::Rng| (0..2000).map(|_| retry_after_jitter(wait, rng)).max().unwrap();
+    let near = |d: Duration, ms: u64| d <= Duration::from_millis(ms) && d > Duration::from_millis(ms * 9 / 10);
+    assert!(near(max(Duration::ZERO, &mut rng), 50));
+    assert!(near(max(Duration::from_secs(1), &mut rng), 100));
+    assert!(near(max(Duration::from_secs(60), &mut rng), 250));
+    assert!(near(max(Duration::MAX, &mut rng), 250));
 }
 
 #[tokio::test(start_paused = true)]
@@ -174,8 +209,9 @@ async fn retry_after_as_an_http_date_is_waited_until() {
     let (result, calls) = run(policy, get(), vec![status_with(429, "retry-after", &date)]).await;
     assert_eq!(result.unwrap().status(), 200);
     let gap = calls.gaps()[0];
-    // HTTP-dates have whole seconds; the wall clock moved on a little since `date` was made.
-    assert!(gap > Duration::from_secs(48) && gap <= Duration::from_secs(50), "waited {gap:?}");
+    // HTTP-dates have whole seconds; the wall clock moved on a little since `date` was made; the
+    // jitter adds up to 250 ms.
+    assert!(gap > Duration::from_secs(48) && gap <= Duration::from_millis(50_250), "waited {gap:?}");
 }
 
 #[tokio::test(start_paused = true)]
@@ -400,15 +436,18 @@ async fn grpc_pushback_is_honoured_and_a_negative_one_stops() {
     let pushback = |ms: &str| {
         Ok(Response::builder().header("grpc-status", "14").header("grpc-retry-pushback-ms", ms).body(()).unwrap())
     };
-    let (_, calls) = run(GrpcRetryPolicy::new().backoff(fast()), grpc_call(), vec![pushback("2500")]).await;
-    assert_eq!(calls.gaps(), [Duration::from_millis(2500)]);
+    let policy = GrpcRetryPolicy::new().backoff(fast()).jitter_seed(4);
+    let (_, calls) = run(policy, grpc_call(), vec![pushback("2500")]).await;
+    let wait = Duration::from_millis(2500);
+    assert_eq!(calls.gaps(), [wait + seeded_jitter(4, wait)]);
     let (result, calls) = run(GrpcRetryPolicy::new().backoff(fast()), grpc_call(), vec![pushback("-1")]).await;
     assert_eq!(result.unwrap().headers()["grpc-status"], "14");
     assert_eq!(calls.count(), 1);
     let aborted_with_retry_after =
         Ok(Response::builder().header("grpc-status", "10").header("retry-after", "3").body(()).unwrap());
-    let (_, calls) = run(GrpcRetryPolicy::new().backoff(fast()), grpc_call(), vec![aborted_with_retry_after]).await;
-    assert_eq!(calls.gaps(), [Duration::from_secs(3)]);
+    let policy = GrpcRetryPolicy::new().backoff(fast()).jitter_seed(9);
+    let (_, calls) = run(policy, grpc_call(), vec![aborted_with_retry_after]).await;
+    assert_eq!(calls.gaps(), [Duration::from_secs(3) + seeded_jitter(9, Duration::from_secs(3))]);
 }
 
 /// Collects every event's fields as text.
