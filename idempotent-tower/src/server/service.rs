@@ -562,7 +562,7 @@ impl Held {
         let short = &self.short;
         if self.lost {
             // Nothing to give up: the lease ran out, or another attempt holds the key.
-            tracing::debug!(key = %short, why, "idempotent.not_released: the lease was lost");
+            tracing::debug!(key = %short, why, "idempotent.lease_lost: nothing to release");
             return;
         }
         match self.config.store.release(&self.key, &self.lease.token).await {
