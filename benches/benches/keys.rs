@@ -8,7 +8,7 @@
 
 use criterion::{BenchmarkId, Criterion, Throughput, black_box, criterion_group, criterion_main};
 use idempotent_benches::{Refund, ToolCall};
-use idempotent_core::canonical::to_canonical_vec;
+use idempotent_core::canonical::{canonicalize_json, to_canonical_vec};
 use idempotent_core::{Fingerprint, Key, KeyScope, MemoryStore, RunContext};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
@@ -44,11 +44,32 @@ fn group<P: Serialize>(c: &mut Criterion, name: &str, payload: &P) {
     g.finish();
 }
 
+/// The HTTP layer canonicalizes JSON request bodies given as bytes. Its floor: parse into
+/// `serde_json::Value` (whose maps are sorted) and write it back — what a naive canonicalization
+/// would do, without the exact-integer and duplicate-member guarantees.
+fn json_body<P: Serialize>(c: &mut Criterion, name: &str, payload: &P) {
+    let body = serde_json::to_vec_pretty(payload).unwrap();
+    let mut g = c.benchmark_group(format!("json_body/{name}"));
+    g.throughput(Throughput::Bytes(body.len() as u64));
+    g.bench_function(BenchmarkId::new("floor: serde_json::from_slice::<Value> + to_vec", body.len()), |b| {
+        b.iter(|| {
+            let v: serde_json::Value = serde_json::from_slice(black_box(&body)).unwrap();
+            black_box(serde_json::to_vec(&v).unwrap())
+        })
+    });
+    g.bench_function(BenchmarkId::new("ours: canonical::canonicalize_json", body.len()), |b| {
+        b.iter(|| black_box(canonicalize_json(black_box(&body)).unwrap()))
+    });
+    g.finish();
+}
+
 fn keys(c: &mut Criterion) {
     let small = Refund::new(42);
     let large = ToolCall::new(3);
     group(c, "small", &small);
     group(c, "4KiB", &large);
+    json_body(c, "small", &small);
+    json_body(c, "4KiB", &large);
 }
 
 criterion_group!(benches, keys);

@@ -108,7 +108,7 @@ pub fn write_canonical<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) -> R
 /// `{"amount": 18446744073709551617}` and `{"amount": 18446744073709551616}` stay different.
 /// Fractions and exponents are read as IEEE doubles and written in JCS form, as RFC 8785 says.
 pub fn canonicalize_json(input: &[u8]) -> Result<Vec<u8>, JsonError> {
-    let mut p = JsonParser { s: input, i: 0, out: Vec::with_capacity(input.len()) };
+    let mut p = JsonParser { s: input, i: 0, out: Vec::with_capacity(input.len()), scratch: Vec::new() };
     p.skip_ws();
     p.value(0)?;
     p.skip_ws();
@@ -657,9 +657,11 @@ struct JsonParser<'a> {
     s: &'a [u8],
     i: usize,
     out: Vec<u8>,
+    /// Where an object's members are copied while they are put in order (see `ObjectState`).
+    scratch: Vec<u8>,
 }
 
-impl JsonParser<'_> {
+impl<'a> JsonParser<'a> {
     fn err(&self, reason: &'static str) -> JsonError {
         JsonError { offset: self.i, reason }
     }
@@ -733,7 +735,7 @@ impl JsonParser<'_> {
         self.i += 1;
         self.out.push(b'{');
         let start = self.out.len();
-        let mut entries: Vec<(String, Range<usize>)> = Vec::new();
+        let mut entries: Vec<(Cow<'a, str>, Range<usize>)> = Vec::new();
         self.skip_ws();
         if self.s.get(self.i) == Some(&b'}') {
             self.i += 1;
@@ -752,6 +754,9 @@ impl JsonParser<'_> {
             }
             self.i += 1;
             self.skip_ws();
+            if !entries.is_empty() {
+                self.out.push(b',');
+            }
             let begin = self.out.len();
             write_str(&mut self.out, &name);
             self.out.push(b':');
@@ -767,16 +772,20 @@ impl JsonParser<'_> {
                 _ => return Err(self.err("expected ',' or '}' in object")),
             }
         }
-        entries.sort_by(|a, b| utf16_cmp(&a.0, &b.0));
-        if entries.windows(2).any(|w| w[0].0 == w[1].0) {
-            return Err(self.err("an object has the same member name twice"));
-        }
-        let written = self.out.split_off(start);
-        for (i, (_, range)) in entries.iter().enumerate() {
-            if i > 0 {
-                self.out.push(b',');
+        if !entries.windows(2).all(|w| utf16_cmp(&w[0].0, &w[1].0).is_lt()) {
+            entries.sort_by(|a, b| utf16_cmp(&a.0, &b.0));
+            if entries.windows(2).any(|w| w[0].0 == w[1].0) {
+                return Err(self.err("an object has the same member name twice"));
             }
-            self.out.extend_from_slice(&written[range.start - start..range.end - start]);
+            self.scratch.clear();
+            self.scratch.extend_from_slice(&self.out[start..]);
+            self.out.truncate(start);
+            for (i, (_, range)) in entries.iter().enumerate() {
+                if i > 0 {
+                    self.out.push(b',');
+                }
+                self.out.extend_from_slice(&self.scratch[range.start - start..range.end - start]);
+            }
         }
         self.out.push(b'}');
         Ok(())
@@ -790,9 +799,24 @@ impl JsonParser<'_> {
         Ok(v)
     }
 
-    /// Reads a string literal (the cursor on its opening quote) and returns its value.
-    fn string(&mut self) -> Result<String, JsonError> {
+    /// Reads a string literal (the cursor on its opening quote) and returns its value, borrowed
+    /// from the input when it has no escapes (the common case).
+    fn string(&mut self) -> Result<Cow<'a, str>, JsonError> {
         self.i += 1;
+        let s: &'a [u8] = self.s;
+        let first = self.i;
+        while let Some(&b) = s.get(self.i) {
+            if b == b'"' || b == b'\\' || b < 0x20 {
+                break;
+            }
+            self.i += 1;
+        }
+        if s.get(self.i) == Some(&b'"') {
+            let text = std::str::from_utf8(&s[first..self.i]).map_err(|_| self.err("string is not valid UTF-8"))?;
+            self.i += 1;
+            return Ok(Cow::Borrowed(text));
+        }
+        self.i = first;
         let mut buf: Vec<u8> = Vec::new();
         loop {
             let run = self.i;
@@ -806,7 +830,7 @@ impl JsonParser<'_> {
             match self.s.get(self.i) {
                 Some(b'"') => {
                     self.i += 1;
-                    return String::from_utf8(buf).map_err(|_| self.err("string is not valid UTF-8"));
+                    return String::from_utf8(buf).map(Cow::Owned).map_err(|_| self.err("string is not valid UTF-8"));
                 }
                 Some(b'\\') => {
                     self.i += 1;

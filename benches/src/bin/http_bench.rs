@@ -1,0 +1,490 @@
+//! `IdempotencyLayer` in front of an axum handler, against the bare handler and against handlers
+//! that make the same Redis round trips themselves, driven over loopback from the same process.
+//!
+//! ```text
+//! cargo run --release -p idempotent-benches --bin http_bench [-- --secs 1 --rounds 3 --concurrency 64]
+//! cargo run --release -p idempotent-benches --bin http_bench -- --rss
+//! ```
+//!
+//! The load generator is a Rust client in this binary: `--concurrency` HTTP/1.1 connections
+//! (hyper's client connection over `TcpStream`, `TCP_NODELAY` on both sides), each sending one
+//! request after another with a ~200-byte JSON body until the row's time is up. Every server is
+//! the same axum app served by `axum::serve` on 127.0.0.1; the handler reads the body and answers
+//! 201 with a small JSON document. Rows:
+//!
+//! - bare axum: the handler alone (the baseline for the layer on `MemoryStore`);
+//! - the layer on `MemoryStore` and on `RedisStore`: first request (a new `Idempotency-Key`
+//!   every request: acquire, handler, store the response) and replay (each connection repeats
+//!   its own key, stored during warm-up: one acquire, the handler not called);
+//! - floors for Redis: the handler making one raw round trip itself (`GET`, the floor of the
+//!   replay path) or two (`SET NX` + `SET`, the floor of the first-request path), through the
+//!   same client setup as the store (deadpool, `pool` multiplexed connections, round-robin).
+//!
+//! Rows are interleaved round by round, as in `redis_bench`; requests/s is the median of the
+//! rounds, p50/p99 are over all rounds' requests.
+//!
+//! `--rss` instead measures peak memory (`VmHWM`): requests with 1 MiB bodies through the layer
+//! (under its 2 MiB default cap), then bodies of 8 MiB (over it: 413), reporting the peak after
+//! each phase.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::post;
+use axum::serve::ListenerExt;
+use http_body_util::{BodyExt, Full};
+use hyper::client::conn::http1::SendRequest;
+use hyper_util::rt::TokioIo;
+use idempotent_benches::{Refund, Rounds, Sample, arg, flag, fmt_rate, peak_rss_kib, process_cpu, rss_kib};
+use idempotent_core::deadpool_redis::{self, Runtime};
+use idempotent_core::redis::{self, Value, aio::MultiplexedConnection};
+use idempotent_core::{MemoryStore, RedisStore};
+use idempotent_tests::RedisServer;
+use idempotent_tower::IdempotencyLayer;
+use tokio::net::{TcpListener, TcpStream};
+
+const TIMEOUT: Duration = Duration::from_secs(2);
+const RESPONSE: &str = r#"{"refund_id":"re_3PqX7yLkd82Hf0Zs1mN4","status":"succeeded"}"#;
+
+/// The store's client setup without the store (see `redis_bench`).
+struct Raw {
+    conns: Vec<MultiplexedConnection>,
+    _held: Vec<deadpool_redis::Connection>,
+    next: AtomicUsize,
+    seq: AtomicU64,
+}
+
+impl Raw {
+    async fn connect(url: &str, size: usize) -> Raw {
+        let conn_config =
+            redis::AsyncConnectionConfig::new().set_response_timeout(None).set_connection_timeout(Some(TIMEOUT));
+        let manager = deadpool_redis::Manager::new_with_config(url, conn_config).unwrap();
+        let pool = deadpool_redis::Pool::builder(manager)
+            .config(deadpool_redis::PoolConfig {
+                max_size: size * 2,
+                timeouts: deadpool_redis::Timeouts {
+                    wait: Some(TIMEOUT),
+                    create: Some(TIMEOUT),
+                    recycle: Some(TIMEOUT),
+                },
+                ..Default::default()
+            })
+            .runtime(Runtime::Tokio1)
+            .build()
+            .unwrap();
+        let mut held = Vec::new();
+        for _ in 0..size {
+            held.push(pool.get().await.expect("connect to the bench redis-server"));
+        }
+        let conns = held.iter().map(|c| (**c).clone()).collect();
+        Raw { conns, _held: held, next: AtomicUsize::new(0), seq: AtomicU64::new(0) }
+    }
+
+    fn conn(&self) -> MultiplexedConnection {
+        self.conns[self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len()].clone()
+    }
+}
+
+async fn handler(body: Bytes) -> (StatusCode, [(&'static str, &'static str); 1], &'static str) {
+    std::hint::black_box(&body);
+    (StatusCode::CREATED, [("content-type", "application/json")], RESPONSE)
+}
+
+/// The handler, after one raw Redis round trip: what a hand-written idempotency check costs at
+/// the least (look the key up; here the value is always found).
+async fn one_round_trip(State(raw): State<Arc<Raw>>, body: Bytes) -> (StatusCode, Vec<u8>) {
+    std::hint::black_box(&body);
+    let v: Value = redis::cmd("GET").arg("floor:response").query_async(&mut raw.conn()).await.expect("GET");
+    let Value::BulkString(stored) = v else { panic!("floor:response missing") };
+    (StatusCode::CREATED, stored)
+}
+
+/// The handler between two raw Redis round trips: claim a key, run, store the response.
+async fn two_round_trips(State(raw): State<Arc<Raw>>, body: Bytes) -> (StatusCode, &'static str) {
+    let key = format!("floor:http:{}", raw.seq.fetch_add(1, Ordering::Relaxed));
+    let claimed: Value = redis::cmd("SET")
+        .arg(&key)
+        .arg(&[b'c'; 120][..])
+        .arg("NX")
+        .arg("PX")
+        .arg(60_000)
+        .query_async(&mut raw.conn())
+        .await
+        .expect("SET NX");
+    std::hint::black_box((claimed, &body));
+    let _: Value = redis::cmd("SET")
+        .arg(&key)
+        .arg(RESPONSE)
+        .arg("PX")
+        .arg(86_400_000)
+        .query_async(&mut raw.conn())
+        .await
+        .expect("SET");
+    (StatusCode::CREATED, RESPONSE)
+}
+
+async fn serve(app: Router) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+async fn connect(addr: SocketAddr) -> SendRequest<Full<Bytes>> {
+    let stream = TcpStream::connect(addr).await.expect("connect to the bench server");
+    stream.set_nodelay(true).unwrap();
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    sender
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keys {
+    /// A new key every request.
+    Unique,
+    /// Each connection repeats one key of its own.
+    PerConnection,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Row {
+    Bare,
+    MemoryFirst,
+    MemoryReplay,
+    RedisFirst,
+    RedisReplay,
+    FloorOne,
+    FloorTwo,
+}
+
+impl Row {
+    const ALL: [Row; 7] = [
+        Row::Bare,
+        Row::MemoryFirst,
+        Row::MemoryReplay,
+        Row::RedisFirst,
+        Row::RedisReplay,
+        Row::FloorOne,
+        Row::FloorTwo,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Row::Bare => "bare axum handler (no layer)",
+            Row::MemoryFirst => "layer + MemoryStore, first request",
+            Row::MemoryReplay => "layer + MemoryStore, replay",
+            Row::RedisFirst => "layer + RedisStore, first request",
+            Row::RedisReplay => "layer + RedisStore, replay",
+            Row::FloorOne => "floor: handler + 1 raw Redis round trip (GET)",
+            Row::FloorTwo => "floor: handler + 2 raw Redis round trips (SET NX + SET)",
+        }
+    }
+
+    fn keys(self) -> Keys {
+        match self {
+            Row::MemoryReplay | Row::RedisReplay => Keys::PerConnection,
+            _ => Keys::Unique,
+        }
+    }
+
+    /// The row this one is divided by, and the target ratio if the issue sets one.
+    fn baseline(self) -> Option<(Row, Option<f64>)> {
+        match self {
+            Row::MemoryFirst | Row::MemoryReplay => Some((Row::Bare, Some(0.85))),
+            Row::RedisReplay => Some((Row::FloorOne, Some(0.8))),
+            Row::RedisFirst => Some((Row::FloorTwo, None)),
+            _ => None,
+        }
+    }
+}
+
+static KEY_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// `concurrency` connections, each sending requests back to back for `duration`.
+async fn load(
+    addr: SocketAddr,
+    concurrency: usize,
+    duration: Duration,
+    keys: Keys,
+    body: Bytes,
+    expect: StatusCode,
+) -> Sample {
+    let mut senders = Vec::with_capacity(concurrency);
+    for _ in 0..concurrency {
+        senders.push(connect(addr).await);
+    }
+    let start = Instant::now();
+    let deadline = start + duration;
+    let tasks: Vec<_> = senders
+        .into_iter()
+        .enumerate()
+        .map(|(task, mut sender)| {
+            let body = body.clone();
+            tokio::spawn(async move {
+                let mut latencies = Vec::with_capacity(16 * 1024);
+                loop {
+                    let t0 = Instant::now();
+                    if t0 >= deadline {
+                        break;
+                    }
+                    let key = match keys {
+                        Keys::Unique => format!("k-{}", KEY_SEQ.fetch_add(1, Ordering::Relaxed)),
+                        Keys::PerConnection => format!("replay-{task}"),
+                    };
+                    let req = hyper::Request::post("/refunds")
+                        .header("host", "bench")
+                        .header("content-type", "application/json")
+                        .header("idempotency-key", key)
+                        .body(Full::new(body.clone()))
+                        .unwrap();
+                    sender.ready().await.expect("connection closed");
+                    let resp = sender.send_request(req).await.expect("request failed");
+                    let status = resp.status();
+                    let bytes = resp.into_body().collect().await.expect("response body").to_bytes();
+                    assert_eq!(status, expect, "unexpected response: {}", String::from_utf8_lossy(&bytes));
+                    latencies.push(t0.elapsed().as_nanos() as u64);
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut sample = Sample::default();
+    for t in tasks {
+        sample.latencies_ns.append(&mut t.await.expect("a load task panicked"));
+    }
+    sample.elapsed = start.elapsed();
+    sample.calls = sample.latencies_ns.len() as u64;
+    sample
+}
+
+struct Servers {
+    bare: SocketAddr,
+    memory: SocketAddr,
+    redis: SocketAddr,
+    floor_one: SocketAddr,
+    floor_two: SocketAddr,
+}
+
+impl Servers {
+    fn addr(&self, row: Row) -> SocketAddr {
+        match row {
+            Row::Bare => self.bare,
+            Row::MemoryFirst | Row::MemoryReplay => self.memory,
+            Row::RedisFirst | Row::RedisReplay => self.redis,
+            Row::FloorOne => self.floor_one,
+            Row::FloorTwo => self.floor_two,
+        }
+    }
+}
+
+fn app() -> Router {
+    Router::new().route("/refunds", post(handler))
+}
+
+fn main() {
+    if flag("--rss") {
+        return rss();
+    }
+    let secs: f64 = arg("--secs", 1.0);
+    let rounds: usize = arg("--rounds", 3);
+    let pool: usize = arg("--pool", 4);
+    let workers: usize = arg("--workers", std::thread::available_parallelism().map_or(2, |n| n.get()));
+    let concurrencies: Vec<usize> = arg("--concurrency", "64".to_owned())
+        .split(',')
+        .map(|c| c.trim().parse().expect("--concurrency takes a list like 1,64"))
+        .collect();
+    let only: String = arg("--only", String::new());
+    let duration = Duration::from_secs_f64(secs);
+    let warmup = Duration::from_millis(200);
+
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build().unwrap();
+    let body = Bytes::from(serde_json::to_vec(&Refund::new(7)).unwrap());
+    let servers = rt.block_on(async {
+        let store = RedisStore::builder(server.url()).pool_size(pool).command_timeout(TIMEOUT).build().unwrap();
+        let raw = Arc::new(Raw::connect(&server.url(), pool).await);
+        let _: () = redis::cmd("SET").arg("floor:response").arg(RESPONSE).query_async(&mut raw.conn()).await.unwrap();
+        Servers {
+            bare: serve(app()).await,
+            memory: serve(app().layer(IdempotencyLayer::new(MemoryStore::new()))).await,
+            redis: serve(app().layer(IdempotencyLayer::new(store))).await,
+            floor_one: serve(Router::new().route("/refunds", post(one_round_trip)).with_state(raw.clone())).await,
+            floor_two: serve(Router::new().route("/refunds", post(two_round_trips)).with_state(raw)).await,
+        }
+    });
+
+    let rows: Vec<(usize, Row)> =
+        Row::ALL.iter().copied().enumerate().filter(|(_, r)| r.label().contains(&only)).collect();
+    let mut table: BTreeMap<(usize, usize), (Row, Rounds, Duration)> = BTreeMap::new();
+    let started = Instant::now();
+    for round in 0..rounds {
+        for &concurrency in &concurrencies {
+            for &(idx, row) in &rows {
+                let addr = servers.addr(row);
+                rt.block_on(load(addr, concurrency, warmup, row.keys(), body.clone(), StatusCode::CREATED));
+                let cpu0 = process_cpu();
+                let sample =
+                    rt.block_on(load(addr, concurrency, duration, row.keys(), body.clone(), StatusCode::CREATED));
+                let cpu = process_cpu().saturating_sub(cpu0);
+                eprintln!(
+                    "round {}/{rounds} c={concurrency:<3} {:<58} {:>9} req/s",
+                    round + 1,
+                    row.label(),
+                    fmt_rate(sample.rate())
+                );
+                let entry = table.entry((concurrency, idx)).or_insert_with(|| (row, Rounds::default(), Duration::ZERO));
+                entry.1.push(sample);
+                entry.2 += cpu;
+            }
+        }
+    }
+
+    println!(
+        "\nhttp_bench: axum on 127.0.0.1, HTTP/1.1 keep-alive, {}-byte JSON request body, redis-server on loopback \
+         (RedisStore pool_size {pool}), tokio {workers} workers shared by client and servers, {rounds} rounds × {secs} s \
+         per row (interleaved), {:.0} s total\n",
+        body.len(),
+        started.elapsed().as_secs_f64()
+    );
+    let rate = |c: usize, row: Row| {
+        let idx = Row::ALL.iter().position(|&r| r == row).unwrap();
+        table.get(&(c, idx)).map(|(_, r, _)| r.median_rate())
+    };
+    let mut verdicts = Vec::new();
+    for &concurrency in &concurrencies {
+        println!("concurrency {concurrency} (connections)\n");
+        println!(
+            "| row | requests/s (median) | min–max of rounds | p50 µs | p99 µs | process CPU µs/request | ÷ baseline |"
+        );
+        println!("|---|--:|--:|--:|--:|--:|--:|");
+        for ((_, _), (row, rounds, cpu)) in table.range((concurrency, 0)..(concurrency + 1, 0)) {
+            let (lo, hi) = rounds.rate_range();
+            let ratio = row.baseline().and_then(|(base, target)| {
+                let r = rate(concurrency, *row)? / rate(concurrency, base)?;
+                if let Some(t) = target {
+                    verdicts.push(format!(
+                        "- c={concurrency} {}: {r:.2}× {} (target ≥ {t}: {})",
+                        row.label(),
+                        base.label(),
+                        if r >= t { "met" } else { "MISSED" }
+                    ));
+                }
+                Some(format!("{r:.2} (÷ {})", short(base)))
+            });
+            println!(
+                "| {} | {} | {}–{} | {:.0} | {:.0} | {:.1} | {} |",
+                row.label(),
+                fmt_rate(rounds.median_rate()),
+                fmt_rate(lo),
+                fmt_rate(hi),
+                rounds.quantile_us(0.50),
+                rounds.quantile_us(0.99),
+                cpu.as_secs_f64() * 1e6 / rounds.calls() as f64,
+                ratio.unwrap_or_default()
+            );
+        }
+        println!();
+    }
+    println!("Targets:");
+    for v in verdicts {
+        println!("{v}");
+    }
+}
+
+fn short(row: Row) -> &'static str {
+    match row {
+        Row::Bare => "bare",
+        Row::FloorOne => "1 round trip",
+        Row::FloorTwo => "2 round trips",
+        _ => "?",
+    }
+}
+
+/// Peak RSS with 1 MiB bodies under the cap, then 8 MiB bodies over it.
+fn rss() {
+    let concurrency: usize = arg("--concurrency", 16);
+    let requests: usize = arg("--requests", 2000);
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let addr = rt.block_on(serve(app().layer(IdempotencyLayer::new(MemoryStore::new()))));
+    let mib = |kib: Option<u64>| kib.unwrap_or(0) as f64 / 1024.0;
+    println!(
+        "http_bench --rss: layer (default caps: request body 2 MiB, stored response 1 MiB) on MemoryStore, \
+         {concurrency} connections\n"
+    );
+    println!("| phase | requests | responses | peak RSS (VmHWM) | RSS after |");
+    println!("|---|--:|---|--:|--:|");
+    println!("| start (server up, nothing sent) | 0 | | {:.1} MiB | {:.1} MiB |", mib(peak_rss_kib()), mib(rss_kib()));
+    for (label, size, expect, n) in [
+        ("1 MiB JSON-less bodies (octet-stream), unique keys", 1 << 20, StatusCode::CREATED, requests),
+        ("8 MiB bodies, over the 2 MiB cap", 8 << 20, StatusCode::PAYLOAD_TOO_LARGE, requests / 4),
+    ] {
+        let body = Bytes::from(vec![b'x'; size]);
+        let (ok, errors) = rt.block_on(send_n(addr, concurrency, n, body, expect));
+        println!(
+            "| {label} | {n} | {ok} × {} {} | {:.1} MiB | {:.1} MiB |",
+            expect.as_u16(),
+            if errors > 0 { format!("+ {errors} connection resets") } else { String::new() },
+            mib(peak_rss_kib()),
+            mib(rss_kib())
+        );
+    }
+}
+
+/// Sends `n` requests of `body` over `concurrency` connections (a new connection after a reset:
+/// a server may close the connection after refusing an oversized body it did not read).
+async fn send_n(addr: SocketAddr, concurrency: usize, n: usize, body: Bytes, expect: StatusCode) -> (usize, usize) {
+    let next = Arc::new(AtomicUsize::new(0));
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let (next, body) = (next.clone(), body.clone());
+            tokio::spawn(async move {
+                let (mut ok, mut errors) = (0, 0);
+                let mut sender = connect(addr).await;
+                while next.fetch_add(1, Ordering::Relaxed) < n {
+                    let req = hyper::Request::post("/refunds")
+                        .header("host", "bench")
+                        .header("content-type", "application/octet-stream")
+                        .header("idempotency-key", format!("big-{}", KEY_SEQ.fetch_add(1, Ordering::Relaxed)))
+                        .body(Full::new(body.clone()))
+                        .unwrap();
+                    let sent = match sender.ready().await {
+                        Ok(()) => sender.send_request(req).await,
+                        Err(e) => Err(e),
+                    };
+                    match sent {
+                        Ok(resp) => {
+                            let status = resp.status();
+                            let _ = resp.into_body().collect().await;
+                            assert_eq!(status, expect);
+                            ok += 1;
+                        }
+                        Err(_) => {
+                            errors += 1;
+                            sender = connect(addr).await;
+                        }
+                    }
+                }
+                (ok, errors)
+            })
+        })
+        .collect();
+    let mut total = (0, 0);
+    for t in tasks {
+        let (ok, errors) = t.await.unwrap();
+        total.0 += ok;
+        total.1 += errors;
+    }
+    total
+}
