@@ -13,7 +13,12 @@
 //!   silently write `null`, which would make every non-finite amount the same payload;
 //! - integers are written exactly, in decimal. This is the one place where we depart from JCS, which
 //!   formats every number as an IEEE double and so maps 2^53 + 1 onto 2^53: two different amounts
-//!   must never share a key. For integers with magnitude up to 2^53 the output is JCS byte for byte;
+//!   must never share a key. For integers with magnitude up to 2^53 the output is JCS byte for byte.
+//!   "Integer" means what serde hands over as an integer (`u64`, `i128`, …) and, in
+//!   [`canonicalize_json`], a JSON number written without a fraction or exponent. A number written
+//!   as `9007199254740993.0` or `9.007199254740993e15` is a double, as JCS says, and rounds like
+//!   one; and a `serde_json::Value` parsed without serde_json's `arbitrary_precision` feature has
+//!   already rounded integers beyond 64 bits before we see them;
 //! - nesting deeper than [`MAX_DEPTH`] is rejected with [`CanonicalError::TooDeep`];
 //! - map keys must be strings (or unit enum variants, written as their name); an integer or
 //!   composite map key is rejected with [`CanonicalError::NonStringKey`].
@@ -682,8 +687,10 @@ impl<'a> JsonParser<'a> {
         }
     }
 
+    /// Reads one value inside `depth` enclosing arrays and objects.
     fn value(&mut self, depth: usize) -> Result<(), JsonError> {
-        if depth >= MAX_DEPTH {
+        // The same limit as the serializer's: at most MAX_DEPTH nested arrays and objects.
+        if depth >= MAX_DEPTH && matches!(self.s.get(self.i), Some(b'{' | b'[')) {
             return Err(self.err("nested deeper than the canonical JSON limit (128)"));
         }
         match self.s.get(self.i) {
@@ -1089,6 +1096,19 @@ mod tests {
         assert!(to_canonical_vec(&ok).is_ok());
         let deep = "[".repeat(100_000);
         assert!(canonicalize_json(deep.as_bytes()).is_err());
+        // Both canonicalizers draw the line at the same depth.
+        let at_limit = format!("{}1{}", "[".repeat(MAX_DEPTH), "]".repeat(MAX_DEPTH));
+        let value: serde_json::Value = {
+            let mut v = json!(1);
+            for _ in 0..MAX_DEPTH {
+                v = json!([v]);
+            }
+            v
+        };
+        assert_eq!(to_canonical_vec(&value).unwrap(), at_limit.as_bytes());
+        assert_eq!(canonicalize_json(at_limit.as_bytes()).unwrap(), at_limit.as_bytes());
+        let over = format!("[{at_limit}]");
+        assert!(canonicalize_json(over.as_bytes()).is_err());
     }
 
     #[test]
