@@ -349,6 +349,33 @@ impl RedisCluster {
     }
 }
 
+/// Generates, for each `async fn check(store: SharedStore)` named, one `#[tokio::test]` on a
+/// `MemoryStore` (in `mod memory`) and one on a throwaway `redis-server` (in `mod redis`).
+#[macro_export]
+macro_rules! on_every_store {
+    ($($check:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $check() {
+                    super::$check(::std::sync::Arc::new(::idempotent_core::MemoryStore::new())).await;
+                }
+            )*
+        }
+        mod redis {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $check() {
+                    let server = $crate::RedisServer::start();
+                    let store = ::idempotent_core::RedisStore::connect(&server.url()).expect("connect to the test server");
+                    super::$check(::std::sync::Arc::new(store)).await;
+                    drop(server);
+                }
+            )*
+        }
+    };
+}
+
 /// A unique name for a test's run ids and keys.
 pub fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", uuid_like())

@@ -9,27 +9,7 @@ use idempotent_tests::{RedisCluster, RedisServer, unique};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Barrier, Notify, oneshot};
 
-/// Runs each check against a store made by `make`.
-macro_rules! on_every_store {
-    ($($check:ident),* $(,)?) => {
-        mod memory {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $check() {
-                super::$check(std::sync::Arc::new(idempotent_core::MemoryStore::new())).await;
-            })*
-        }
-        mod redis {
-            $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $check() {
-                let server = idempotent_tests::RedisServer::start();
-                let store = idempotent_core::RedisStore::connect(&server.url()).unwrap();
-                super::$check(std::sync::Arc::new(store)).await;
-            })*
-        }
-    };
-}
-
-on_every_store!(
+idempotent_tests::on_every_store!(
     replay_returns_the_first_result,
     errors_release_the_key_for_a_retry,
     stored_errors_replay,

@@ -10,10 +10,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use idempotent_core::record::{Acquire, Token, Transition};
 use idempotent_core::store::BoxFuture;
-use idempotent_core::{
-    Error, Fingerprint, Key, MemoryStore, RedisStore, RunContext, SharedStore, Store, current_attempt, idempotent,
-};
-use idempotent_tests::{RedisServer, unique};
+use idempotent_core::{Error, Fingerprint, Key, RunContext, SharedStore, Store, current_attempt, idempotent};
+use idempotent_tests::unique;
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, watch};
 
@@ -372,31 +370,7 @@ async fn payload_without_canonical_form_does_not_run(store: SharedStore) {
     assert_eq!(ledger.count(), 1);
 }
 
-macro_rules! on_both_stores {
-    ($($check:ident),* $(,)?) => {
-        mod memory {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $check() {
-                    super::$check(std::sync::Arc::new(super::MemoryStore::new())).await;
-                }
-            )*
-        }
-
-        mod redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $check() {
-                    let server = super::RedisServer::start();
-                    let store = super::RedisStore::connect(&server.url()).expect("connect to the test server");
-                    super::$check(std::sync::Arc::new(store)).await;
-                }
-            )*
-        }
-    };
-}
-
-on_both_stores!(
+idempotent_tests::on_every_store!(
     replay_returns_first_result,
     concurrent_calls_run_the_body_once,
     reject_policy_gives_in_flight,

@@ -537,8 +537,8 @@ async fn nemesis_mixed_faults_with_8_workers() {
                 let key = &keys[(rng() % keys.len() as u64) as usize];
                 let cfg = Cfg {
                     lease: Duration::from_millis(500),
-                    heartbeat: rng() % 4 != 0,
-                    on_in_flight: if rng() % 2 == 0 {
+                    heartbeat: !rng().is_multiple_of(4),
+                    on_in_flight: if rng().is_multiple_of(2) {
                         OnInFlight::Reject
                     } else {
                         OnInFlight::Wait { timeout: Duration::from_secs(2) }
@@ -548,7 +548,7 @@ async fn nemesis_mixed_faults_with_8_workers() {
                 let hold: Option<Hold> =
                     Some(Box::new(move || Box::pin(tokio::time::sleep(Duration::from_millis(work * 120)))));
                 // Some calls are abandoned mid-flight, as a cancelled request would be.
-                let abandon = rng() % 10 == 0;
+                let abandon = rng().is_multiple_of(10);
                 let call = call(&ctx, &hist, key, cfg, hold, false);
                 if abandon {
                     let _ = tokio::time::timeout(Duration::from_millis(150), call).await;

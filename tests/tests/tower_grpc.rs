@@ -28,31 +28,7 @@ use tonic_prost::ProstCodec;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
-macro_rules! on_every_store {
-    ($($name:ident),* $(,)?) => {
-        mod memory {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    super::$name(std::sync::Arc::new(idempotent_core::MemoryStore::new())).await;
-                }
-            )*
-        }
-        mod redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    let server = idempotent_tests::RedisServer::start();
-                    let store = idempotent_core::RedisStore::connect(&server.url()).unwrap();
-                    super::$name(std::sync::Arc::new(store)).await;
-                    drop(server);
-                }
-            )*
-        }
-    };
-}
-
-on_every_store!(
+idempotent_tests::on_every_store!(
     a_retried_call_gets_the_first_reply,
     replay_is_byte_identical_with_trailers,
     sixty_four_concurrent_calls_run_the_handler_once,

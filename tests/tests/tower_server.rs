@@ -33,31 +33,7 @@ use tower::ServiceExt;
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type ClientBody = BoxBody<Bytes, BoxError>;
 
-macro_rules! on_every_store {
-    ($($name:ident),* $(,)?) => {
-        mod memory {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    super::$name(std::sync::Arc::new(idempotent_core::MemoryStore::new())).await;
-                }
-            )*
-        }
-        mod redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $name() {
-                    let server = idempotent_tests::RedisServer::start();
-                    let store = idempotent_core::RedisStore::connect(&server.url()).unwrap();
-                    super::$name(std::sync::Arc::new(store)).await;
-                    drop(server);
-                }
-            )*
-        }
-    };
-}
-
-on_every_store!(
+idempotent_tests::on_every_store!(
     replay_is_byte_identical_over_http1,
     replay_keeps_trailers_over_http2,
     sixty_four_concurrent_requests_run_the_handler_once,

@@ -25,7 +25,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use idempotent_core::{Error, MemoryStore, RedisStore, RunContext, SharedStore, current_attempt, idempotent};
+use idempotent_core::{Error, RunContext, current_attempt, idempotent};
 use serde::{Deserialize, Serialize};
 
 // ---- the outside world: every call to these is a real side effect ----
@@ -198,10 +198,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "error".into()))
         .init();
 
-    let (store, store_name): (SharedStore, String) = match std::env::var("REDIS_URL") {
-        Ok(url) => (std::sync::Arc::new(RedisStore::connect(&url)?), url),
-        Err(_) => (std::sync::Arc::new(MemoryStore::new()), "memory (set REDIS_URL to use Redis)".to_owned()),
-    };
+    let (store, store_name) = idempotent_examples::store_from_env()?;
     let run_id = std::env::var("RUN_ID").unwrap_or_else(|_| {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         format!("support-4711/turn-{}", now.as_millis())

@@ -44,7 +44,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use idempotent_core::{MemoryStore, RedisStore, SharedStore};
+use idempotent_core::SharedStore;
 use idempotent_tower::IdempotencyLayer;
 use serde::{Deserialize, Serialize};
 
@@ -98,22 +98,11 @@ fn app(store: SharedStore, provider: Arc<Provider>) -> Router {
     Router::new().merge(refunds).route("/provider", get(provider_stats)).with_state(provider)
 }
 
-fn store() -> Result<(SharedStore, String), idempotent_core::Error> {
-    match std::env::var("REDIS_URL") {
-        Ok(url) if !url.is_empty() => {
-            let store = RedisStore::connect(&url)?;
-            let describe = format!("RedisStore at {}", idempotent_core::Store::describe(&store));
-            Ok((Arc::new(store), describe))
-        }
-        _ => Ok((Arc::new(MemoryStore::new()), "MemoryStore (set REDIS_URL to use Redis)".to_owned())),
-    }
-}
-
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     tracing_subscriber::fmt().with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into())).init();
     let demo = std::env::args().nth(1).as_deref() == Some("demo");
-    let (store, describe) = store()?;
+    let (store, describe) = idempotent_examples::store_from_env()?;
     let bind = if demo { "127.0.0.1:0".to_owned() } else { std::env::var("ADDR").unwrap_or("127.0.0.1:3000".into()) };
     let listener = tokio::net::TcpListener::bind(&bind).await?;
     let addr = listener.local_addr()?;

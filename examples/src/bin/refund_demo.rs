@@ -11,10 +11,9 @@
 //! *after* the provider already refunded, so the worker retries the whole workflow. Run once
 //! without protection, then with `idempotent`, and compare what the provider did.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use idempotent_core::{Error, MemoryStore, RedisStore, RunContext, SharedStore};
+use idempotent_core::{Error, RunContext};
 use serde::{Deserialize, Serialize};
 
 /// A simulated payment provider: every call it receives is a real refund.
@@ -115,21 +114,10 @@ async fn worker(ctx: Option<&RunContext>, provider: &PaymentProvider) -> Vec<Str
     seen
 }
 
-fn store_from_env() -> Result<(SharedStore, String), Error> {
-    match std::env::var("REDIS_URL") {
-        Ok(url) if !url.is_empty() => {
-            let store = RedisStore::connect(&url)?;
-            let describe = format!("RedisStore at {}", idempotent_core::Store::describe(&store));
-            Ok((Arc::new(store), describe))
-        }
-        _ => Ok((Arc::new(MemoryStore::new()), "MemoryStore (set REDIS_URL to use Redis)".to_owned())),
-    }
-}
-
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt().with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into())).init();
-    let (store, describe) = store_from_env()?;
+    let (store, describe) = idempotent_examples::store_from_env()?;
 
     println!("Refund workflow for {ORDER}; the gateway fails {RETRIES} times after the refund is issued.\n");
 

@@ -35,7 +35,7 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use http::uri::PathAndQuery;
-use idempotent_core::{MemoryStore, RedisStore, SharedStore};
+use idempotent_core::SharedStore;
 use idempotent_tower::IdempotencyLayer;
 use tonic::transport::{Endpoint, Server};
 use tonic::{Code, Status};
@@ -129,17 +129,6 @@ impl tonic::server::UnaryService<RefundRequest> for Refund {
     }
 }
 
-fn store() -> Result<(SharedStore, String), idempotent_core::Error> {
-    match std::env::var("REDIS_URL") {
-        Ok(url) if !url.is_empty() => {
-            let store = RedisStore::connect(&url)?;
-            let describe = format!("RedisStore at {}", idempotent_core::Store::describe(&store));
-            Ok((Arc::new(store), describe))
-        }
-        _ => Ok((Arc::new(MemoryStore::new()), "MemoryStore (set REDIS_URL to use Redis)".to_owned())),
-    }
-}
-
 async fn serve(listener: tokio::net::TcpListener, store: SharedStore) -> Result<(), tonic::transport::Error> {
     Server::builder()
         .layer(IdempotencyLayer::new(store).require_key(true).scope("payments-grpc"))
@@ -200,7 +189,7 @@ async fn main() -> Result<(), BoxError> {
             client(addr_env.parse()?, &key).await
         }
         Some("demo") => {
-            let (store, describe) = store()?;
+            let (store, describe) = idempotent_examples::store_from_env()?;
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
             let addr = listener.local_addr()?;
             println!("gRPC payments service on {addr}, records in {describe}");
@@ -208,7 +197,7 @@ async fn main() -> Result<(), BoxError> {
             client(addr, &format!("refund-o7-{}", std::process::id())).await
         }
         None => {
-            let (store, describe) = store()?;
+            let (store, describe) = idempotent_examples::store_from_env()?;
             let listener = tokio::net::TcpListener::bind(&addr_env).await?;
             println!("gRPC payments service on {}, records in {describe}", listener.local_addr()?);
             serve(listener, store).await?;
