@@ -487,8 +487,20 @@ async fn malformed_keys_are_400(store: SharedStore) {
     let app = App::start(&store, |l| l).await;
     let long = "k".repeat(256);
     let quoted_long = format!("\"{long}\"");
-    let cases: [&[u8]; 7] =
-        [b"", b"\"\"", long.as_bytes(), quoted_long.as_bytes(), b"caf\xc3\xa9", b"\"unterminated", b"\"a\", \"b\""];
+    // Empty, empty string, 256 characters (both forms), non-ASCII, malformed, a list, whitespace
+    // only, and a control character (tab: the one a header value may carry).
+    let cases: [&[u8]; 10] = [
+        b"",
+        b"\"\"",
+        long.as_bytes(),
+        quoted_long.as_bytes(),
+        b"caf\xc3\xa9",
+        b"\"unterminated",
+        b"\"a\", \"b\"",
+        b"   ",
+        b"a\tb",
+        b"\"a\tb\"",
+    ];
     for key in cases {
         let req = app.req("POST", "/refunds").header("idempotency-key", HeaderValue::from_bytes(key).unwrap());
         let doc = app.h1(req, "{}").await.problem(400, "key-invalid");
