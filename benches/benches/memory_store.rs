@@ -6,7 +6,7 @@
 //!   and hash the payload for the key, encode the result (first execution) or decode it (replay).
 //!   This is the honest floor for the executor rows.
 //! - `store only` calls `MemoryStore` directly with a precomputed key, to split store cost from
-//!   executor cost.
+//!   executor cost; `part:` rows time single ingredients.
 //!
 //! First executions use a unique payload every iteration. So that the map does not grow to
 //! millions of records over a criterion run (which would measure cache misses, not the code),
@@ -24,7 +24,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use criterion::{Criterion, black_box, criterion_group, criterion_main};
 use idempotent_benches::{Refund, RefundResult};
-use idempotent_core::record::Acquire;
+use idempotent_core::record::{Acquire, Token};
 use idempotent_core::{Error, Fingerprint, Key, KeyScope, MemoryStore, RunContext, Store};
 use sha2::{Digest, Sha256};
 
@@ -89,6 +89,11 @@ fn first_execution(c: &mut Criterion) {
                 black_box(store.complete(&key, &lease.token, result, Duration::from_millis(1)).await.unwrap())
             }
         })
+    });
+
+    g.bench_function("part: Token::random (uuid v4, one getrandom syscall)", |b| b.iter(|| black_box(Token::random())));
+    g.bench_function("part: tokio::spawn + await (the executor stores the outcome in a task)", |b| {
+        b.to_async(&rt).iter(|| async { black_box(tokio::spawn(async { 1u8 }).await.unwrap()) })
     });
 
     let map: Mutex<HashMap<[u8; 32], Bytes>> = Mutex::new(HashMap::new());

@@ -225,8 +225,16 @@ struct ObjectState {
 
 fn utf16_cmp(a: &str, b: &str) -> std::cmp::Ordering {
     // UTF-8 byte order equals code point order, which differs from UTF-16 order only when one side
-    // has a code point at or above U+E000 where the other has a surrogate pair; ASCII is common.
-    if a.is_ascii() && b.is_ascii() { a.cmp(b) } else { a.encode_utf16().cmp(b.encode_utf16()) }
+    // has a code point at or above U+E000 where the other has a surrogate pair. Names are short
+    // and mostly ASCII, so compare bytes: where the first difference is between two ASCII bytes,
+    // the equal prefix before it ends on a character boundary and that difference decides in
+    // UTF-16 too. When one name is a prefix of the other, the shorter sorts first either way.
+    let (x, y) = (a.as_bytes(), b.as_bytes());
+    match x.iter().zip(y).position(|(p, q)| p != q) {
+        None => x.len().cmp(&y.len()),
+        Some(i) if x[i].is_ascii() && y[i].is_ascii() => x[i].cmp(&y[i]),
+        Some(_) => a.encode_utf16().cmp(b.encode_utf16()),
+    }
 }
 
 impl ObjectState {
@@ -1181,6 +1189,13 @@ mod tests {
             let parsed: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
             proptest::prop_assert_eq!(to_canonical_vec(&parsed).unwrap(), bytes.clone());
             proptest::prop_assert_eq!(canonicalize_json(&bytes).unwrap(), bytes);
+        }
+
+        /// The byte-wise shortcut in `utf16_cmp` agrees with comparing UTF-16 code units, also
+        /// for names that share a prefix and mix ASCII, BMP code points above U+E000 and pairs.
+        #[test]
+        fn member_order_matches_utf16_code_units(a in "[ab\u{e9}\u{ff61}\u{1F600}]{0,5}", b in "[ab\u{e9}\u{ff61}\u{1F600}]{0,5}") {
+            proptest::prop_assert_eq!(utf16_cmp(&a, &b), a.encode_utf16().cmp(b.encode_utf16()));
         }
     }
 }

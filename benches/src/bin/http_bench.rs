@@ -2,7 +2,7 @@
 //! that make the same Redis round trips themselves, driven over loopback from the same process.
 //!
 //! ```text
-//! cargo run --release -p idempotent-benches --bin http_bench [-- --secs 1 --rounds 3 --concurrency 64]
+//! cargo run --release -p idempotent-benches --bin http_bench [-- --secs 1 --rounds 3 --concurrency 1,64]
 //! cargo run --release -p idempotent-benches --bin http_bench -- --rss
 //! ```
 //!
@@ -24,10 +24,11 @@
 //! rounds, p50/p99 are over all rounds' requests.
 //!
 //! `--rss` instead measures peak memory (`VmHWM`): requests with 1 MiB bodies through the layer
-//! (under its 2 MiB default cap), then bodies of 8 MiB (over it: 413), reporting the peak after
-//! each phase.
+//! (under its 2 MiB default cap), then bodies of 8 MiB (over it: 413), with and without a
+//! `Content-Length`, reporting the peak after each phase.
 
 use std::collections::BTreeMap;
+use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -39,7 +40,9 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::serve::ListenerExt;
-use http_body_util::{BodyExt, Full};
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::Frame;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use idempotent_benches::{Refund, Rounds, Sample, arg, flag, fmt_rate, peak_rss_kib, process_cpu, rss_kib};
@@ -140,7 +143,12 @@ async fn serve(app: Router) -> SocketAddr {
     addr
 }
 
-async fn connect(addr: SocketAddr) -> SendRequest<Full<Bytes>> {
+async fn connect<B>(addr: SocketAddr) -> SendRequest<B>
+where
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
     let stream = TcpStream::connect(addr).await.expect("connect to the bench server");
     stream.set_nodelay(true).unwrap();
     let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
@@ -223,7 +231,7 @@ async fn load(
 ) -> Sample {
     let mut senders = Vec::with_capacity(concurrency);
     for _ in 0..concurrency {
-        senders.push(connect(addr).await);
+        senders.push(connect::<Full<Bytes>>(addr).await);
     }
     let start = Instant::now();
     let deadline = start + duration;
@@ -301,7 +309,7 @@ fn main() {
     let rounds: usize = arg("--rounds", 3);
     let pool: usize = arg("--pool", 4);
     let workers: usize = arg("--workers", std::thread::available_parallelism().map_or(2, |n| n.get()));
-    let concurrencies: Vec<usize> = arg("--concurrency", "64".to_owned())
+    let concurrencies: Vec<usize> = arg("--concurrency", "1,64".to_owned())
         .split(',')
         .map(|c| c.trim().parse().expect("--concurrency takes a list like 1,64"))
         .collect();
@@ -426,12 +434,31 @@ fn rss() {
     println!("| phase | requests | responses | peak RSS (VmHWM) | RSS after |");
     println!("|---|--:|---|--:|--:|");
     println!("| start (server up, nothing sent) | 0 | | {:.1} MiB | {:.1} MiB |", mib(peak_rss_kib()), mib(rss_kib()));
-    for (label, size, expect, n) in [
-        ("1 MiB JSON-less bodies (octet-stream), unique keys", 1 << 20, StatusCode::CREATED, requests),
-        ("8 MiB bodies, over the 2 MiB cap", 8 << 20, StatusCode::PAYLOAD_TOO_LARGE, requests / 4),
+    for (label, size, chunked, expect, n) in [
+        ("1 MiB bodies (octet-stream, Content-Length), unique keys", 1 << 20, false, StatusCode::CREATED, requests),
+        (
+            "8 MiB bodies with Content-Length (refused before reading)",
+            8 << 20,
+            false,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            requests / 4,
+        ),
+        (
+            "8 MiB chunked bodies, no length (cap enforced while reading)",
+            8 << 20,
+            true,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            requests / 4,
+        ),
+        (
+            "32 MiB chunked bodies, no length (no growth with body size)",
+            32 << 20,
+            true,
+            StatusCode::PAYLOAD_TOO_LARGE,
+            requests / 8,
+        ),
     ] {
-        let body = Bytes::from(vec![b'x'; size]);
-        let (ok, errors) = rt.block_on(send_n(addr, concurrency, n, body, expect));
+        let (ok, errors) = rt.block_on(send_n(addr, concurrency, n, size, chunked, expect));
         println!(
             "| {label} | {n} | {ok} × {} {} | {:.1} MiB | {:.1} MiB |",
             expect.as_u16(),
@@ -442,23 +469,41 @@ fn rss() {
     }
 }
 
-/// Sends `n` requests of `body` over `concurrency` connections (a new connection after a reset:
-/// a server may close the connection after refusing an oversized body it did not read).
-async fn send_n(addr: SocketAddr, concurrency: usize, n: usize, body: Bytes, expect: StatusCode) -> (usize, usize) {
+const CHUNK: &[u8] = &[b'x'; 64 * 1024];
+
+/// Sends `n` requests with bodies of `size` bytes over `concurrency` connections (a new
+/// connection after a reset: a server may close the connection after refusing an oversized body
+/// it did not read). A `chunked` body has no `Content-Length`, so the server cannot refuse it up
+/// front.
+async fn send_n(
+    addr: SocketAddr,
+    concurrency: usize,
+    n: usize,
+    size: usize,
+    chunked: bool,
+    expect: StatusCode,
+) -> (usize, usize) {
+    let chunk = Bytes::from_static(CHUNK);
     let next = Arc::new(AtomicUsize::new(0));
     let tasks: Vec<_> = (0..concurrency)
         .map(|_| {
-            let (next, body) = (next.clone(), body.clone());
+            let (next, chunk) = (next.clone(), chunk.clone());
             tokio::spawn(async move {
                 let (mut ok, mut errors) = (0, 0);
-                let mut sender = connect(addr).await;
+                let mut sender = connect::<BoxBody<Bytes, Infallible>>(addr).await;
                 while next.fetch_add(1, Ordering::Relaxed) < n {
-                    let req = hyper::Request::post("/refunds")
+                    // The same 64 KiB chunk over and over: the client holds no large buffer, so
+                    // the peak RSS is the server's.
+                    let chunk = chunk.clone();
+                    let frames = (0..size / CHUNK.len()).map(move |_| Ok::<_, Infallible>(Frame::data(chunk.clone())));
+                    let mut req = hyper::Request::post("/refunds")
                         .header("host", "bench")
                         .header("content-type", "application/octet-stream")
-                        .header("idempotency-key", format!("big-{}", KEY_SEQ.fetch_add(1, Ordering::Relaxed)))
-                        .body(Full::new(body.clone()))
-                        .unwrap();
+                        .header("idempotency-key", format!("big-{}", KEY_SEQ.fetch_add(1, Ordering::Relaxed)));
+                    if !chunked {
+                        req = req.header("content-length", size);
+                    }
+                    let req = req.body(StreamBody::new(futures_util::stream::iter(frames)).boxed()).unwrap();
                     let sent = match sender.ready().await {
                         Ok(()) => sender.send_request(req).await,
                         Err(e) => Err(e),
