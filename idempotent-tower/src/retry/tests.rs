@@ -455,6 +455,11 @@ async fn grpc_pushback_is_honoured_and_a_negative_one_stops() {
 struct Recorder(Arc<Mutex<Vec<String>>>);
 
 impl tracing::Subscriber for Recorder {
+    // Tests on other threads run with no subscriber; "sometimes" makes every callsite ask each
+    // time instead of caching an answer that another thread's dispatcher gave.
+    fn register_callsite(&self, _: &'static tracing::Metadata<'static>) -> tracing::subscriber::Interest {
+        tracing::subscriber::Interest::sometimes()
+    }
     fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
         true
     }
@@ -482,6 +487,7 @@ impl tracing::Subscriber for Recorder {
 async fn retries_and_give_ups_are_logged_with_the_hashed_key_only() {
     let recorder = Recorder::default();
     let _guard = tracing::subscriber::set_default(recorder.clone());
+    tracing::callsite::rebuild_interest_cache();
     let raw = "\"k-1\"";
     let (_, calls) =
         run(HttpRetryPolicy::new().backoff(fast().max_attempts(2)), post_with_key(), vec![status(503); 2]).await;
