@@ -486,6 +486,13 @@ impl tracing::Subscriber for Recorder {
 #[tokio::test(start_paused = true)]
 async fn retries_and_give_ups_are_logged_with_the_hashed_key_only() {
     let recorder = Recorder::default();
+    // Other tests run on other threads of this process with no subscriber of their own. With a
+    // process-wide subscriber that is always interested, no thread can leave a callsite cached
+    // as "never", which would hide this test's events from its thread-local recorder.
+    static GLOBAL: std::sync::Once = std::sync::Once::new();
+    GLOBAL.call_once(|| {
+        let _ = tracing::subscriber::set_global_default(Recorder::default());
+    });
     let _guard = tracing::subscriber::set_default(recorder.clone());
     tracing::callsite::rebuild_interest_cache();
     let raw = "\"k-1\"";
