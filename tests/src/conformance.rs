@@ -1,4 +1,4 @@
-//! The store conformance suite: every [`Store`] must pass it, on its own clock.
+//! The store conformance suite: every [`Store`](idempotent_core::Store) must pass it, on its own clock.
 //!
 //! [`run_all`] runs each check on fresh random keys, so one store can take the whole suite. The
 //! lease checks wait for real time to pass (the store's clock decides when a lease is over; for
