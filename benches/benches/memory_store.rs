@@ -91,7 +91,7 @@ fn first_execution(c: &mut Criterion) {
         })
     });
 
-    g.bench_function("part: Token::random (uuid v4, one getrandom syscall)", |b| b.iter(|| black_box(Token::random())));
+    g.bench_function("part: Token::unique (process prefix + counter)", |b| b.iter(|| black_box(Token::unique())));
     g.bench_function("part: tokio::spawn + await (the executor stores the outcome in a task)", |b| {
         b.to_async(&rt).iter(|| async { black_box(tokio::spawn(async { 1u8 }).await.unwrap()) })
     });

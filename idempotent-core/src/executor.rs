@@ -13,8 +13,8 @@ use tokio::time::Instant;
 
 use crate::canonical::to_canonical_vec;
 use crate::error::Error;
-use crate::key::{Fingerprint, Key, KeyScope};
-use crate::record::{Acquire, Lease, TAG_ERR, TAG_OK, Transition};
+use crate::key::{Fingerprint, Key};
+use crate::record::{Acquire, Lease, TAG_ERR, TAG_OK, Token, Transition};
 use crate::store::{IntoSharedStore, SharedStore};
 
 /// Default lease: how long a crashed worker blocks its key.
@@ -280,9 +280,9 @@ impl Step<'_> {
             Some(Ok(id)) => *id,
             Some(Err(e)) => return Err(payload_err(e.clone())),
         };
-        let scope =
-            KeyScope::from_parts(self.ctx.tenant.as_deref(), &self.ctx.run_id, &self.name, self.options.version);
-        Ok((Key::from_identity_hash(&scope, &identity), fingerprint))
+        let key =
+            Key::operation(self.ctx.tenant.as_deref(), &self.ctx.run_id, &self.name, self.options.version, &identity);
+        Ok((key, fingerprint))
     }
 
     /// Runs the action at most once for this operation and returns its result; every later call
@@ -438,27 +438,22 @@ impl Step<'_> {
         }
     }
 
-    /// Completes (with a result) or releases (without) the key. The store call runs in its own
-    /// task: once the action has finished, dropping the caller's future (a timeout around the
-    /// step, a `select!`) must not strand the outcome and leave the key to run again.
+    /// Completes (with a result) or releases (without) the key.
+    ///
+    /// Once the action has finished, dropping the caller's future (a timeout around the step, a
+    /// `select!`) must not strand the outcome and leave the key to run again. The store call is
+    /// awaited here; if this future is dropped before it finishes, a guard hands the same call
+    /// to a task of its own (every transition is idempotent for its owner token, so a call that
+    /// had already reached the store is harmless to send again).
     async fn settle(&self, key: &Key, lease: &Lease, result: Option<Bytes>) -> Result<Transition, Error> {
-        let store = self.ctx.store.clone();
-        let (key, token, ttl) = (*key, lease.token.clone(), self.options.ttl);
-        let op = if result.is_some() { "complete" } else { "release" };
-        let task = tokio::spawn(async move {
-            match result {
-                Some(bytes) => store.complete(&key, &token, bytes, ttl).await,
-                None => store.release(&key, &token).await,
-            }
-        });
-        task.await.unwrap_or_else(|e| {
-            Err(Error::Unavailable {
-                store: self.ctx.store.describe(),
-                op,
-                reason: format!("the task storing the outcome failed: {e}"),
-                source: None,
-            })
-        })
+        let (store, token, ttl) = (&self.ctx.store, &lease.token, self.options.ttl);
+        let mut guard = SettleOnDrop { store, key, token, ttl, result: Some(result.clone()) };
+        let out = match result {
+            Some(bytes) => store.complete(key, token, bytes, ttl).await,
+            None => store.release(key, token).await,
+        };
+        guard.result = None;
+        out
     }
 
     async fn acquire(&self, key: &Key, fingerprint: &Fingerprint, short: &str) -> Result<Acquired, Error> {
@@ -526,6 +521,10 @@ impl Step<'_> {
         let step = self.name.as_str();
         let period = (opts.lease / 3).max(Duration::from_millis(1));
         tokio::pin!(action);
+        // An action that is done at its first poll needs no timer.
+        if let Some(res) = poll_once(action.as_mut()).await {
+            return res;
+        }
         let mut valid_until = acquired_at + opts.lease;
         let mut next = Instant::now() + period;
         loop {
@@ -560,6 +559,48 @@ impl Step<'_> {
             next = Instant::now() + period;
         }
     }
+}
+
+/// Finishes an interrupted [`Step::settle`] in a task of its own (see there).
+struct SettleOnDrop<'a> {
+    store: &'a SharedStore,
+    key: &'a Key,
+    token: &'a Token,
+    ttl: Duration,
+    /// `Some` while the store call has not finished: the outcome to store (`None` inside: release).
+    result: Option<Option<Bytes>>,
+}
+
+impl Drop for SettleOnDrop<'_> {
+    fn drop(&mut self) {
+        let Some(result) = self.result.take() else { return };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(key = %self.key.short(), "idempotent.store_error: dropped while storing the outcome, outside a runtime; the key frees itself when the lease runs out");
+            return;
+        };
+        let (store, key, token, ttl) = (self.store.clone(), *self.key, self.token.clone(), self.ttl);
+        runtime.spawn(async move {
+            let out = match result {
+                Some(bytes) => store.complete(&key, &token, bytes, ttl).await,
+                None => store.release(&key, &token).await,
+            };
+            if let Err(e) = out {
+                tracing::warn!(key = %key.short(), error = %e, "idempotent.store_error: storing the outcome after the caller went away failed");
+            }
+        });
+    }
+}
+
+/// Polls `future` once: its output if it is ready, `None` if it is pending (it has then
+/// registered the task for a wake-up, as any poll does).
+async fn poll_once<F: Future>(mut future: std::pin::Pin<&mut F>) -> Option<F::Output> {
+    std::future::poll_fn(|cx| {
+        std::task::Poll::Ready(match future.as_mut().poll(cx) {
+            std::task::Poll::Ready(out) => Some(out),
+            std::task::Poll::Pending => None,
+        })
+    })
+    .await
 }
 
 enum Acquired {

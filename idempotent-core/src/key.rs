@@ -63,10 +63,6 @@ impl KeyScope {
     pub fn step(&self) -> &str {
         &self.step
     }
-
-    pub(crate) fn from_parts(tenant: Option<&str>, run_id: &str, step: &str, version: u32) -> Self {
-        KeyScope { tenant: tenant.map(str::to_owned), run_id: run_id.to_owned(), step: step.to_owned(), version }
-    }
 }
 
 /// Writes one length-prefixed field.
@@ -90,19 +86,30 @@ impl Key {
     /// When the identity is the whole payload, its [`Fingerprint`] is that hash, so callers that
     /// already have the fingerprint pass it here instead of hashing the payload twice.
     pub fn from_identity_hash(scope: &KeyScope, identity: &Fingerprint) -> Key {
+        Key::operation(scope.tenant.as_deref(), &scope.run_id, &scope.step, scope.version, identity)
+    }
+
+    /// [`from_identity_hash`](Self::from_identity_hash) from borrowed parts.
+    pub(crate) fn operation(
+        tenant: Option<&str>,
+        run_id: &str,
+        step: &str,
+        version: u32,
+        identity: &Fingerprint,
+    ) -> Key {
         let mut h = Sha256::new();
         field(&mut h, NAMESPACE);
         field(&mut h, b"operation");
-        match &scope.tenant {
+        match tenant {
             None => h.update([0u8]),
             Some(t) => {
                 h.update([1u8]);
                 field(&mut h, t.as_bytes());
             }
         }
-        field(&mut h, scope.run_id.as_bytes());
-        field(&mut h, scope.step.as_bytes());
-        h.update(scope.version.to_be_bytes());
+        field(&mut h, run_id.as_bytes());
+        field(&mut h, step.as_bytes());
+        h.update(version.to_be_bytes());
         h.update(identity.0);
         Key(h.finalize().into())
     }
@@ -208,13 +215,27 @@ impl fmt::Debug for Fingerprint {
 }
 
 pub(crate) fn hex(bytes: &[u8]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(HEX[(b >> 4) as usize] as char);
-        s.push(HEX[(b & 0xf) as usize] as char);
-    }
+    push_hex(&mut s, bytes);
     s
+}
+
+/// Appends `bytes` in lowercase hex.
+pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.reserve(bytes.len() * 2);
+    for b in bytes {
+        out.push(HEX[(b >> 4) as usize] as char);
+        out.push(HEX[(b & 0xf) as usize] as char);
+    }
+}
+
+impl Key {
+    /// Appends the key's 64 hex characters to `out` (what [`to_hex`](Self::to_hex) returns).
+    #[cfg(feature = "redis")]
+    pub(crate) fn push_hex(&self, out: &mut String) {
+        push_hex(out, &self.0);
+    }
 }
 
 #[cfg(test)]

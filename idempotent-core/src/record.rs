@@ -15,6 +15,8 @@
 //! Stores judge time by their own clock (Redis: `TIME`), never the caller's.
 
 use std::fmt;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -24,9 +26,25 @@ use bytes::Bytes;
 pub struct Token(String);
 
 impl Token {
-    /// A fresh random token (128 bits).
-    pub fn random() -> Token {
-        Token(uuid::Uuid::new_v4().simple().to_string())
+    /// A fresh token, distinct from every other token of every process.
+    ///
+    /// 64 random bits drawn once per process, then a 64-bit counter: unique without a system call
+    /// per token (an owner token must be unique, not secret — whoever can read the store can
+    /// read the tokens too).
+    pub fn unique() -> Token {
+        static PREFIX: OnceLock<u64> = OnceLock::new();
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let prefix = *PREFIX.get_or_init(|| {
+            // A v4 UUID has 122 random bits; folding its halves this way leaves all 64 random
+            // (the version and variant bits land on random ones).
+            let (hi, lo) = uuid::Uuid::new_v4().as_u64_pair();
+            hi ^ lo.rotate_left(32)
+        });
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let mut text = String::with_capacity(32);
+        crate::key::push_hex(&mut text, &prefix.to_be_bytes());
+        crate::key::push_hex(&mut text, &n.to_be_bytes());
+        Token(text)
     }
 
     /// The token's text.
@@ -84,3 +102,25 @@ pub enum Transition {
 /// Stored outcomes are tagged so a stored error replays as an error.
 pub(crate) const TAG_OK: u8 = b'o';
 pub(crate) const TAG_ERR: u8 = b'e';
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::Token;
+
+    #[test]
+    fn tokens_are_unique_across_threads() {
+        let threads: Vec<_> =
+            (0..4).map(|_| std::thread::spawn(|| (0..10_000).map(|_| Token::unique()).collect::<Vec<_>>())).collect();
+        let mut seen = HashSet::new();
+        for t in threads {
+            for token in t.join().unwrap() {
+                assert_eq!(token.as_str().len(), 32);
+                assert!(token.as_str().bytes().all(|b| b.is_ascii_hexdigit()));
+                assert!(seen.insert(token), "a token was handed out twice");
+            }
+        }
+        assert_eq!(seen.len(), 40_000);
+    }
+}

@@ -621,7 +621,7 @@ impl Store for NoLeaseCheck {
         Box::pin(async move {
             match self.0.acquire(key, fp, lease, keep).await? {
                 Acquire::InFlight { .. } => {
-                    Ok(Acquire::Acquired(Lease { token: Token::random(), fence: 0, attempt: 1, recovered: false }))
+                    Ok(Acquire::Acquired(Lease { token: Token::unique(), fence: 0, attempt: 1, recovered: false }))
                 }
                 other => Ok(other),
             }

@@ -35,7 +35,7 @@ use idempotent_core::{DEFAULT_LEASE, DEFAULT_TTL, Error, Fingerprint, Key, Redis
 use idempotent_tests::RedisServer;
 
 /// Commands our Lua scripts run; `INFO commandstats` counts them as if a client had sent them.
-const OURS_IN_SCRIPT: &[&str] = &["hmget", "hset", "hdel", "pexpire", "pttl", "time"];
+const OURS_IN_SCRIPT: &[&str] = &["get", "set", "setrange", "pexpire", "pttl", "time"];
 /// Keys pre-filled for the replay rows.
 const REPLAY_KEYS: u64 = 4096;
 /// The store's default command timeout, which its connections are also configured with.

@@ -1,73 +1,86 @@
 -- acquire: take the operation's key, or say why not.
 --
--- KEYS[1]  the operation's record, a hash with fields
---          st (running | done | released), fp, tok (owner token of the last acquisition),
---          lease (ms, server time), fence, att, rcv (recovered flag), res
--- ARGV[1]  payload fingerprint (hex)
+-- KEYS[1]  the operation's record, one string (positions 1-based, as string.sub counts):
+--            1          state: R running, X released, D done
+--            2-65       payload fingerprint, 64 hex characters
+--            66-97      owner token of the last acquisition, 32 characters
+--          R and X, 143 bytes in all:
+--            98-112     lease deadline, milliseconds of server time, 15 digits
+--            113-132    fence, 20 digits
+--            133-142    attempt, 10 digits
+--            143        recovered flag, 0 or 1
+--          D:
+--            98-        the encoded result (no fence is kept: nothing acquires a done key)
+-- ARGV[1]  payload fingerprint (64 hex)
 -- ARGV[2]  lease in milliseconds
--- ARGV[3]  new owner token (a retry of an acquire whose reply was lost sends the same token and
---          gets the same answer: acquire is idempotent per token)
+-- ARGV[3]  new owner token, 32 characters (a retry of an acquire whose reply was lost sends the
+--          same token and gets the same answer: acquire is idempotent per token)
 -- ARGV[4]  retention in milliseconds (the record's TTL is max(lease, retention))
 --
 -- Replies
+--   result                          done: the stored result (a bulk string), to replay
 --   {1, fence, attempt, recovered}  acquired (recovered = 1 when a previous lease ran out)
---   {2, result}                     done: replay the stored result
 --   {3, retry_after_ms}             another owner's lease is live
 --   {4}                             the record has another fingerprint
---   error IDEMPOTENT_CORRUPT ...    the key holds something this script did not write
-local key = KEYS[1]
+--   error IDEMPOTENT_CORRUPT ...    the key holds something these scripts did not write
+--
+-- A replay, the hot path, is one GET and no clock: as cheap as a script can read a value. The
+-- clock is read only when a lease has to be judged or written.
+local key, fp, token = KEYS[1], ARGV[1], ARGV[3]
+if #fp ~= 64 or #token ~= 32 then
+  return redis.error_reply('IDEMPOTENT_CORRUPT arguments: the fingerprint must be 64 characters and the token 32')
+end
+local ok, rec = pcall(redis.call, 'GET', key)
+if not ok then
+  return redis.error_reply('IDEMPOTENT_CORRUPT the key holds another type than a string')
+end
+
+local state, last_fence, last_attempt, lease = nil, 0, 0, nil
+if rec then
+  state = string.byte(rec, 1)
+  if state == 68 and #rec >= 97 then
+    -- A retried acquire of the token that completed the key has the same fingerprint: it replays.
+    if string.sub(rec, 2, 65) ~= fp then
+      return {4}
+    end
+    return string.sub(rec, 98)
+  end
+  if #rec ~= 143 or (state ~= 82 and state ~= 88) then
+    return redis.error_reply('IDEMPOTENT_CORRUPT the key holds a string that is not a record')
+  end
+  lease = tonumber(string.sub(rec, 98, 112))
+  last_fence = tonumber(string.sub(rec, 113, 132))
+  last_attempt = tonumber(string.sub(rec, 133, 142))
+  if not (lease and last_fence and last_attempt) then
+    return redis.error_reply('IDEMPOTENT_CORRUPT the record has a malformed number')
+  end
+  -- This token already acquired the key: a retry, or a late duplicate, of an acquire whose
+  -- reply was lost. Answer as then, and change nothing.
+  if string.sub(rec, 66, 97) == token then
+    return {1, last_fence, last_attempt, tonumber(string.sub(rec, 143, 143)) or 0}
+  end
+  if string.sub(rec, 2, 65) ~= fp then
+    return {4}
+  end
+end
+
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-
-local ok, rec = pcall(redis.call, 'HMGET', key, 'st', 'fp', 'lease', 'fence', 'att', 'res', 'tok', 'rcv')
-if not ok then
-  return redis.error_reply('IDEMPOTENT_CORRUPT key is not a hash')
-end
-local st = rec[1]
 local recovered = 0
-if st and rec[7] == ARGV[3] then
-  -- This token already acquired the key: a retry, or a late duplicate, of an acquire whose reply
-  -- was lost. Answer as then, and change nothing.
-  if st == 'done' then
-    return {2, rec[6]}
+if state == 82 then
+  if lease > now then
+    return {3, lease - now}
   end
-  return {1, tonumber(rec[4]), tonumber(rec[5]), tonumber(rec[8]) or 0}
-end
-if st then
-  if rec[2] ~= ARGV[1] then
-    return {4}
-  end
-  if st == 'done' then
-    if not rec[6] then
-      return redis.error_reply('IDEMPOTENT_CORRUPT done record without a result')
-    end
-    return {2, rec[6]}
-  elseif st == 'running' then
-    local lease = tonumber(rec[3])
-    if not lease then
-      return redis.error_reply('IDEMPOTENT_CORRUPT running record without a lease')
-    end
-    if lease > now then
-      return {3, lease - now}
-    end
-    recovered = 1
-  elseif st ~= 'released' then
-    return redis.error_reply('IDEMPOTENT_CORRUPT unknown state')
-  end
+  recovered = 1
 end
 
 -- Fences only grow: one more than the last, and never below the server's clock in microseconds,
 -- so a record that was lost (expired, flushed) still gets a fence above every earlier one.
-local fence = math.max((tonumber(rec[4]) or 0) + 1, now_us)
-local attempt = (tonumber(rec[5]) or 0) + 1
+local fence = math.max(last_fence + 1, now_us)
+local attempt = last_attempt + 1
 local lease_ms = tonumber(ARGV[2])
-redis.call('HSET', key,
-  'st', 'running', 'fp', ARGV[1], 'tok', ARGV[3],
-  'lease', string.format('%.0f', now + lease_ms),
-  'fence', string.format('%.0f', fence),
-  'att', string.format('%.0f', attempt),
-  'rcv', recovered)
-redis.call('HDEL', key, 'res')
-redis.call('PEXPIRE', key, math.max(lease_ms, tonumber(ARGV[4])))
+redis.call('SET', key,
+  'R' .. fp .. token .. string.format('%015.0f%020.0f%010.0f%d', now + lease_ms, fence, attempt, recovered),
+  'PX', string.format('%.0f', math.max(lease_ms, tonumber(ARGV[4]))))
 return {1, fence, attempt, recovered}

@@ -179,7 +179,7 @@ impl MemoryStore {
             }
         };
         let fence = self.inner.fence.fetch_add(1, Ordering::Relaxed) + 1;
-        let token = Token::random();
+        let token = Token::unique();
         let attempt = prev_attempt + 1;
         shard.map.insert(
             *key,

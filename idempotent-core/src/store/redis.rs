@@ -43,7 +43,7 @@ enum Pool {
     Cluster(cluster::Pool),
 }
 
-/// A [`Store`] on Redis: one hash per operation, each transition one Lua script.
+/// A [`Store`] on Redis: one string key per operation, each transition one Lua script.
 ///
 /// Every call is one script invocation (`EVALSHA`, reloaded on `NOSCRIPT`) on one of a few
 /// multiplexed connections the store keeps checked out of its deadpool pool (see
@@ -54,7 +54,11 @@ enum Pool {
 /// every script is idempotent for its owner token, so a retried call cannot act twice.
 ///
 /// Records are keyed `{prefix}{hex digest}`: one key per operation, so Redis Cluster never sees a
-/// cross-slot script. Leases and fences are judged by the server's clock (`TIME`).
+/// cross-slot script. Leases and fences are judged by the server's clock (`TIME`). A record is
+/// one string: state, fingerprint and owner token, then the lease, fence and attempt while the
+/// operation runs, or the stored result once it is done (the layout is documented in
+/// `acquire.lua`), so a replay is a single `GET` inside the script and a done record costs the
+/// result plus 97 bytes.
 ///
 /// ```no_run
 /// use idempotent_core::RedisStore;
@@ -279,7 +283,7 @@ impl RedisStore {
     pub fn redis_key(&self, key: &Key) -> String {
         let mut s = String::with_capacity(self.inner.prefix.len() + 64);
         s.push_str(&self.inner.prefix);
-        s.push_str(&key.to_hex());
+        key.push_hex(&mut s);
         s
     }
 
@@ -342,27 +346,38 @@ impl RedisStore {
     }
 
     async fn invoke(&self, op: &'static str, script: &Script, key: &Key, args: &[&[u8]]) -> Result<Value, Error> {
-        let mut inv = script.key(self.redis_key(key));
+        let redis_key = self.redis_key(key);
+        let hash = script.get_hash();
+        let len = 7 + hash.len() + 1 + redis_key.len() + args.iter().map(|a| a.len()).sum::<usize>();
+        let mut cmd = redis::Cmd::with_capacity(4 + args.len(), len);
+        cmd.arg("EVALSHA").arg(hash).arg(1).arg(redis_key.as_bytes());
         for a in args {
-            inv.arg(*a);
+            cmd.arg(*a);
         }
-        self.timed(op, async {
-            let mut conn = self.conn(op).await?;
-            match inv.invoke_async(&mut conn).await {
-                // The connection was found dead (a restart or a network blip since its last use).
-                // Every script is idempotent for its owner token, so one more try on a fresh
-                // connection is safe even if the first request did reach the server.
-                Err(e) if is_connection_error(&e) => {
-                    self.discard_all();
-                    tracing::debug!(op, error = %e, "idempotent.redis: retrying on a fresh connection");
-                    let mut conn = self.conn(op).await?;
-                    let res = inv.invoke_async(&mut conn).await;
-                    self.settle(op, res)
+        // Boxed so that the futures of every store call stay small: they are moved into their
+        // own boxes and into the timeout, and a large state machine would be copied each time.
+        let work: BoxFuture<'_, Result<Value, Error>> = Box::pin(async {
+            let mut retried = false;
+            loop {
+                let mut conn = self.conn(op).await?;
+                match eval(&mut conn, script, &cmd).await {
+                    // The connection was found dead (a restart or a network blip since its last
+                    // use). Every script is idempotent for its owner token, so one more try on a
+                    // fresh connection is safe even if the first request did reach the server.
+                    Err(e) if !retried && is_connection_error(&e) => {
+                        self.discard_all();
+                        tracing::debug!(op, error = %e, "idempotent.redis: retrying on a fresh connection");
+                        retried = true;
+                    }
+                    res => return self.settle(op, res),
                 }
-                res => self.settle(op, res),
             }
+        });
+        self.timed(op, work).await.map_err(|e| match e {
+            // A script refused what it found under the key.
+            Error::Unavailable { reason, .. } if reason.contains("IDEMPOTENT_CORRUPT") => Self::corrupt(key, reason),
+            other => other,
         })
-        .await
     }
 
     /// Bounds `work` (connection wait included) by the command timeout. A call cut short may
@@ -458,6 +473,18 @@ impl RedisStore {
             Value::Int(0) => Ok(Transition::LeaseLost),
             other => Err(Self::corrupt(key, format!("unexpected script reply {other:?}"))),
         }
+    }
+}
+
+/// `EVALSHA`, loading the script first when the server does not know it (a restart, a
+/// `SCRIPT FLUSH`, a new cluster node).
+async fn eval(conn: &mut Conn, script: &Script, cmd: &redis::Cmd) -> redis::RedisResult<Value> {
+    match cmd.query_async(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            script.load_async(conn).await?;
+            cmd.query_async(conn).await
+        }
+        res => res,
     }
 }
 
@@ -557,19 +584,16 @@ impl Store for RedisStore {
         retention: Duration,
     ) -> BoxFuture<'a, Result<Acquire, Error>> {
         Box::pin(async move {
-            let token = Token::random();
+            let token = Token::unique();
             let fp = fingerprint.to_hex();
             let (lease_ms, retention_ms) = (millis(lease), millis(retention));
             let args: [&[u8]; 4] =
                 [fp.as_bytes(), lease_ms.as_bytes(), token.as_str().as_bytes(), retention_ms.as_bytes()];
-            let reply = self.invoke("acquire", &self.inner.scripts.acquire, key, &args).await.map_err(|e| match e {
-                Error::Unavailable { reason, .. } if reason.contains("IDEMPOTENT_CORRUPT") => {
-                    Self::corrupt(key, reason)
-                }
-                other => other,
-            })?;
-            let Value::Array(items) = reply else {
-                return Err(Self::corrupt(key, format!("unexpected acquire reply {reply:?}")));
+            let reply = self.invoke("acquire", &self.inner.scripts.acquire, key, &args).await?;
+            let items = match reply {
+                Value::BulkString(result) => return Ok(Acquire::Replay(Bytes::from(result))),
+                Value::Array(items) => items,
+                other => return Err(Self::corrupt(key, format!("unexpected acquire reply {other:?}"))),
             };
             match (int(items.first()), items.len()) {
                 (Some(1), 4) => {
@@ -585,10 +609,6 @@ impl Store for RedisStore {
                         recovered: recovered == 1,
                     }))
                 }
-                (Some(2), 2) => match items.into_iter().nth(1) {
-                    Some(Value::BulkString(b)) => Ok(Acquire::Replay(Bytes::from(b))),
-                    other => Err(Self::corrupt(key, format!("stored result is not a string: {other:?}"))),
-                },
                 (Some(3), 2) => {
                     let ms = int(items.get(1)).unwrap_or(0).max(0) as u64;
                     Ok(Acquire::InFlight { retry_after: Duration::from_millis(ms) })

@@ -1,18 +1,21 @@
 -- release: give the key up without an outcome, keeping the fence, if the caller still owns it.
 --
--- KEYS[1]  the operation's record (see acquire.lua)
+-- KEYS[1]  the operation's record (layout in acquire.lua)
 -- ARGV[1]  owner token
 --
 -- Replies: 1 released (also when this token already released it: a retry after a lost reply);
 --          0 the token no longer owns the key (lease lost)
 local key = KEYS[1]
-local ok, rec = pcall(redis.call, 'HMGET', key, 'st', 'tok')
-if ok and rec[1] == 'released' and rec[2] == ARGV[1] then
-  return 1
-end
-if not ok or rec[1] ~= 'running' or rec[2] ~= ARGV[1] then
+local ok, rec = pcall(redis.call, 'GET', key)
+if not ok or not rec or #rec ~= 143 or string.sub(rec, 66, 97) ~= ARGV[1] then
   return 0
 end
-redis.call('HSET', key, 'st', 'released')
-redis.call('HDEL', key, 'lease')
+local state = string.byte(rec, 1)
+if state == 88 then
+  return 1
+end
+if state ~= 82 then
+  return 0
+end
+redis.call('SETRANGE', key, 0, 'X')
 return 1

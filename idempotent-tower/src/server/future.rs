@@ -6,8 +6,8 @@
 //! heartbeat in turn, and written by hand that would be a state machine of a dozen states and
 //! pin projections for an allocation that costs nothing next to the store round trip it waits
 //! on. Once the inner service has answered, the rest (reading the response body, complete or
-//! release) runs in a spawned task that this future awaits, so that dropping the future (the
-//! client went away) does not leave the key held until its lease passes.
+//! release) moves to a task of its own if this future is dropped (the client went away), so
+//! that the key is not left held until its lease passes.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -208,14 +208,54 @@ where
     };
     // The service has run. Storing its response must not depend on the client still waiting:
     // hyper drops this future when the client goes away, and the record would then stay
-    // `running` until its lease passed, and the retry would run the request again. A spawned
-    // task is not dropped with the future that awaits it.
-    let finishing = tokio::spawn(held.finish(res, grpc).in_current_span());
-    match finishing.await {
-        Ok(res) => Ok(res),
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        // Only when the runtime shuts down under us; no client is left to read this.
-        Err(_) => Ok(Refusal::StoreError.into_response(grpc)),
+    // `running` until its lease passed, and the retry would run the request again. So the rest
+    // runs here, and moves to a task of its own if this future is dropped first.
+    Ok(FinishOnDrop::new(held.finish(res, grpc).in_current_span()).await)
+}
+
+/// Runs a future in place; if dropped before the future ends, hands it to a task of its own so
+/// it still runs to the end (its output then goes nowhere).
+///
+/// Cheaper than spawning up front (no task, no wake-up across threads) in the usual case where
+/// the client is still there.
+struct FinishOnDrop<F: Future<Output: Send + 'static> + Send + 'static> {
+    future: Option<Pin<Box<F>>>,
+}
+
+impl<F: Future<Output: Send + 'static> + Send + 'static> FinishOnDrop<F> {
+    fn new(future: F) -> Self {
+        FinishOnDrop { future: Some(Box::pin(future)) }
+    }
+}
+
+impl<F: Future<Output: Send + 'static> + Send + 'static> Future for FinishOnDrop<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        // Taken out while polled: a future that panics is dropped with the unwinding, not
+        // handed to a task that would poll it again.
+        let Some(mut future) = self.future.take() else {
+            panic!("FinishOnDrop polled after it completed");
+        };
+        match future.as_mut().poll(cx) {
+            Poll::Ready(out) => Poll::Ready(out),
+            Poll::Pending => {
+                self.future = Some(future);
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl<F: Future<Output: Send + 'static> + Send + 'static> Drop for FinishOnDrop<F> {
+    fn drop(&mut self) {
+        let Some(future) = self.future.take() else { return };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(future)),
+            Err(_) => tracing::warn!(
+                "idempotent.not_stored: the request was dropped outside a tokio runtime before its response was stored; the key frees itself when the lease runs out"
+            ),
+        }
     }
 }
 
@@ -428,6 +468,10 @@ impl Held {
         let lease = self.config.lease;
         let period = (lease / 3).max(Duration::from_millis(1));
         let mut work = pin!(work);
+        // Work that is done at its first poll needs no timer.
+        if let Some(out) = poll_once(work.as_mut()).await {
+            return out;
+        }
         loop {
             if self.lost {
                 return work.await;
@@ -575,6 +619,18 @@ impl Held {
             }
         }
     }
+}
+
+/// Polls `future` once: its output if it is ready, `None` if it is pending (it has then
+/// registered the task for a wake-up, as any poll does).
+pub(crate) async fn poll_once<F: Future>(mut future: Pin<&mut F>) -> Option<F::Output> {
+    std::future::poll_fn(|cx| {
+        Poll::Ready(match future.as_mut().poll(cx) {
+            Poll::Ready(out) => Some(out),
+            Poll::Pending => None,
+        })
+    })
+    .await
 }
 
 enum Collected<B> {
