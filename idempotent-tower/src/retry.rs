@@ -321,6 +321,33 @@ impl Common {
         let key = key.map_or_else(|| "-".to_owned(), key_digest);
         tracing::debug!(attempt = self.retries + 1, %key, "idempotent.give_up: permanent error");
     }
+
+    /// The retry decision both policies make (`Policy::retry`): an error is retried when
+    /// `errors` calls it transient; a response when the protocol's `classify` gives a reason to
+    /// (and the wait the server asked for, if any). [`next`](Self::next) then applies the
+    /// attempt count, the budget, the longest wait honoured and the backoff.
+    ///
+    /// `classify` also gets the policy's state and the request's key, for its own logs.
+    fn decide<ResB, E>(
+        &mut self,
+        request: &HeaderMap,
+        result: &Result<Response<ResB>, E>,
+        errors: &impl ClassifyError<E>,
+        classify: impl FnOnce(&Response<ResB>, &Common, Option<&HeaderValue>) -> Option<(Reason, Option<Duration>)>,
+    ) -> Option<tokio::time::Sleep> {
+        let key = request.get(&self.key_header);
+        let (reason, wait) = match result {
+            Ok(response) => classify(response, self, key)?,
+            Err(error) => {
+                if !errors.is_transient(error) {
+                    self.give_up_permanent(key);
+                    return None;
+                }
+                (Reason::Error, None)
+            }
+        };
+        self.next(reason, wait, key)
+    }
 }
 
 /// Setters both policies share.
@@ -442,21 +469,10 @@ where
     type Future = tokio::time::Sleep;
 
     fn retry(&mut self, request: &mut Request<B>, result: &mut Result<Response<ResB>, E>) -> Option<Self::Future> {
-        let key = request.headers().get(&self.common.key_header);
-        let (reason, wait) = match result {
-            Ok(response) => {
-                let reason = classify_status(response.status(), response.headers())?;
-                (reason, retry_after(response.headers(), SystemTime::now()))
-            }
-            Err(error) => {
-                if !self.classify.is_transient(error) {
-                    self.common.give_up_permanent(key);
-                    return None;
-                }
-                (Reason::Error, None)
-            }
-        };
-        self.common.next(reason, wait, key)
+        self.common.decide(request.headers(), result, &*self.classify, |response, _, _| {
+            let reason = classify_status(response.status(), response.headers())?;
+            Some((reason, retry_after(response.headers(), SystemTime::now())))
+        })
     }
 
     fn clone_request(&mut self, request: &Request<B>) -> Option<Request<B>> {
@@ -627,33 +643,23 @@ where
     type Future = tokio::time::Sleep;
 
     fn retry(&mut self, request: &mut Request<B>, result: &mut Result<Response<ResB>, E>) -> Option<Self::Future> {
-        let key = request.headers().get(&self.common.key_header);
-        let (reason, wait) = match result {
-            Ok(response) => {
-                let code = grpc_code(response.status(), response.headers())?;
-                if !self.codes.contains(&code) {
-                    return None;
-                }
-                let Ok(wait) = grpc_pushback(response.headers()) else {
-                    let key = key.map_or_else(|| "-".to_owned(), key_digest);
-                    tracing::debug!(
-                        attempt = self.common.retries + 1,
-                        %key,
-                        "idempotent.give_up: the server's pushback says not to retry"
-                    );
-                    return None;
-                };
-                (Reason::Grpc(code), wait)
+        let codes = &self.codes;
+        self.common.decide(request.headers(), result, &*self.classify, |response, common, key| {
+            let code = grpc_code(response.status(), response.headers())?;
+            if !codes.contains(&code) {
+                return None;
             }
-            Err(error) => {
-                if !self.classify.is_transient(error) {
-                    self.common.give_up_permanent(key);
-                    return None;
-                }
-                (Reason::Error, None)
-            }
-        };
-        self.common.next(reason, wait, key)
+            let Ok(wait) = grpc_pushback(response.headers()) else {
+                let key = key.map_or_else(|| "-".to_owned(), key_digest);
+                tracing::debug!(
+                    attempt = common.retries + 1,
+                    %key,
+                    "idempotent.give_up: the server's pushback says not to retry"
+                );
+                return None;
+            };
+            Some((Reason::Grpc(code), wait))
+        })
     }
 
     fn clone_request(&mut self, request: &Request<B>) -> Option<Request<B>> {

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use idempotent_core::{Error, FailMode, MemoryStore, OnInFlight, RedisStore, RunContext, SharedStore, current_attempt};
-use idempotent_tests::{RedisCluster, RedisServer, unique};
+use idempotent_tests::{HookedStore, RedisCluster, RedisServer, unique};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Barrier, Notify, oneshot};
 
@@ -444,87 +444,52 @@ async fn heartbeat_tells_the_action_when_its_lease_was_taken_over() {
     assert!(matches!(err, Error::LeaseLost { fence: f, .. } if f == fence), "{err}");
 }
 
-/// A MemoryStore whose `complete` and `renew` can be held or failed, to place faults exactly.
-struct Gated {
-    inner: MemoryStore,
+/// What a [`gated`] store's `complete` hook shares with the test.
+struct Gate {
     complete_entered: std::sync::Mutex<Option<oneshot::Sender<()>>>,
     complete_gate: tokio::sync::watch::Receiver<bool>,
     complete_done: Arc<Notify>,
-    renew_fails: bool,
 }
 
-impl Gated {
-    fn new(renew_fails: bool) -> (Arc<Gated>, oneshot::Receiver<()>, tokio::sync::watch::Sender<bool>) {
-        let (entered_tx, entered_rx) = oneshot::channel();
-        let (open, gate) = tokio::sync::watch::channel(false);
-        let store = Gated {
-            inner: MemoryStore::new(),
-            complete_entered: std::sync::Mutex::new(Some(entered_tx)),
-            complete_gate: gate,
-            complete_done: Arc::new(Notify::new()),
-            renew_fails,
-        };
-        (Arc::new(store), entered_rx, open)
-    }
-}
-
-impl idempotent_core::Store for Gated {
-    fn acquire<'a>(
-        &'a self,
-        key: &'a idempotent_core::Key,
-        fp: &'a idempotent_core::Fingerprint,
-        lease: Duration,
-        keep: Duration,
-    ) -> idempotent_core::store::BoxFuture<'a, Result<idempotent_core::record::Acquire, Error>> {
-        self.inner.acquire(key, fp, lease, keep)
-    }
-    fn complete<'a>(
-        &'a self,
-        key: &'a idempotent_core::Key,
-        token: &'a idempotent_core::record::Token,
-        result: bytes::Bytes,
-        keep: Duration,
-    ) -> idempotent_core::store::BoxFuture<'a, Result<idempotent_core::record::Transition, Error>> {
-        Box::pin(async move {
-            if let Some(tx) = self.complete_entered.lock().unwrap().take() {
-                let _ = tx.send(());
-            }
-            let mut gate = self.complete_gate.clone();
-            let _ = gate.wait_for(|open| *open).await;
-            let t = self.inner.complete(key, token, result, keep).await;
-            self.complete_done.notify_waiters();
-            t
+/// A MemoryStore whose `complete` and `renew` can be held or failed, to place faults exactly.
+fn gated(renew_fails: bool) -> (Arc<HookedStore<Gate>>, oneshot::Receiver<()>, tokio::sync::watch::Sender<bool>) {
+    let (entered_tx, entered_rx) = oneshot::channel();
+    let (open, gate) = tokio::sync::watch::channel(false);
+    let state = Gate {
+        complete_entered: std::sync::Mutex::new(Some(entered_tx)),
+        complete_gate: gate,
+        complete_done: Arc::new(Notify::new()),
+    };
+    let store = HookedStore::with_state(Arc::new(MemoryStore::new()), state)
+        .describe_as(|_| "gated memory (test)".into())
+        .on_complete(|call| {
+            Box::pin(async move {
+                let s = call.store.state();
+                if let Some(tx) = s.complete_entered.lock().unwrap().take() {
+                    let _ = tx.send(());
+                }
+                let mut gate = s.complete_gate.clone();
+                let _ = gate.wait_for(|open| *open).await;
+                let t = call.forward().await;
+                s.complete_done.notify_waiters();
+                t
+            })
         })
-    }
-    fn release<'a>(
-        &'a self,
-        key: &'a idempotent_core::Key,
-        token: &'a idempotent_core::record::Token,
-    ) -> idempotent_core::store::BoxFuture<'a, Result<idempotent_core::record::Transition, Error>> {
-        self.inner.release(key, token)
-    }
-    fn renew<'a>(
-        &'a self,
-        key: &'a idempotent_core::Key,
-        token: &'a idempotent_core::record::Token,
-        lease: Duration,
-    ) -> idempotent_core::store::BoxFuture<'a, Result<idempotent_core::record::Transition, Error>> {
-        if self.renew_fails {
-            return Box::pin(async { Err(Error::Config("renewals are failing in this test".into())) });
-        }
-        self.inner.renew(key, token, lease)
-    }
-    fn describe(&self) -> String {
-        "gated memory (test)".into()
-    }
+        .on_renew(move |call| {
+            if renew_fails {
+                return Box::pin(async { Err(Error::Config("renewals are failing in this test".into())) });
+            }
+            call.forward()
+        });
+    (Arc::new(store), entered_rx, open)
 }
 
 /// The caller's future is dropped after the action finished but before `complete` landed (a
 /// timeout around the step): the outcome is still stored, and the retry replays it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dropping_the_call_after_the_action_still_stores_the_outcome() {
-    let (store, complete_entered, open) = Gated::new(false);
-    let done = store.complete_done.clone();
+    let (store, complete_entered, open) = gated(false);
+    let done = store.state().complete_done.clone();
     let ctx = RunContext::new(store.clone() as SharedStore, unique("run"));
     let runs = Arc::new(AtomicU32::new(0));
     let call = {
@@ -552,7 +517,7 @@ async fn dropping_the_call_after_the_action_still_stores_the_outcome() {
 /// Renewals that keep failing for a whole lease count as a lost lease: the action is told.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_renewals_for_a_whole_lease_mark_it_lost() {
-    let (store, _entered, open) = Gated::new(true);
+    let (store, _entered, open) = gated(true);
     open.send_replace(true);
     let ctx = RunContext::new(store as SharedStore, unique("run"));
     let (was_lost, number) = ctx

@@ -7,11 +7,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
-use idempotent_core::record::{Acquire, Token, Transition};
-use idempotent_core::store::BoxFuture;
-use idempotent_core::{Error, Fingerprint, Key, RunContext, SharedStore, Store, current_attempt, idempotent};
-use idempotent_tests::unique;
+use idempotent_core::record::Acquire;
+use idempotent_core::{Error, RunContext, SharedStore, current_attempt, idempotent};
+use idempotent_tests::{HookedStore, unique};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, watch};
 
@@ -54,54 +52,17 @@ impl Gate {
 
 /// A store that reports how many acquires were answered "in flight", so a test can wait until
 /// every concurrent caller has met the running attempt before letting it finish.
-struct Watching {
-    inner: SharedStore,
-    in_flight: watch::Sender<usize>,
-}
-
-impl Store for Watching {
-    fn acquire<'a>(
-        &'a self,
-        key: &'a Key,
-        fingerprint: &'a Fingerprint,
-        lease: Duration,
-        retention: Duration,
-    ) -> BoxFuture<'a, Result<Acquire, Error>> {
+fn watching(inner: SharedStore, in_flight: watch::Sender<usize>) -> SharedStore {
+    Arc::new(HookedStore::with_state(inner, in_flight).on_acquire(|call| {
         Box::pin(async move {
-            let answer = self.inner.acquire(key, fingerprint, lease, retention).await;
+            let in_flight = call.store.state();
+            let answer = call.forward().await;
             if let Ok(Acquire::InFlight { .. }) = &answer {
-                self.in_flight.send_modify(|n| *n += 1);
+                in_flight.send_modify(|n| *n += 1);
             }
             answer
         })
-    }
-
-    fn complete<'a>(
-        &'a self,
-        key: &'a Key,
-        token: &'a Token,
-        result: Bytes,
-        retention: Duration,
-    ) -> BoxFuture<'a, Result<Transition, Error>> {
-        self.inner.complete(key, token, result, retention)
-    }
-
-    fn release<'a>(&'a self, key: &'a Key, token: &'a Token) -> BoxFuture<'a, Result<Transition, Error>> {
-        self.inner.release(key, token)
-    }
-
-    fn renew<'a>(
-        &'a self,
-        key: &'a Key,
-        token: &'a Token,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<Transition, Error>> {
-        self.inner.renew(key, token, lease)
-    }
-
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
+    }))
 }
 
 // ---- the annotated functions under test ----
@@ -239,7 +200,7 @@ async fn replay_returns_first_result(store: SharedStore) {
 async fn concurrent_calls_run_the_body_once(store: SharedStore) {
     const CALLERS: usize = 16;
     let (in_flight, mut seen) = watch::channel(0);
-    let watching: SharedStore = Arc::new(Watching { inner: store, in_flight });
+    let watching = watching(store, in_flight);
     let ctx = ctx(&watching);
     let ledger = Arc::new(Ledger::default());
     let gate = Arc::new(Gate::default());

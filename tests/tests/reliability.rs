@@ -9,13 +9,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use bytes::Bytes;
 use idempotent_core::record::{Acquire, Lease, Token, Transition};
 use idempotent_core::store::BoxFuture;
-use idempotent_core::{Error, Fingerprint, Key, MemoryStore, OnInFlight, RedisStore, RunContext, SharedStore, Store};
+use idempotent_core::{Error, MemoryStore, OnInFlight, RedisStore, RunContext, SharedStore};
 use idempotent_tests::history::{History, Outcome, Report};
 use idempotent_tests::proxy::{Fault, FaultProxy};
-use idempotent_tests::{RedisOptions, RedisServer, unique};
+use idempotent_tests::{HookedStore, RedisOptions, RedisServer, unique};
 use tokio::sync::{Notify, oneshot, watch};
 
 const TIMEOUT: Duration = Duration::from_millis(400);
@@ -608,59 +607,32 @@ fn fastrand_like(seed: u64) -> impl FnMut() -> u64 {
 
 /// A store with the lease check turned off: it hands the key to every caller. The negative
 /// control: the checker must catch what it lets through.
-struct NoLeaseCheck(MemoryStore);
-
-impl Store for NoLeaseCheck {
-    fn acquire<'a>(
-        &'a self,
-        key: &'a Key,
-        fp: &'a Fingerprint,
-        lease: Duration,
-        keep: Duration,
-    ) -> BoxFuture<'a, Result<Acquire, Error>> {
-        Box::pin(async move {
-            match self.0.acquire(key, fp, lease, keep).await? {
-                Acquire::InFlight { .. } => {
-                    Ok(Acquire::Acquired(Lease { token: Token::unique(), fence: 0, attempt: 1, recovered: false }))
+fn no_lease_check() -> SharedStore {
+    let store = HookedStore::new(Arc::new(MemoryStore::new()))
+        .describe_as(|_| "no-lease-check (test only)".into())
+        .on_acquire(|call| {
+            Box::pin(async move {
+                match call.forward().await? {
+                    Acquire::InFlight { .. } => {
+                        Ok(Acquire::Acquired(Lease { token: Token::unique(), fence: 0, attempt: 1, recovered: false }))
+                    }
+                    other => Ok(other),
                 }
-                other => Ok(other),
-            }
+            })
         })
-    }
-    fn complete<'a>(
-        &'a self,
-        key: &'a Key,
-        token: &'a Token,
-        result: Bytes,
-        keep: Duration,
-    ) -> BoxFuture<'a, Result<Transition, Error>> {
-        Box::pin(async move {
-            // Accept any token: a stale holder's result is "stored" too.
-            let _ = self.0.complete(key, token, result, keep).await?;
-            Ok(Transition::Ok)
-        })
-    }
-    fn release<'a>(&'a self, key: &'a Key, token: &'a Token) -> BoxFuture<'a, Result<Transition, Error>> {
-        self.0.release(key, token)
-    }
-    fn renew<'a>(
-        &'a self,
-        key: &'a Key,
-        token: &'a Token,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<Transition, Error>> {
-        self.0.renew(key, token, lease)
-    }
-    fn describe(&self) -> String {
-        "no-lease-check (test only)".into()
-    }
+        .on_complete(|call| {
+            Box::pin(async move {
+                // Accept any token: a stale holder's result is "stored" too.
+                let _ = call.forward().await?;
+                Ok(Transition::Ok)
+            })
+        });
+    Arc::new(store)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn negative_control_the_checker_catches_a_store_without_lease_checks() {
-    for store in
-        [Arc::new(NoLeaseCheck(MemoryStore::new())) as SharedStore, Arc::new(MemoryStore::new()) as SharedStore]
-    {
+    for store in [no_lease_check(), Arc::new(MemoryStore::new()) as SharedStore] {
         let broken = store.describe().contains("no-lease-check");
         let ctx = RunContext::new(store, unique("neg"));
         let hist = History::new();

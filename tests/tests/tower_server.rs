@@ -21,10 +21,8 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use idempotent_core::record::{Acquire, Token, Transition};
-use idempotent_core::store::BoxFuture;
-use idempotent_core::{Error, FailMode, Fingerprint, Key, OnInFlight, RedisStore, SharedStore, Store};
-use idempotent_tests::{RedisServer, free_port};
+use idempotent_core::{Error, FailMode, OnInFlight, RedisStore, SharedStore, Store};
+use idempotent_tests::{HookedStore, RedisServer, free_port};
 use idempotent_tower::server::IdempotencyLayer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Notify, Semaphore};
@@ -721,58 +719,30 @@ async fn a_request_dropped_while_its_body_is_read_still_stores_the_response(stor
     assert_eq!(ledger.calls(), 1, "the retry ran the handler again");
 }
 
-/// A store whose `complete` waits at a gate after saying it started.
+/// What a [`slow_complete`] store shares with the test.
 struct SlowComplete {
-    store: SharedStore,
     entered: Notify,
     gate: Semaphore,
 }
 
-impl Store for SlowComplete {
-    fn acquire<'a>(
-        &'a self,
-        key: &'a Key,
-        fingerprint: &'a Fingerprint,
-        lease: Duration,
-        retention: Duration,
-    ) -> BoxFuture<'a, Result<Acquire, Error>> {
-        self.store.acquire(key, fingerprint, lease, retention)
-    }
-
-    fn complete<'a>(
-        &'a self,
-        key: &'a Key,
-        token: &'a Token,
-        result: Bytes,
-        retention: Duration,
-    ) -> BoxFuture<'a, Result<Transition, Error>> {
-        Box::pin(async move {
-            self.entered.notify_one();
-            self.gate.acquire().await.unwrap().forget();
-            self.store.complete(key, token, result, retention).await
-        })
-    }
-
-    fn release<'a>(&'a self, key: &'a Key, token: &'a Token) -> BoxFuture<'a, Result<Transition, Error>> {
-        self.store.release(key, token)
-    }
-
-    fn renew<'a>(
-        &'a self,
-        key: &'a Key,
-        token: &'a Token,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<Transition, Error>> {
-        self.store.renew(key, token, lease)
-    }
-
-    fn describe(&self) -> String {
-        format!("slow-complete {}", self.store.describe())
-    }
+/// A store whose `complete` waits at a gate after saying it started.
+fn slow_complete(store: SharedStore) -> Arc<HookedStore<SlowComplete>> {
+    let state = SlowComplete { entered: Notify::new(), gate: Semaphore::new(0) };
+    let slow = HookedStore::with_state(store, state).describe_as(|inner| format!("slow-complete {inner}")).on_complete(
+        |call| {
+            Box::pin(async move {
+                let s = call.store.state();
+                s.entered.notify_one();
+                s.gate.acquire().await.unwrap().forget();
+                call.forward().await
+            })
+        },
+    );
+    Arc::new(slow)
 }
 
 async fn a_request_dropped_while_complete_is_in_flight_still_stores_the_response(store: SharedStore) {
-    let slow = Arc::new(SlowComplete { store, entered: Notify::new(), gate: Semaphore::new(0) });
+    let slow = slow_complete(store);
     let ledger = Ledger::new();
     let shared: SharedStore = slow.clone();
     let layer = IdempotencyLayer::new(shared).on_in_flight(OnInFlight::Wait { timeout: Duration::from_secs(3) });
@@ -781,9 +751,9 @@ async fn a_request_dropped_while_complete_is_in_flight_still_stores_the_response
         res = app.clone().oneshot(in_process("/refunds", "dropped")) => {
             panic!("the response came before it was stored: {:?}", res.map(|r| r.status()))
         }
-        () = slow.entered.notified() => {}
+        () = slow.state().entered.notified() => {}
     }
-    slow.gate.add_permits(1);
+    slow.state().gate.add_permits(1);
     let retry = app.oneshot(in_process("/refunds", "dropped")).await.unwrap();
     assert_eq!(retry.status(), StatusCode::CREATED, "the response was never stored");
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
@@ -793,58 +763,24 @@ async fn a_request_dropped_while_complete_is_in_flight_still_stores_the_response
 
 /// A store that cannot renew: every renewal fails as if the store were out of reach, or, with
 /// `hang`, never answers.
-struct RenewFails(SharedStore, bool);
-
-impl Store for RenewFails {
-    fn acquire<'a>(
-        &'a self,
-        key: &'a Key,
-        fingerprint: &'a Fingerprint,
-        lease: Duration,
-        retention: Duration,
-    ) -> BoxFuture<'a, Result<Acquire, Error>> {
-        self.0.acquire(key, fingerprint, lease, retention)
-    }
-
-    fn complete<'a>(
-        &'a self,
-        key: &'a Key,
-        token: &'a Token,
-        result: Bytes,
-        retention: Duration,
-    ) -> BoxFuture<'a, Result<Transition, Error>> {
-        self.0.complete(key, token, result, retention)
-    }
-
-    fn release<'a>(&'a self, key: &'a Key, token: &'a Token) -> BoxFuture<'a, Result<Transition, Error>> {
-        self.0.release(key, token)
-    }
-
-    fn renew<'a>(
-        &'a self,
-        _key: &'a Key,
-        _token: &'a Token,
-        _lease: Duration,
-    ) -> BoxFuture<'a, Result<Transition, Error>> {
-        if self.1 {
+fn renew_fails(store: SharedStore, hang: bool) -> SharedStore {
+    let failing = HookedStore::new(store).describe_as(|inner| format!("renew-fails {inner}")).on_renew(move |call| {
+        if hang {
             return Box::pin(std::future::pending());
         }
         Box::pin(std::future::ready(Err(Error::Unavailable {
-            store: self.describe(),
+            store: call.store.describe(),
             op: "renew",
             reason: "connection refused (injected)".into(),
             source: None,
         })))
-    }
-
-    fn describe(&self) -> String {
-        format!("renew-fails {}", self.0.describe())
-    }
+    });
+    Arc::new(failing)
 }
 
 async fn a_lease_whose_renewals_keep_failing_is_lost_and_not_stored(store: SharedStore) {
     let lease = Duration::from_millis(300);
-    let failing: SharedStore = Arc::new(RenewFails(store, false));
+    let failing = renew_fails(store, false);
     let app = Arc::new(App::start(&failing, |l| l.lease(lease)).await);
     let leader = {
         let app = app.clone();
@@ -878,7 +814,7 @@ async fn a_lease_whose_renewals_keep_failing_is_lost_and_not_stored(store: Share
 #[tokio::test(start_paused = true)]
 async fn a_renewal_that_never_answers_loses_the_lease_when_it_runs_out() {
     let lease = Duration::from_secs(30);
-    let store: SharedStore = Arc::new(RenewFails(Arc::new(idempotent_core::MemoryStore::new()), true));
+    let store = renew_fails(Arc::new(idempotent_core::MemoryStore::new()), true);
     let ledger = Ledger::new();
     let app = routes(&ledger).layer(IdempotencyLayer::new(store).lease(lease));
     let leader = tokio::spawn(app.clone().oneshot(in_process("/gated", "hung")));
@@ -911,49 +847,17 @@ async fn absurd_lease_and_retention_are_clamped(store: SharedStore) {
 
 /// A store that writes garbage in place of every result: the record a buggy or foreign writer
 /// would leave behind. Everything else goes to the real store.
-struct Corrupting(SharedStore);
-
-impl Store for Corrupting {
-    fn acquire<'a>(
-        &'a self,
-        key: &'a Key,
-        fingerprint: &'a Fingerprint,
-        lease: Duration,
-        retention: Duration,
-    ) -> BoxFuture<'a, Result<Acquire, Error>> {
-        self.0.acquire(key, fingerprint, lease, retention)
-    }
-
-    fn complete<'a>(
-        &'a self,
-        key: &'a Key,
-        token: &'a Token,
-        _result: Bytes,
-        retention: Duration,
-    ) -> BoxFuture<'a, Result<Transition, Error>> {
-        self.0.complete(key, token, Bytes::from_static(b"IDRS\x01\x00\xc8\xff\xff\xff\xffnot a response"), retention)
-    }
-
-    fn release<'a>(&'a self, key: &'a Key, token: &'a Token) -> BoxFuture<'a, Result<Transition, Error>> {
-        self.0.release(key, token)
-    }
-
-    fn renew<'a>(
-        &'a self,
-        key: &'a Key,
-        token: &'a Token,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<Transition, Error>> {
-        self.0.renew(key, token, lease)
-    }
-
-    fn describe(&self) -> String {
-        format!("corrupting {}", self.0.describe())
-    }
+fn corrupting(store: SharedStore) -> SharedStore {
+    let corrupting =
+        HookedStore::new(store).describe_as(|inner| format!("corrupting {inner}")).on_complete(|mut call| {
+            call.result = Bytes::from_static(b"IDRS\x01\x00\xc8\xff\xff\xff\xffnot a response");
+            call.forward()
+        });
+    Arc::new(corrupting)
 }
 
 async fn a_corrupt_record_is_500_and_never_replayed(store: SharedStore) {
-    let corrupting: SharedStore = Arc::new(Corrupting(store));
+    let corrupting = corrupting(store);
     let app = App::start(&corrupting, |l| l).await;
     assert_eq!(app.h1(app.post("/refunds", "c-1"), "{}").await.status, StatusCode::CREATED);
     for _ in 0..2 {
