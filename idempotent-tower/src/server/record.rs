@@ -100,13 +100,14 @@ impl StoredResponse {
         }
         let status = take_u16(&mut buf)?;
         let status = StatusCode::from_u16(status).map_err(|_| DecodeError("invalid status code"))?;
-        let headers = take_fields(&mut buf)?;
+        // One field to spare: a replay adds `Idempotent-Replayed`.
+        let headers = take_fields(&mut buf, 1)?;
         let body_len = take_u64(&mut buf)?;
         let body_len = usize::try_from(body_len).map_err(|_| DecodeError("body length out of range"))?;
         let body = take_bytes(&mut buf, body_len)?;
         let trailers = match take_u8(&mut buf)? {
             0 => None,
-            1 => Some(take_fields(&mut buf)?),
+            1 => Some(take_fields(&mut buf, 0)?),
             _ => return Err(DecodeError("invalid trailers flag")),
         };
         if buf.has_remaining() {
@@ -129,13 +130,13 @@ fn put_fields(out: &mut BytesMut, fields: &HeaderMap, strip: bool) {
     }
 }
 
-fn take_fields(buf: &mut Bytes) -> Result<HeaderMap, DecodeError> {
+fn take_fields(buf: &mut Bytes, spare: usize) -> Result<HeaderMap, DecodeError> {
     let count = take_u32(buf)? as usize;
     // Each field needs at least 6 length bytes: a count beyond that is a lie, not an allocation.
     if count > buf.remaining() / 6 {
         return Err(DecodeError("field count larger than the record"));
     }
-    let mut map = HeaderMap::try_with_capacity(count).map_err(|_| DecodeError("too many fields"))?;
+    let mut map = HeaderMap::try_with_capacity(count + spare).map_err(|_| DecodeError("too many fields"))?;
     for _ in 0..count {
         let name_len = take_u16(buf)? as usize;
         let name = take_bytes(buf, name_len)?;

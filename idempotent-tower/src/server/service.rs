@@ -176,18 +176,20 @@ where
         }
     };
     let fingerprint = if grpc { grpc::fingerprint(parts.uri.path(), &data) } else { http_fingerprint(&parts, &data) };
+    let acquired = acquire(&config, &key, &fingerprint, &short).await;
+    // The request for the service is built only when the service is called.
     let mut req = Request::from_parts(parts, RequestBody::full(data, trailers));
-    req.extensions_mut().insert(Handled);
-
-    let (lease, acquired_at) = match acquire(&config, &key, &fingerprint, &short).await {
+    let (lease, acquired_at) = match acquired {
         Acquired::Lease(lease, sent) => (lease, sent),
         Acquired::Replay(bytes) => return Ok(replay(bytes, grpc, &short)),
         Acquired::Refuse(refusal) => return Ok(refusal.into_response(grpc)),
         Acquired::FailOpen => {
+            req.extensions_mut().insert(Handled);
             let res = inner.call(req).await?;
             return Ok(res.map(ResponseBody::stream));
         }
     };
+    req.extensions_mut().insert(Handled);
     tracing::debug!(key = %short, fence = lease.fence, attempt = lease.attempt, recovered = lease.recovered, "idempotent.acquired");
     if lease.recovered {
         tracing::info!(key = %short, fence = lease.fence, "idempotent.recovered: a previous attempt's lease ran out without a response");
@@ -335,8 +337,12 @@ fn is_json(headers: &HeaderMap) -> bool {
     let Some(ct) = headers.get(CONTENT_TYPE).and_then(|v| v.to_str().ok()) else {
         return false;
     };
-    let essence = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
-    essence == "application/json" || (essence.starts_with("application/") && essence.ends_with("+json"))
+    let essence = ct.split(';').next().unwrap_or("").trim().as_bytes();
+    let (prefix, suffix) = (b"application/".len(), b"+json".len());
+    essence.eq_ignore_ascii_case(b"application/json")
+        || (essence.len() > prefix + suffix
+            && essence[..prefix].eq_ignore_ascii_case(b"application/")
+            && essence[essence.len() - suffix..].eq_ignore_ascii_case(b"+json"))
 }
 
 /// The fingerprint of an HTTP request: method, path, query and body (canonical JSON when the
