@@ -9,7 +9,11 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
+
+use idempotent_core::deadpool_redis::{self, Runtime};
+use idempotent_core::redis::{self, aio::MultiplexedConnection};
 
 use serde::{Deserialize, Serialize};
 
@@ -312,4 +316,50 @@ pub fn arg<T: std::str::FromStr>(name: &str, default: T) -> T {
 /// Whether `--name` is on the command line.
 pub fn flag(name: &str) -> bool {
     std::env::args().any(|a| a == name)
+}
+
+/// The command timeout `RedisStore` uses by default, which the raw floors' connections are also
+/// configured with.
+pub const REDIS_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The store's client setup without the store, for the raw-round-trip floors: the same deadpool
+/// pool settings, `size` multiplexed connections checked out and kept, one picked round-robin
+/// per command (as `RedisStore` does).
+pub struct RawRedis {
+    conns: Vec<MultiplexedConnection>,
+    _held: Vec<deadpool_redis::Connection>,
+    next: AtomicUsize,
+}
+
+impl RawRedis {
+    /// Connects `size` connections to `url`; panics if the server cannot be reached.
+    pub async fn connect(url: &str, size: usize) -> RawRedis {
+        let conn_config =
+            redis::AsyncConnectionConfig::new().set_response_timeout(None).set_connection_timeout(Some(REDIS_TIMEOUT));
+        let manager = deadpool_redis::Manager::new_with_config(url, conn_config).unwrap();
+        let pool = deadpool_redis::Pool::builder(manager)
+            .config(deadpool_redis::PoolConfig {
+                max_size: size * 2,
+                timeouts: deadpool_redis::Timeouts {
+                    wait: Some(REDIS_TIMEOUT),
+                    create: Some(REDIS_TIMEOUT),
+                    recycle: Some(REDIS_TIMEOUT),
+                },
+                ..Default::default()
+            })
+            .runtime(Runtime::Tokio1)
+            .build()
+            .unwrap();
+        let mut held = Vec::new();
+        for _ in 0..size {
+            held.push(pool.get().await.expect("connect to the bench redis-server"));
+        }
+        let conns = held.iter().map(|c| (**c).clone()).collect();
+        RawRedis { conns, _held: held, next: AtomicUsize::new(0) }
+    }
+
+    /// The next connection, round-robin.
+    pub fn conn(&self) -> MultiplexedConnection {
+        self.conns[self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len()].clone()
+    }
 }

@@ -45,55 +45,18 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::Frame;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
-use idempotent_benches::{Refund, Rounds, Sample, arg, flag, fmt_rate, peak_rss_kib, process_cpu, rss_kib};
-use idempotent_core::deadpool_redis::{self, Runtime};
-use idempotent_core::redis::{self, Value, aio::MultiplexedConnection};
+use idempotent_benches::{
+    REDIS_TIMEOUT, RawRedis, Refund, Rounds, Sample, arg, flag, fmt_rate, peak_rss_kib, process_cpu, rss_kib,
+};
+use idempotent_core::redis::{self, Value};
 use idempotent_core::{MemoryStore, RedisStore};
 use idempotent_tests::RedisServer;
 use idempotent_tower::IdempotencyLayer;
 use tokio::net::{TcpListener, TcpStream};
 
-const TIMEOUT: Duration = Duration::from_secs(2);
+/// Keys of the two-round-trip floor: a new one per request.
+static FLOOR_SEQ: AtomicU64 = AtomicU64::new(0);
 const RESPONSE: &str = r#"{"refund_id":"re_3PqX7yLkd82Hf0Zs1mN4","status":"succeeded"}"#;
-
-/// The store's client setup without the store (see `redis_bench`).
-struct Raw {
-    conns: Vec<MultiplexedConnection>,
-    _held: Vec<deadpool_redis::Connection>,
-    next: AtomicUsize,
-    seq: AtomicU64,
-}
-
-impl Raw {
-    async fn connect(url: &str, size: usize) -> Raw {
-        let conn_config =
-            redis::AsyncConnectionConfig::new().set_response_timeout(None).set_connection_timeout(Some(TIMEOUT));
-        let manager = deadpool_redis::Manager::new_with_config(url, conn_config).unwrap();
-        let pool = deadpool_redis::Pool::builder(manager)
-            .config(deadpool_redis::PoolConfig {
-                max_size: size * 2,
-                timeouts: deadpool_redis::Timeouts {
-                    wait: Some(TIMEOUT),
-                    create: Some(TIMEOUT),
-                    recycle: Some(TIMEOUT),
-                },
-                ..Default::default()
-            })
-            .runtime(Runtime::Tokio1)
-            .build()
-            .unwrap();
-        let mut held = Vec::new();
-        for _ in 0..size {
-            held.push(pool.get().await.expect("connect to the bench redis-server"));
-        }
-        let conns = held.iter().map(|c| (**c).clone()).collect();
-        Raw { conns, _held: held, next: AtomicUsize::new(0), seq: AtomicU64::new(0) }
-    }
-
-    fn conn(&self) -> MultiplexedConnection {
-        self.conns[self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len()].clone()
-    }
-}
 
 async fn handler(body: Bytes) -> (StatusCode, [(&'static str, &'static str); 1], &'static str) {
     std::hint::black_box(&body);
@@ -102,7 +65,7 @@ async fn handler(body: Bytes) -> (StatusCode, [(&'static str, &'static str); 1],
 
 /// The handler, after one raw Redis round trip: what a hand-written idempotency check costs at
 /// the least (look the key up; here the value is always found).
-async fn one_round_trip(State(raw): State<Arc<Raw>>, body: Bytes) -> (StatusCode, Vec<u8>) {
+async fn one_round_trip(State(raw): State<Arc<RawRedis>>, body: Bytes) -> (StatusCode, Vec<u8>) {
     std::hint::black_box(&body);
     let v: Value = redis::cmd("GET").arg("floor:response").query_async(&mut raw.conn()).await.expect("GET");
     let Value::BulkString(stored) = v else { panic!("floor:response missing") };
@@ -110,8 +73,8 @@ async fn one_round_trip(State(raw): State<Arc<Raw>>, body: Bytes) -> (StatusCode
 }
 
 /// The handler between two raw Redis round trips: claim a key, run, store the response.
-async fn two_round_trips(State(raw): State<Arc<Raw>>, body: Bytes) -> (StatusCode, &'static str) {
-    let key = format!("floor:http:{}", raw.seq.fetch_add(1, Ordering::Relaxed));
+async fn two_round_trips(State(raw): State<Arc<RawRedis>>, body: Bytes) -> (StatusCode, &'static str) {
+    let key = format!("floor:http:{}", FLOOR_SEQ.fetch_add(1, Ordering::Relaxed));
     let claimed: Value = redis::cmd("SET")
         .arg(&key)
         .arg(&[b'c'; 120][..])
@@ -321,8 +284,8 @@ fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build().unwrap();
     let body = Bytes::from(serde_json::to_vec(&Refund::new(7)).unwrap());
     let servers = rt.block_on(async {
-        let store = RedisStore::builder(server.url()).pool_size(pool).command_timeout(TIMEOUT).build().unwrap();
-        let raw = Arc::new(Raw::connect(&server.url(), pool).await);
+        let store = RedisStore::builder(server.url()).pool_size(pool).command_timeout(REDIS_TIMEOUT).build().unwrap();
+        let raw = Arc::new(RawRedis::connect(&server.url(), pool).await);
         let _: () = redis::cmd("SET").arg("floor:response").arg(RESPONSE).query_async(&mut raw.conn()).await.unwrap();
         Servers {
             bare: serve(app()).await,

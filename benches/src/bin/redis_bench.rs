@@ -23,14 +23,15 @@
 use std::collections::BTreeMap;
 use std::hint::black_box;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use idempotent_benches::{Refund, RefundResult, Rounds, Sample, arg, closed_loop, fmt_rate, process_cpu};
-use idempotent_core::deadpool_redis::{self, Runtime};
+use idempotent_benches::{
+    REDIS_TIMEOUT, RawRedis, Refund, RefundResult, Rounds, Sample, arg, closed_loop, fmt_rate, process_cpu,
+};
 use idempotent_core::record::{Acquire, Transition};
-use idempotent_core::redis::{self, Script, Value, aio::MultiplexedConnection};
+use idempotent_core::redis::{self, Script, Value};
 use idempotent_core::{DEFAULT_LEASE, DEFAULT_TTL, Error, Fingerprint, Key, RedisStore, RunContext, Store};
 use idempotent_tests::RedisServer;
 
@@ -38,8 +39,6 @@ use idempotent_tests::RedisServer;
 const OURS_IN_SCRIPT: &[&str] = &["get", "set", "setrange", "pexpire", "pttl", "time"];
 /// Keys pre-filled for the replay rows.
 const REPLAY_KEYS: u64 = 4096;
-/// The store's default command timeout, which its connections are also configured with.
-const TIMEOUT: Duration = Duration::from_secs(2);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Path {
@@ -91,51 +90,12 @@ impl Path {
     }
 }
 
-/// The store's client setup without the store: the same pool settings, `pool` connections
-/// checked out and kept, one picked round-robin per command (as `RedisStore` does).
-struct Raw {
-    conns: Vec<MultiplexedConnection>,
-    _held: Vec<deadpool_redis::Connection>,
-    next: AtomicUsize,
-}
-
-impl Raw {
-    async fn connect(url: &str, size: usize) -> Raw {
-        let conn_config =
-            redis::AsyncConnectionConfig::new().set_response_timeout(None).set_connection_timeout(Some(TIMEOUT));
-        let manager = deadpool_redis::Manager::new_with_config(url, conn_config).unwrap();
-        let pool = deadpool_redis::Pool::builder(manager)
-            .config(deadpool_redis::PoolConfig {
-                max_size: size * 2,
-                timeouts: deadpool_redis::Timeouts {
-                    wait: Some(TIMEOUT),
-                    create: Some(TIMEOUT),
-                    recycle: Some(TIMEOUT),
-                },
-                ..Default::default()
-            })
-            .runtime(Runtime::Tokio1)
-            .build()
-            .unwrap();
-        let mut held = Vec::new();
-        for _ in 0..size {
-            held.push(pool.get().await.expect("connect to the bench redis-server"));
-        }
-        let conns = held.iter().map(|c| (**c).clone()).collect();
-        Raw { conns, _held: held, next: AtomicUsize::new(0) }
-    }
-
-    fn conn(&self) -> MultiplexedConnection {
-        self.conns[self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len()].clone()
-    }
-}
-
 struct Env {
     ctx: RunContext,
     store: RedisStore,
     /// The keys of the replay rows' payloads, for the rows that call the store directly.
     replay_keys: Vec<(Key, Fingerprint)>,
-    raw: Raw,
+    raw: RawRedis,
     seq: AtomicU64,
     set_script: Script,
     get_script: Script,
@@ -325,9 +285,9 @@ fn main() {
 
     let server = RedisServer::start();
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build().unwrap();
-    let store = RedisStore::builder(server.url()).pool_size(pool).command_timeout(TIMEOUT).build().unwrap();
+    let store = RedisStore::builder(server.url()).pool_size(pool).command_timeout(REDIS_TIMEOUT).build().unwrap();
     let env = rt.block_on(async {
-        let raw = Raw::connect(&server.url(), pool).await;
+        let raw = RawRedis::connect(&server.url(), pool).await;
         let ctx = RunContext::new(store.clone(), "bench-run");
         let replay_keys =
             (0..REPLAY_KEYS).map(|n| ctx.step("replayed_refund").key_for(&Refund::new(n)).unwrap()).collect();
