@@ -574,12 +574,16 @@ struct SettleOnDrop<'a> {
 impl Drop for SettleOnDrop<'_> {
     fn drop(&mut self) {
         let Some(result) = self.result.take() else { return };
+        if std::thread::panicking() {
+            // The store call itself panicked: repeating it would most likely panic again.
+            return;
+        }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(key = %self.key.short(), "idempotent.store_error: dropped while storing the outcome, outside a runtime; the key frees itself when the lease runs out");
             return;
         };
         let (store, key, token, ttl) = (self.store.clone(), *self.key, self.token.clone(), self.ttl);
-        runtime.spawn(async move {
+        let finish = async move {
             let out = match result {
                 Some(bytes) => store.complete(&key, &token, bytes, ttl).await,
                 None => store.release(&key, &token).await,
@@ -587,7 +591,8 @@ impl Drop for SettleOnDrop<'_> {
             if let Err(e) = out {
                 tracing::warn!(key = %key.short(), error = %e, "idempotent.store_error: storing the outcome after the caller went away failed");
             }
-        });
+        };
+        runtime.spawn(tracing::Instrument::in_current_span(finish));
     }
 }
 

@@ -30,7 +30,8 @@ impl Token {
     ///
     /// 64 random bits drawn once per process, then a 64-bit counter: unique without a system call
     /// per token (an owner token must be unique, not secret — whoever can read the store can
-    /// read the tokens too).
+    /// read the tokens too). A process that forks after making tokens must not acquire from
+    /// both sides of the fork: the child would repeat the parent's tokens.
     pub fn unique() -> Token {
         static PREFIX: OnceLock<u64> = OnceLock::new();
         static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -55,7 +56,8 @@ impl Token {
 
 impl fmt::Debug for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Token({}…)", &self.0[..self.0.len().min(6)])
+        // The end is the per-token counter (the start is the same for every token of a process).
+        write!(f, "Token(…{})", &self.0[self.0.len().saturating_sub(6)..])
     }
 }
 

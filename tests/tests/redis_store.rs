@@ -168,19 +168,26 @@ async fn garbage_records_are_errors_not_replays() {
     let fp = fp.to_hex();
     let token = "t".repeat(32);
     let record = |state: &str, tail: &str| format!("{state}{fp}{token}{tail}");
-    let (exploded, short, bad_number, bad_result) = (
-        record("Q", &"0".repeat(46)),
-        record("R", "123"),
+    let (exploded, short, bad_result) = (record("Q", &"0".repeat(46)), record("R", "123"), record("D", "\u{1}garbage"));
+    // Numbers Lua's `tonumber` would take but the record never holds.
+    let (bad_lease, nan_fence, inf_lease, exp_fence, huge_fence) = (
         record("R", &format!("{}{:020}{:010}0", "x".repeat(15), 1, 1)),
-        record("D", "\u{1}garbage"),
+        record("R", &format!("{:015}{:>20}{:010}0", 1, "nan", 1)),
+        record("R", &format!("{:>15}{:020}{:010}0", "inf", 1, 1)),
+        record("R", &format!("{:015}{:>20}{:010}0", 1, "1e18", 1)),
+        record("R", &format!("{:015}{:020}{:010}0", 1, 9_007_199_254_740_992u64, 1)),
     );
-    let garbage: [&[&str]; 7] = [
+    let garbage: [&[&str]; 11] = [
         &["SET", &redis_key, "not a record"],
         &["HSET", &redis_key, "st", "running", "fp", &fp],
         &["RPUSH", &redis_key, "a list"],
         &["SET", &redis_key, &exploded],
         &["SET", &redis_key, &short],
-        &["SET", &redis_key, &bad_number],
+        &["SET", &redis_key, &bad_lease],
+        &["SET", &redis_key, &nan_fence],
+        &["SET", &redis_key, &inf_lease],
+        &["SET", &redis_key, &exp_fence],
+        &["SET", &redis_key, &huge_fence],
         &["SET", &redis_key, &bad_result],
     ];
     for cmd in garbage {

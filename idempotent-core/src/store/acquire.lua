@@ -48,16 +48,20 @@ if rec then
   if #rec ~= 143 or (state ~= 82 and state ~= 88) then
     return redis.error_reply('IDEMPOTENT_CORRUPT the key holds a string that is not a record')
   end
-  lease = tonumber(string.sub(rec, 98, 112))
-  last_fence = tonumber(string.sub(rec, 113, 132))
-  last_attempt = tonumber(string.sub(rec, 133, 142))
-  if not (lease and last_fence and last_attempt) then
+  -- Digits only: Lua's tonumber would also take 'nan', 'inf', '0x..', '1e18' and signs. Fences
+  -- stay below 2^53, where a double counts exactly.
+  local lease_s, fence_s, attempt_s = string.sub(rec, 98, 112), string.sub(rec, 113, 132), string.sub(rec, 133, 142)
+  if not (string.find(lease_s, '^%d+$') and string.find(fence_s, '^%d+$') and string.find(attempt_s, '^%d+$')) then
     return redis.error_reply('IDEMPOTENT_CORRUPT the record has a malformed number')
+  end
+  lease, last_fence, last_attempt = tonumber(lease_s), tonumber(fence_s), tonumber(attempt_s)
+  if last_fence >= 9007199254740992 then
+    return redis.error_reply('IDEMPOTENT_CORRUPT the record has a fence beyond 2^53')
   end
   -- This token already acquired the key: a retry, or a late duplicate, of an acquire whose
   -- reply was lost. Answer as then, and change nothing.
   if string.sub(rec, 66, 97) == token then
-    return {1, last_fence, last_attempt, tonumber(string.sub(rec, 143, 143)) or 0}
+    return {1, last_fence, last_attempt, string.sub(rec, 143, 143) == '1' and 1 or 0}
   end
   if string.sub(rec, 2, 65) ~= fp then
     return {4}

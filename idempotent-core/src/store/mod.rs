@@ -45,6 +45,10 @@ pub trait Store: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Acquire, Error>>;
 
     /// Stores the outcome and marks the operation done, if `token` still owns the key.
+    ///
+    /// Must be idempotent for the token: a repeat by the token that completed the key (a retry
+    /// after a lost reply, or the executor finishing a call its caller dropped) answers
+    /// [`Transition::Ok`] and changes nothing.
     fn complete<'a>(
         &'a self,
         key: &'a Key,
@@ -54,6 +58,8 @@ pub trait Store: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<Transition, Error>>;
 
     /// Gives the key up without an outcome (the fence is kept), if `token` still owns it.
+    ///
+    /// Idempotent for the token, as [`complete`](Self::complete) is.
     fn release<'a>(&'a self, key: &'a Key, token: &'a Token) -> BoxFuture<'a, Result<Transition, Error>>;
 
     /// Moves the lease deadline to `lease` from now, if `token` still owns the key.

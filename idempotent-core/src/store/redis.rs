@@ -58,7 +58,9 @@ enum Pool {
 /// one string: state, fingerprint and owner token, then the lease, fence and attempt while the
 /// operation runs, or the stored result once it is done (the layout is documented in
 /// `acquire.lua`), so a replay is a single `GET` inside the script and a done record costs the
-/// result plus 97 bytes.
+/// result plus 97 bytes. (Development builds before this layout kept a hash per record; this
+/// store answers [`Error::Corrupt`] for such a record, never a replay or a second run, until it
+/// expires.)
 ///
 /// ```no_run
 /// use idempotent_core::RedisStore;
