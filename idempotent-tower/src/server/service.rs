@@ -204,7 +204,9 @@ where
     let res = match held.heartbeat(inner.call(req)).await {
         Ok(res) => res,
         Err(e) => {
-            held.release("the service failed").await;
+            // Like storing a response (below): giving the key up must not depend on the client
+            // still waiting.
+            FinishOnDrop::new(async move { held.release("the service failed").await }.in_current_span()).await;
             return Err(e);
         }
     };
