@@ -52,11 +52,12 @@
 //! downstream systems that can reject stale writers. When the store is unreachable the action is
 //! not run ([`FailMode::Closed`]) unless the step opts into [`FailMode::Open`].
 //!
-//! Two cases are indeterminate by nature, and reported as such: when the store fails while the
+//! One case is indeterminate by nature, and reported as such: when the store fails while the
 //! outcome is being stored ([`Error::action_may_have_run`] is true), the key stays taken until the
-//! lease runs out and a retry may then run the action again; and an acquire that times out after
-//! reaching the store leaves the key taken for one lease (callers see [`Error::InFlight`] until
-//! then).
+//! lease runs out and a retry may then run the action again. An acquire that fails after it may
+//! have reached the store (a timeout, a dropped connection) runs nothing; [`RedisStore`] then
+//! releases the key that acquire may have taken, in the background, so that retries do not wait
+//! out the lease (if the store stays unreachable, the lease runs out on its own).
 //!
 //! Events are logged with `tracing` under the names `idempotent.acquired`, `.replayed`,
 //! `.in_flight`, `.mismatch`, `.lease_lost`, `.store_error`, with the step name and a 12-hex-digit

@@ -382,6 +382,35 @@ impl RedisStore {
         })
     }
 
+    /// After an acquire that failed on the way (a timeout, a dropped connection), the server may
+    /// still have taken the key for `token`, which nobody will use: the caller got an error and
+    /// ran nothing. Left alone, that would keep the key for a whole lease. A task of its own
+    /// releases it instead: once at once, and once more a command timeout later, in case the
+    /// acquire reached the server only after the first release. Releasing is safe whatever
+    /// happened: it acts only on a record this token still holds, and a late acquire with the
+    /// same token finds its token's `released` record and changes nothing.
+    fn release_orphan(&self, key: Key, token: Token) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let store = self.clone();
+        runtime.spawn(async move {
+            for attempt in 0..2 {
+                if attempt > 0 {
+                    tokio::time::sleep(store.inner.timeout).await;
+                }
+                match store.release(&key, &token).await {
+                    Ok(Transition::Ok) => {
+                        tracing::debug!(key = %key.short(), "idempotent.redis: released the key a failed acquire may have taken");
+                        return;
+                    }
+                    // Not taken by this token (yet): look again once a late acquire would have
+                    // landed.
+                    Ok(Transition::LeaseLost) => {}
+                    Err(e) => tracing::debug!(key = %key.short(), error = %e, "idempotent.redis: could not release after a failed acquire; the lease runs out on its own"),
+                }
+            }
+        });
+    }
+
     /// Bounds `work` (connection wait included) by the command timeout. A call cut short may
     /// have left its connection mid-reply, so that connection is not used again.
     async fn timed<T>(&self, op: &'static str, work: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
@@ -591,7 +620,15 @@ impl Store for RedisStore {
             let (lease_ms, retention_ms) = (millis(lease), millis(retention));
             let args: [&[u8]; 4] =
                 [fp.as_bytes(), lease_ms.as_bytes(), token.as_str().as_bytes(), retention_ms.as_bytes()];
-            let reply = self.invoke("acquire", &self.inner.scripts.acquire, key, &args).await?;
+            let reply = match self.invoke("acquire", &self.inner.scripts.acquire, key, &args).await {
+                Ok(reply) => reply,
+                Err(e) => {
+                    if matches!(e, Error::Timeout { .. } | Error::Unavailable { .. }) {
+                        self.release_orphan(*key, token);
+                    }
+                    return Err(e);
+                }
+            };
             let items = match reply {
                 Value::BulkString(result) => return Ok(Acquire::Replay(Bytes::from(result))),
                 Value::Array(items) => items,
