@@ -304,6 +304,56 @@ pub fn process_cpu() -> Duration {
     Duration::from_nanos(ns)
 }
 
+/// The options `redis_bench` and `http_bench` both take: `--secs` per row and round (1),
+/// `--rounds` (3), `--pool` connections (4), tokio `--workers` (the cores), `--concurrency` as
+/// a list (`1,64`) and `--only` (rows whose name contains it).
+pub struct RunOptions {
+    /// Seconds each row runs per round.
+    pub secs: f64,
+    /// Rounds of every row.
+    pub rounds: usize,
+    /// Multiplexed connections of the store and of the raw floor.
+    pub pool: usize,
+    /// Tokio worker threads.
+    pub workers: usize,
+    /// Concurrency levels to run.
+    pub concurrencies: Vec<usize>,
+    /// Only rows whose name contains this.
+    pub only: String,
+}
+
+impl RunOptions {
+    /// Reads the options from the command line.
+    pub fn from_args() -> RunOptions {
+        RunOptions {
+            secs: arg("--secs", 1.0),
+            rounds: arg("--rounds", 3),
+            pool: arg("--pool", 4),
+            workers: arg("--workers", std::thread::available_parallelism().map_or(2, |n| n.get())),
+            concurrencies: arg("--concurrency", "1,64".to_owned())
+                .split(',')
+                .map(|c| c.trim().parse().expect("--concurrency takes a list like 1,64"))
+                .collect(),
+            only: arg("--only", String::new()),
+        }
+    }
+
+    /// How long each row runs per round.
+    pub fn duration(&self) -> Duration {
+        Duration::from_secs_f64(self.secs)
+    }
+
+    /// The warm-up before each row's measured run.
+    pub fn warmup(&self) -> Duration {
+        Duration::from_millis(200)
+    }
+
+    /// A multi-threaded runtime with `workers` threads.
+    pub fn runtime(&self) -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread().worker_threads(self.workers).enable_all().build().unwrap()
+    }
+}
+
 /// Reads `--name value` from the command line, or `default`.
 pub fn arg<T: std::str::FromStr>(name: &str, default: T) -> T {
     let args: Vec<String> = std::env::args().collect();

@@ -68,6 +68,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod canonical;
+mod detach;
 mod error;
 mod executor;
 mod key;
@@ -94,9 +95,11 @@ pub use deadpool_redis::redis;
 #[cfg(feature = "macros")]
 pub use idempotent_macros::idempotent;
 
-/// Items the `#[idempotent]` macro expands to. Not public API: may change in any release.
+/// Items the `#[idempotent]` macro expands to, and helpers `idempotent-tower` shares with the
+/// executor. Not public API: may change in any release.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::detach::{FinishOnDrop, poll_once};
     pub use crate::error::Error;
     pub use crate::executor::{Attempt, DEFAULT_WAIT, FailMode, OnInFlight, RunContext, Step, current_attempt};
     pub use serde;

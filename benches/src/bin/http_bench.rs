@@ -46,7 +46,8 @@ use hyper::body::Frame;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use idempotent_benches::{
-    REDIS_TIMEOUT, RawRedis, Refund, Rounds, Sample, arg, flag, fmt_rate, peak_rss_kib, process_cpu, rss_kib,
+    REDIS_TIMEOUT, RawRedis, Refund, Rounds, RunOptions, Sample, arg, flag, fmt_rate, peak_rss_kib, process_cpu,
+    rss_kib,
 };
 use idempotent_core::redis::{self, Value};
 use idempotent_core::{MemoryStore, RedisStore};
@@ -268,20 +269,11 @@ fn main() {
     if flag("--rss") {
         return rss();
     }
-    let secs: f64 = arg("--secs", 1.0);
-    let rounds: usize = arg("--rounds", 3);
-    let pool: usize = arg("--pool", 4);
-    let workers: usize = arg("--workers", std::thread::available_parallelism().map_or(2, |n| n.get()));
-    let concurrencies: Vec<usize> = arg("--concurrency", "1,64".to_owned())
-        .split(',')
-        .map(|c| c.trim().parse().expect("--concurrency takes a list like 1,64"))
-        .collect();
-    let only: String = arg("--only", String::new());
-    let duration = Duration::from_secs_f64(secs);
-    let warmup = Duration::from_millis(200);
+    let opts = RunOptions::from_args();
+    let (duration, warmup, rt) = (opts.duration(), opts.warmup(), opts.runtime());
+    let RunOptions { secs, rounds, pool, workers, concurrencies, only } = opts;
 
     let server = RedisServer::start();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build().unwrap();
     let body = Bytes::from(serde_json::to_vec(&Refund::new(7)).unwrap());
     let servers = rt.block_on(async {
         let store = RedisStore::builder(server.url()).pool_size(pool).command_timeout(REDIS_TIMEOUT).build().unwrap();

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use idempotent_benches::{
-    REDIS_TIMEOUT, RawRedis, Refund, RefundResult, Rounds, Sample, arg, closed_loop, fmt_rate, process_cpu,
+    REDIS_TIMEOUT, RawRedis, Refund, RefundResult, Rounds, RunOptions, Sample, closed_loop, fmt_rate, process_cpu,
 };
 use idempotent_core::record::{Acquire, Transition};
 use idempotent_core::redis::{self, Script, Value};
@@ -272,19 +272,11 @@ struct Row {
 }
 
 fn main() {
-    let secs: f64 = arg("--secs", 1.0);
-    let rounds: usize = arg("--rounds", 3);
-    let pool: usize = arg("--pool", 4);
-    let workers: usize = arg("--workers", std::thread::available_parallelism().map_or(2, |n| n.get()));
-    let concurrencies: Vec<usize> = arg("--concurrency", "1,64".to_owned())
-        .split(',')
-        .map(|c| c.trim().parse().expect("--concurrency takes a list like 1,64"))
-        .collect();
-    let duration = Duration::from_secs_f64(secs);
-    let warmup = Duration::from_millis(200);
+    let opts = RunOptions::from_args();
+    let (duration, warmup, rt) = (opts.duration(), opts.warmup(), opts.runtime());
+    let RunOptions { secs, rounds, pool, workers, concurrencies, only } = opts;
 
     let server = RedisServer::start();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build().unwrap();
     let store = RedisStore::builder(server.url()).pool_size(pool).command_timeout(REDIS_TIMEOUT).build().unwrap();
     let env = rt.block_on(async {
         let raw = RawRedis::connect(&server.url(), pool).await;
@@ -322,7 +314,6 @@ fn main() {
         env
     });
 
-    let only: String = arg("--only", String::new());
     let paths: Vec<(usize, Path)> =
         Path::ALL.iter().copied().enumerate().filter(|(_, p)| p.label().contains(only.as_str())).collect();
     let mut table: BTreeMap<(usize, usize), Row> = BTreeMap::new();

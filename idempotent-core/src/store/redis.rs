@@ -623,7 +623,7 @@ impl Store for RedisStore {
             let reply = match self.invoke("acquire", &self.inner.scripts.acquire, key, &args).await {
                 Ok(reply) => reply,
                 Err(e) => {
-                    if matches!(e, Error::Timeout { .. } | Error::Unavailable { .. }) {
+                    if e.is_store_failure() {
                         self.release_orphan(*key, token);
                     }
                     return Err(e);

@@ -11,6 +11,7 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
+use idempotent_core::__private::{FinishOnDrop, poll_once};
 use idempotent_core::canonical::canonicalize_json;
 use idempotent_core::record::{Acquire, Lease, Transition};
 use idempotent_core::{Error, FailMode, Fingerprint, Key, OnInFlight};
@@ -176,20 +177,16 @@ where
         }
     };
     let fingerprint = if grpc { grpc::fingerprint(parts.uri.path(), &data) } else { http_fingerprint(&parts, &data) };
-    let acquired = acquire(&config, &key, &fingerprint, &short).await;
-    // The request for the service is built only when the service is called.
-    let mut req = Request::from_parts(parts, RequestBody::full(data, trailers));
-    let (lease, acquired_at) = match acquired {
+    let (lease, acquired_at) = match acquire(&config, &key, &fingerprint, &short).await {
         Acquired::Lease(lease, sent) => (lease, sent),
         Acquired::Replay(bytes) => return Ok(replay(bytes, grpc, &short)),
         Acquired::Refuse(refusal) => return Ok(refusal.into_response(grpc)),
         Acquired::FailOpen => {
-            req.extensions_mut().insert(Handled);
-            let res = inner.call(req).await?;
+            let res = inner.call(service_request(parts, data, trailers)).await?;
             return Ok(res.map(ResponseBody::stream));
         }
     };
-    req.extensions_mut().insert(Handled);
+    let mut req = service_request(parts, data, trailers);
     tracing::debug!(key = %short, fence = lease.fence, attempt = lease.attempt, recovered = lease.recovered, "idempotent.acquired");
     if lease.recovered {
         tracing::info!(key = %short, fence = lease.fence, "idempotent.recovered: a previous attempt's lease ran out without a response");
@@ -206,7 +203,7 @@ where
         Err(e) => {
             // Like storing a response (below): giving the key up must not depend on the client
             // still waiting.
-            FinishOnDrop::new(async move { held.release("the service failed").await }.in_current_span()).await;
+            FinishOnDrop::new(async move { held.release("the service failed").await }.in_current_span(), drop).await;
             return Err(e);
         }
     };
@@ -214,53 +211,15 @@ where
     // hyper drops this future when the client goes away, and the record would then stay
     // `running` until its lease passed, and the retry would run the request again. So the rest
     // runs here, and moves to a task of its own if this future is dropped first.
-    Ok(FinishOnDrop::new(held.finish(res, grpc).in_current_span()).await)
+    Ok(FinishOnDrop::new(held.finish(res, grpc).in_current_span(), drop).await)
 }
 
-/// Runs a future in place; if dropped before the future ends, hands it to a task of its own so
-/// it still runs to the end (its output then goes nowhere).
-///
-/// Cheaper than spawning up front (no task, no wake-up across threads) in the usual case where
-/// the client is still there.
-struct FinishOnDrop<F: Future<Output: Send + 'static> + Send + 'static> {
-    future: Option<Pin<Box<F>>>,
-}
-
-impl<F: Future<Output: Send + 'static> + Send + 'static> FinishOnDrop<F> {
-    fn new(future: F) -> Self {
-        FinishOnDrop { future: Some(Box::pin(future)) }
-    }
-}
-
-impl<F: Future<Output: Send + 'static> + Send + 'static> Future for FinishOnDrop<F> {
-    type Output = F::Output;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        // Taken out while polled: a future that panics is dropped with the unwinding, not
-        // handed to a task that would poll it again.
-        let Some(mut future) = self.future.take() else {
-            panic!("FinishOnDrop polled after it completed");
-        };
-        match future.as_mut().poll(cx) {
-            Poll::Ready(out) => Poll::Ready(out),
-            Poll::Pending => {
-                self.future = Some(future);
-                Poll::Pending
-            }
-        }
-    }
-}
-
-impl<F: Future<Output: Send + 'static> + Send + 'static> Drop for FinishOnDrop<F> {
-    fn drop(&mut self) {
-        let Some(future) = self.future.take() else { return };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn(future)),
-            Err(_) => tracing::warn!(
-                "idempotent.not_stored: the request was dropped outside a tokio runtime before its response was stored; the key frees itself when the lease runs out"
-            ),
-        }
-    }
+/// The request the service gets: the buffered body, marked so that a nested layer lets it pass.
+/// Built only for requests that reach the service (a replay or a refusal never does).
+fn service_request<B>(parts: Parts, data: Bytes, trailers: Option<HeaderMap>) -> Request<RequestBody<B>> {
+    let mut req = Request::from_parts(parts, RequestBody::full(data, trailers));
+    req.extensions_mut().insert(Handled);
+    req
 }
 
 enum ReadError {
@@ -627,18 +586,6 @@ impl Held {
             }
         }
     }
-}
-
-/// Polls `future` once: its output if it is ready, `None` if it is pending (it has then
-/// registered the task for a wake-up, as any poll does).
-pub(crate) async fn poll_once<F: Future>(mut future: Pin<&mut F>) -> Option<F::Output> {
-    std::future::poll_fn(|cx| {
-        Poll::Ready(match future.as_mut().poll(cx) {
-            Poll::Ready(out) => Some(out),
-            Poll::Pending => None,
-        })
-    })
-    .await
 }
 
 enum Collected<B> {
