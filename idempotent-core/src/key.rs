@@ -220,6 +220,17 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     s
 }
 
+/// 32 bytes in lowercase hex, on the stack.
+pub(crate) fn hex_array(bytes: &[u8; 32]) -> [u8; 64] {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = [0; 64];
+    for (i, b) in bytes.iter().enumerate() {
+        out[2 * i] = HEX[(b >> 4) as usize];
+        out[2 * i + 1] = HEX[(b & 0xf) as usize];
+    }
+    out
+}
+
 /// Appends `bytes` in lowercase hex.
 pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
     const HEX: &[u8; 16] = b"0123456789abcdef";

@@ -23,7 +23,7 @@ use bytes::Bytes;
 
 /// The owner token of one acquisition: only its holder can complete, release or renew.
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct Token(String);
+pub struct Token([u8; 32]);
 
 impl Token {
     /// A fresh token, distinct from every other token of every process.
@@ -42,22 +42,28 @@ impl Token {
             hi ^ lo.rotate_left(32)
         });
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let mut text = String::with_capacity(32);
-        crate::key::push_hex(&mut text, &prefix.to_be_bytes());
-        crate::key::push_hex(&mut text, &n.to_be_bytes());
+        let mut bytes = [0; 32];
+        bytes[..8].copy_from_slice(&prefix.to_be_bytes());
+        bytes[8..16].copy_from_slice(&n.to_be_bytes());
+        // 32 hex characters, kept inline: a token costs no allocation.
+        let hex = crate::key::hex_array(&bytes);
+        let mut text = [0; 32];
+        text.copy_from_slice(&hex[..32]);
         Token(text)
     }
 
-    /// The token's text.
+    /// The token's text: 32 lowercase hex characters.
     pub fn as_str(&self) -> &str {
-        &self.0
+        // Always ASCII hex (see `unique`), so never the fallback.
+        std::str::from_utf8(&self.0).unwrap_or_default()
     }
 }
 
 impl fmt::Debug for Token {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // The end is the per-token counter (the start is the same for every token of a process).
-        write!(f, "Token(…{})", &self.0[self.0.len().saturating_sub(6)..])
+        let text = self.as_str();
+        write!(f, "Token(…{})", &text[text.len().saturating_sub(6)..])
     }
 }
 

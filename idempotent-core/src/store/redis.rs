@@ -347,14 +347,13 @@ impl RedisStore {
         .await
     }
 
-    async fn invoke(&self, op: &'static str, script: &Script, key: &Key, args: &[&[u8]]) -> Result<Value, Error> {
-        let redis_key = self.redis_key(key);
+    async fn invoke(&self, op: &'static str, script: &Script, key: &Key, args: &[Arg<'_>]) -> Result<Value, Error> {
         let hash = script.get_hash();
-        let len = 7 + hash.len() + 1 + redis_key.len() + args.iter().map(|a| a.len()).sum::<usize>();
+        let len = 7 + hash.len() + 1 + self.inner.prefix.len() + 64 + args.iter().map(Arg::len).sum::<usize>();
         let mut cmd = redis::Cmd::with_capacity(4 + args.len(), len);
-        cmd.arg("EVALSHA").arg(hash).arg(1).arg(redis_key.as_bytes());
+        cmd.arg("EVALSHA").arg(hash).arg(1).arg(Arg::Key(&self.inner.prefix, key));
         for a in args {
-            cmd.arg(*a);
+            cmd.arg(a);
         }
         // Boxed so that the futures of every store call stay small: they are moved into their
         // own boxes and into the timeout, and a large state machine would be copied each time.
@@ -436,6 +435,14 @@ impl RedisStore {
         if let Some(held) = lock(&self.inner.slots[slot]).as_ref() {
             return Ok(held.handle());
         }
+        // Boxed: the pool's checkout is a large state machine, and only this rare path needs it.
+        // Inline, it would grow every store call's future (to ~7 KiB), and each call would pay
+        // for an allocation that size.
+        Box::pin(self.fill(slot, op)).await
+    }
+
+    /// Fills an empty slot from the pool and returns a handle to its connection.
+    async fn fill(&self, slot: usize, op: &'static str) -> Result<Conn, Error> {
         let held = match &self.inner.pool {
             Pool::Single(p) => Held::Single(p.get().await.map_err(|e| self.pool_error(op, e))?),
             Pool::Cluster(p) => Held::Cluster(p.get().await.map_err(|e| self.pool_error(op, e))?),
@@ -512,8 +519,12 @@ impl RedisStore {
 async fn eval(conn: &mut Conn, script: &Script, cmd: &redis::Cmd) -> redis::RedisResult<Value> {
     match cmd.query_async(conn).await {
         Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            script.load_async(conn).await?;
-            cmd.query_async(conn).await
+            // Boxed, like the pool checkout in `conn`: a rare path kept out of every call's future.
+            Box::pin(async {
+                script.load_async(conn).await?;
+                cmd.query_async(conn).await
+            })
+            .await
         }
         res => res,
     }
@@ -601,9 +612,51 @@ impl redis::aio::ConnectionLike for Conn {
 
 /// Milliseconds as the scripts take them: at least 1, at most ten years, so that Lua's number
 /// formatting never turns them into exponent notation.
-fn millis(d: Duration) -> String {
+fn millis(d: Duration) -> u64 {
     const TEN_YEARS_MS: u128 = 10 * 365 * 24 * 60 * 60 * 1000;
-    d.as_millis().clamp(1, TEN_YEARS_MS).to_string()
+    d.as_millis().clamp(1, TEN_YEARS_MS) as u64
+}
+
+/// A script argument, written straight into the command's buffer (no `String` per argument).
+enum Arg<'a> {
+    Bytes(&'a [u8]),
+    /// 64 lowercase hex characters.
+    Hex(&'a [u8; 32]),
+    /// Milliseconds, in decimal.
+    Millis(u64),
+    /// The record's Redis key: the store's prefix, then the key in hex (as `redis_key`).
+    Key(&'a str, &'a Key),
+}
+
+impl Arg<'_> {
+    /// At most how many bytes the argument takes.
+    fn len(&self) -> usize {
+        match self {
+            Arg::Bytes(b) => b.len(),
+            Arg::Hex(_) => 64,
+            Arg::Millis(_) => 20,
+            Arg::Key(prefix, _) => prefix.len() + 64,
+        }
+    }
+}
+
+impl redis::ToRedisArgs for Arg<'_> {
+    fn write_redis_args<W: ?Sized + redis::RedisWrite>(&self, out: &mut W) {
+        use std::io::Write as _;
+        // Writes into the command's `Vec<u8>`, which cannot fail.
+        let _ = match self {
+            Arg::Bytes(b) => {
+                out.write_arg(b);
+                Ok(())
+            }
+            Arg::Hex(bytes) => out.writer_for_next_arg().write_all(&crate::key::hex_array(bytes)),
+            Arg::Millis(ms) => write!(out.writer_for_next_arg(), "{ms}"),
+            Arg::Key(prefix, key) => {
+                let mut w = out.writer_for_next_arg();
+                w.write_all(prefix.as_bytes()).and_then(|()| w.write_all(&crate::key::hex_array(key.as_bytes())))
+            }
+        };
+    }
 }
 
 impl Store for RedisStore {
@@ -616,10 +669,12 @@ impl Store for RedisStore {
     ) -> BoxFuture<'a, Result<Acquire, Error>> {
         Box::pin(async move {
             let token = Token::unique();
-            let fp = fingerprint.to_hex();
-            let (lease_ms, retention_ms) = (millis(lease), millis(retention));
-            let args: [&[u8]; 4] =
-                [fp.as_bytes(), lease_ms.as_bytes(), token.as_str().as_bytes(), retention_ms.as_bytes()];
+            let args = [
+                Arg::Hex(fingerprint.as_bytes()),
+                Arg::Millis(millis(lease)),
+                Arg::Bytes(token.as_str().as_bytes()),
+                Arg::Millis(millis(retention)),
+            ];
             let reply = match self.invoke("acquire", &self.inner.scripts.acquire, key, &args).await {
                 Ok(reply) => reply,
                 Err(e) => {
@@ -666,8 +721,7 @@ impl Store for RedisStore {
         retention: Duration,
     ) -> BoxFuture<'a, Result<Transition, Error>> {
         Box::pin(async move {
-            let retention_ms = millis(retention);
-            let args: [&[u8]; 3] = [token.as_str().as_bytes(), &result, retention_ms.as_bytes()];
+            let args = [Arg::Bytes(token.as_str().as_bytes()), Arg::Bytes(&result), Arg::Millis(millis(retention))];
             let reply = self.invoke("complete", &self.inner.scripts.complete, key, &args).await?;
             self.transition(key, reply)
         })
@@ -675,7 +729,7 @@ impl Store for RedisStore {
 
     fn release<'a>(&'a self, key: &'a Key, token: &'a Token) -> BoxFuture<'a, Result<Transition, Error>> {
         Box::pin(async move {
-            let reply = self.invoke("release", &self.inner.scripts.release, key, &[token.as_str().as_bytes()]).await?;
+            let reply = self.invoke("release", &self.inner.scripts.release, key, &[Arg::Bytes(token.as_str().as_bytes())]).await?;
             self.transition(key, reply)
         })
     }
@@ -687,8 +741,7 @@ impl Store for RedisStore {
         lease: Duration,
     ) -> BoxFuture<'a, Result<Transition, Error>> {
         Box::pin(async move {
-            let lease_ms = millis(lease);
-            let args: [&[u8]; 2] = [token.as_str().as_bytes(), lease_ms.as_bytes()];
+            let args = [Arg::Bytes(token.as_str().as_bytes()), Arg::Millis(millis(lease))];
             let reply = self.invoke("renew", &self.inner.scripts.renew, key, &args).await?;
             self.transition(key, reply)
         })

@@ -1,0 +1,295 @@
+//! Heap allocations per call, ours next to the floor: a count that machine noise does not move.
+//!
+//! ```text
+//! cargo run --release -p idempotent-benches --bin alloc_count [-- --calls 20000]
+//! ```
+//!
+//! At concurrency 64 on two shared cores, throughput follows CPU per call, and in a
+//! multi-threaded tokio process much of what a call costs beyond its own work is the allocator
+//! (glibc's arenas are locked, and a buffer freed on another worker takes that lock). This binary
+//! counts, with a counting global allocator, the allocations (`alloc` + `realloc`) and the bytes
+//! asked for per call on each path of `redis_bench` and `http_bench`, on a one-thread runtime so
+//! that everything a call causes — the Redis connection's driver task and hyper-free in-process
+//! service calls included — is counted, and nothing else is.
+//!
+//! HTTP rows call the axum `Router` in process (`tower::ServiceExt::oneshot`), without hyper:
+//! they count what the layer adds, not the connection's buffers.
+
+// A global allocator can only be written with `unsafe`; it forwards every call to `System`.
+#![allow(unsafe_code)]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::http::{Request, StatusCode};
+use axum::routing::post;
+use idempotent_benches::{RawRedis, Refund, RefundResult, arg};
+use idempotent_core::record::Acquire;
+use idempotent_core::redis::{self, Value};
+use idempotent_core::{DEFAULT_LEASE, DEFAULT_TTL, Error, Fingerprint, Key, MemoryStore, RedisStore, RunContext, Store};
+use idempotent_tests::RedisServer;
+use idempotent_tower::IdempotencyLayer;
+use sha2::{Digest, Sha256};
+use tower::ServiceExt;
+
+struct Counting;
+
+static ALLOCS: AtomicU64 = AtomicU64::new(0);
+static BYTES: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every method forwards to `System` unchanged; the counters are plain atomics.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        BYTES.fetch_add(layout.size() as u64, Ordering::Relaxed);
+        // SAFETY: the caller's contract is `System`'s.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCS.fetch_add(1, Ordering::Relaxed);
+        BYTES.fetch_add(new_size as u64, Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const RESPONSE: &str = r#"{"refund_id":"re_3PqX7yLkd82Hf0Zs1mN4","status":"succeeded"}"#;
+
+async fn handler(body: Bytes) -> (StatusCode, [(&'static str, &'static str); 1], &'static str) {
+    black_box(&body);
+    (StatusCode::CREATED, [("content-type", "application/json")], RESPONSE)
+}
+
+fn app() -> Router {
+    Router::new().route("/refunds", post(handler))
+}
+
+fn request(body: &Bytes, key: String) -> Request<Body> {
+    Request::post("/refunds")
+        .header("content-type", "application/json")
+        .header("idempotency-key", key)
+        .body(Body::from(body.clone()))
+        .unwrap()
+}
+
+/// Runs `call` `calls` times (after as many warm-up calls) and returns allocations and bytes per call.
+async fn per_call<F, Fut>(calls: u64, mut call: F) -> (f64, f64)
+where
+    F: FnMut(u64) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    for i in 0..calls {
+        call(i).await;
+    }
+    let (a0, b0) = (ALLOCS.load(Ordering::Relaxed), BYTES.load(Ordering::Relaxed));
+    for i in calls..2 * calls {
+        call(i).await;
+    }
+    let (a1, b1) = (ALLOCS.load(Ordering::Relaxed), BYTES.load(Ordering::Relaxed));
+    ((a1 - a0) as f64 / calls as f64, (b1 - b0) as f64 / calls as f64)
+}
+
+fn row(name: &str, (allocs, bytes): (f64, f64), floor: Option<(f64, f64)>) {
+    let vs = floor.map_or(String::new(), |(fa, _)| format!("{:+.1}", allocs - fa));
+    println!("| {name} | {allocs:.1} | {vs} | {bytes:.0} |");
+}
+
+fn main() {
+    let calls: u64 = arg("--calls", 20_000);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let server = RedisServer::start();
+    rt.block_on(async {
+        println!("| path | allocations per call | vs floor | bytes asked per call |");
+        println!("|---|--:|--:|--:|");
+
+        // Key derivation.
+        let payload = Refund::new(7);
+        let floor_key = per_call(calls, |_| {
+            let payload = &payload;
+            async move {
+                let json = serde_json::to_vec(payload).unwrap();
+                black_box(Sha256::digest(&json));
+            }
+        })
+        .await;
+        row("floor: `serde_json::to_vec` + sha256", floor_key, None);
+        let memory = RunContext::new(MemoryStore::new(), "alloc-run");
+        let ours = per_call(calls, |_| {
+            let (memory, payload) = (&memory, &payload);
+            async move {
+                black_box(memory.step("issue_refund").key_for(payload).unwrap());
+            }
+        })
+        .await;
+        row("key derivation: `ctx.step(..).key_for`", ours, Some(floor_key));
+
+        // Payloads are built before counting: the floor gets its payload ready-made too.
+        let fresh: Vec<Refund> = (0..2 * calls).map(|i| Refund::new(1_000_000 + i)).collect();
+        let replayed: Vec<Refund> = (0..1000).map(Refund::new).collect();
+
+        // Executor on MemoryStore.
+        let ours = per_call(calls, |i| {
+            let (memory, fresh) = (&memory, &fresh);
+            async move {
+                let r: RefundResult = memory
+                    .step("issue_refund")
+                    .run(&fresh[i as usize], |_| async { Ok::<_, Error>(RefundResult::sample()) })
+                    .await
+                    .unwrap();
+                black_box(r);
+            }
+        })
+        .await;
+        row("MemoryStore, executor, first execution", ours, Some(floor_key));
+        let ours = per_call(calls, |i| {
+            let (memory, fresh) = (&memory, &fresh);
+            async move {
+                let r: RefundResult = memory
+                    .step("issue_refund")
+                    .run(&fresh[(i % 1000) as usize], |_| async { Err::<RefundResult, _>(Error::Config("ran".into())) })
+                    .await
+                    .unwrap();
+                black_box(r);
+            }
+        })
+        .await;
+        row("MemoryStore, executor, replay", ours, Some(floor_key));
+
+        // Redis: the floor, the store alone, the executor.
+        let url = server.url();
+        let raw = RawRedis::connect(&url, 4).await;
+        let _: () = redis::cmd("SET").arg("floor:response").arg(RESPONSE).query_async(&mut raw.conn()).await.unwrap();
+        let floor_get = per_call(calls, |_| {
+            let raw = &raw;
+            async move {
+                let v: Value = redis::cmd("GET").arg("floor:response").query_async(&mut raw.conn()).await.unwrap();
+                black_box(v);
+            }
+        })
+        .await;
+        row("floor: raw `GET` (same client and pool)", floor_get, None);
+        let floor_set_set = per_call(calls, |i| {
+            let raw = &raw;
+            async move {
+                let key = format!("floor:first:{i}");
+                let v: Value = redis::cmd("SET")
+                    .arg(&key)
+                    .arg(&[b'c'; 120][..])
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(60_000)
+                    .query_async(&mut raw.conn())
+                    .await
+                    .unwrap();
+                black_box(v);
+                let v: Value =
+                    redis::cmd("SET").arg(&key).arg(RESPONSE).arg("PX").arg(86_400_000).query_async(&mut raw.conn()).await.unwrap();
+                black_box(v);
+            }
+        })
+        .await;
+        row("floor: raw `SET NX` + `SET`", floor_set_set, None);
+
+        let store = RedisStore::builder(url.clone()).pool_size(4).build().unwrap();
+        let ctx = RunContext::new(store.clone(), "alloc-run");
+        let replay_keys: Vec<(Key, Fingerprint)> =
+            (0..1000).map(|n| ctx.step("replayed_refund").key_for(&Refund::new(n)).unwrap()).collect();
+        for n in 0..1000 {
+            let r: RefundResult = ctx
+                .step("replayed_refund")
+                .run(&Refund::new(n), |_| async { Ok::<_, Error>(RefundResult::sample()) })
+                .await
+                .unwrap();
+            black_box(r);
+        }
+        let ours = per_call(calls, |i| {
+            let (store, replay_keys) = (&store, &replay_keys);
+            async move {
+                let (key, fp) = &replay_keys[(i % 1000) as usize];
+                let a = store.acquire(key, fp, DEFAULT_LEASE, DEFAULT_TTL).await.unwrap();
+                assert!(matches!(a, Acquire::Replay(_)));
+            }
+        })
+        .await;
+        row("RedisStore `acquire` (replay), no executor", ours, Some(floor_get));
+        let ours = per_call(calls, |i| {
+            let (ctx, replayed) = (&ctx, &replayed);
+            async move {
+                let r: RefundResult = ctx
+                    .step("replayed_refund")
+                    .run(&replayed[(i % 1000) as usize], |_| async { Err::<RefundResult, _>(Error::Config("ran".into())) })
+                    .await
+                    .unwrap();
+                black_box(r);
+            }
+        })
+        .await;
+        row("RedisStore, executor, replay", ours, Some(floor_get));
+        let ours = per_call(calls, |i| {
+            let (ctx, fresh) = (&ctx, &fresh);
+            async move {
+                let r: RefundResult = ctx
+                    .step("issue_refund")
+                    .run(&fresh[i as usize], |_| async { Ok::<_, Error>(RefundResult::sample()) })
+                    .await
+                    .unwrap();
+                black_box(r);
+            }
+        })
+        .await;
+        row("RedisStore, executor, first execution", ours, Some(floor_set_set));
+
+        // HTTP: the axum router in process, bare and with the layer.
+        let body = Bytes::from(serde_json::to_vec(&Refund::new(7)).unwrap());
+        let bare = app();
+        let floor_http = per_call(calls, |i| {
+            let (bare, body) = (&bare, &body);
+            async move {
+                // The same request as the layer rows get, key header included.
+                let res = bare.clone().oneshot(request(body, format!("first-{i}"))).await.unwrap();
+                assert_eq!(res.status(), StatusCode::CREATED);
+                black_box(axum::body::to_bytes(res.into_body(), usize::MAX).await.unwrap());
+            }
+        })
+        .await;
+        row("floor: bare axum router (in process)", floor_http, None);
+        for (name, router) in [
+            ("MemoryStore", app().layer(IdempotencyLayer::new(MemoryStore::new()))),
+            ("RedisStore", app().layer(IdempotencyLayer::new(store.clone()))),
+        ] {
+            let ours = per_call(calls, |i| {
+                let (router, body) = (&router, &body);
+                async move {
+                    let res = router.clone().oneshot(request(body, format!("first-{i}"))).await.unwrap();
+                    assert_eq!(res.status(), StatusCode::CREATED);
+                    black_box(axum::body::to_bytes(res.into_body(), usize::MAX).await.unwrap());
+                }
+            })
+            .await;
+            row(&format!("layer + {name}, first request"), ours, Some(floor_http));
+            let ours = per_call(calls, |i| {
+                let (router, body) = (&router, &body);
+                async move {
+                    let res = router.clone().oneshot(request(body, format!("first-{}", i % 1000))).await.unwrap();
+                    assert_eq!(res.status(), StatusCode::CREATED);
+                    assert!(res.headers().contains_key("idempotent-replayed"));
+                    black_box(axum::body::to_bytes(res.into_body(), usize::MAX).await.unwrap());
+                }
+            })
+            .await;
+            row(&format!("layer + {name}, replay"), ours, Some(floor_http));
+        }
+    });
+}
