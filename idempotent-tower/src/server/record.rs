@@ -72,21 +72,7 @@ pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
 impl StoredResponse {
     /// The stored bytes.
     pub(crate) fn encode(&self) -> Bytes {
-        let mut out = BytesMut::with_capacity(64 + self.body.len());
-        out.put_slice(MAGIC);
-        out.put_u8(VERSION);
-        out.put_u16(self.status.as_u16());
-        put_fields(&mut out, &self.headers, true);
-        out.put_u64(self.body.len() as u64);
-        out.put_slice(&self.body);
-        match &self.trailers {
-            None => out.put_u8(0),
-            Some(t) => {
-                out.put_u8(1);
-                put_fields(&mut out, t, false);
-            }
-        }
-        out.freeze()
+        encode(self.status, &self.headers, &self.body, self.trailers.as_ref())
     }
 
     /// Reads stored bytes back.
@@ -100,8 +86,8 @@ impl StoredResponse {
         }
         let status = take_u16(&mut buf)?;
         let status = StatusCode::from_u16(status).map_err(|_| DecodeError("invalid status code"))?;
-        // One field to spare: a replay adds `Idempotent-Replayed`.
-        let headers = take_fields(&mut buf, 1)?;
+        // Two fields to spare: a replay adds `Idempotent-Replayed`, and the server `Content-Length`.
+        let headers = take_fields(&mut buf, 2)?;
         let body_len = take_u64(&mut buf)?;
         let body_len = usize::try_from(body_len).map_err(|_| DecodeError("body length out of range"))?;
         let body = take_bytes(&mut buf, body_len)?;
@@ -115,6 +101,25 @@ impl StoredResponse {
         }
         Ok(StoredResponse { status, headers, body, trailers })
     }
+}
+
+/// The stored bytes of a response, from its parts (nothing is copied but into the output).
+pub(crate) fn encode(status: StatusCode, headers: &HeaderMap, body: &[u8], trailers: Option<&HeaderMap>) -> Bytes {
+    let mut out = BytesMut::with_capacity(64 + body.len());
+    out.put_slice(MAGIC);
+    out.put_u8(VERSION);
+    out.put_u16(status.as_u16());
+    put_fields(&mut out, headers, true);
+    out.put_u64(body.len() as u64);
+    out.put_slice(body);
+    match trailers {
+        None => out.put_u8(0),
+        Some(t) => {
+            out.put_u8(1);
+            put_fields(&mut out, t, false);
+        }
+    }
+    out.freeze()
 }
 
 fn put_fields(out: &mut BytesMut, fields: &HeaderMap, strip: bool) {

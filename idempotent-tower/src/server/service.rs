@@ -26,7 +26,7 @@ use super::key;
 use super::layer::{Config, STORE_DOWN_RETRY_AFTER};
 use super::policy::Outcome;
 use super::problem::Refusal;
-use super::record::{StoredResponse, strip_hop_by_hop};
+use super::record::{self, StoredResponse, strip_hop_by_hop};
 
 /// The header added to every replayed response.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
@@ -139,7 +139,12 @@ where
         // Take the service that was driven to readiness and leave a clone in its place.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::boxed(Box::pin(handle(inner, self.config.clone(), req, client_key, grpc)))
+        // The key is derived here rather than in `handle`: the request's parts and the client's
+        // key then need not be held in the boxed future twice (as arguments and as locals).
+        let (parts, body) = req.into_parts();
+        let tenant = config.tenant.as_ref().and_then(|extract| extract(&parts));
+        let key = Key::from_client_key(tenant.as_deref(), &config.scope, &client_key);
+        ResponseFuture::boxed(Box::pin(handle(inner, self.config.clone(), parts, body, key, grpc)))
     }
 }
 
@@ -147,8 +152,9 @@ where
 async fn handle<S, ReqBody, ResBody>(
     mut inner: S,
     config: Arc<Config>,
-    req: Request<ReqBody>,
-    client_key: String,
+    parts: Parts,
+    body: ReqBody,
+    key: Key,
     grpc: bool,
 ) -> Result<Response<ResponseBody<ResBody>>, S::Error>
 where
@@ -159,10 +165,6 @@ where
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let (parts, body) = req.into_parts();
-    let tenant = config.tenant.as_ref().and_then(|extract| extract(&parts));
-    let key = Key::from_client_key(tenant.as_deref(), &config.scope, &client_key);
-    drop(client_key);
     let short = key.short();
 
     let (data, trailers) = match read_body(&parts.headers, body, config.max_request_body).await {
@@ -198,7 +200,7 @@ where
     });
 
     let mut held = Held { valid_until: acquired_at + config.lease, lost: false, config, key, lease, short };
-    let res = match held.heartbeat(inner.call(req)).await {
+    let res = match held.heartbeat(pin!(inner.call(req))).await {
         Ok(res) => res,
         Err(e) => {
             // Like storing a response (below): giving the key up must not depend on the client
@@ -431,20 +433,28 @@ impl Held {
     /// both are polled together, and the work's result wins a tie. When no renewal succeeds
     /// for a whole lease (the store is unreachable from here, while others may reach it), the
     /// lease counts as lost, although no store said so: another attempt may have taken over.
-    async fn heartbeat<F: Future>(&mut self, work: F) -> F::Output {
-        let lease = self.config.lease;
-        let period = (lease / 3).max(Duration::from_millis(1));
-        let mut work = pin!(work);
+    ///
+    /// `work` is pinned by the caller, so that it is not held twice in this future (as the
+    /// argument and as the pinned local).
+    async fn heartbeat<F: Future>(&mut self, mut work: Pin<&mut F>) -> F::Output {
         // Work that is done at its first poll needs no timer.
         if let Some(out) = poll_once(work.as_mut()).await {
             return out;
         }
+        // The timers and the renewal live in a box of their own, allocated only for work that
+        // has to wait: most of this future's size, kept out of every request's future.
+        Box::pin(self.beat(work)).await
+    }
+
+    async fn beat<F: Future>(&mut self, mut work: Pin<&mut F>) -> F::Output {
+        let lease = self.config.lease;
+        let period = (lease / 3).max(Duration::from_millis(1));
         loop {
             if self.lost {
                 return work.await;
             }
             let next = (Instant::now() + period).min(self.valid_until);
-            if let Ok(out) = tokio::time::timeout_at(next, &mut work).await {
+            if let Ok(out) = tokio::time::timeout_at(next, work.as_mut()).await {
                 return out;
             }
             if Instant::now() >= self.valid_until {
@@ -456,7 +466,7 @@ impl Held {
                 let renew = self.config.store.renew(&self.key, &self.lease.token, lease);
                 tokio::select! {
                     biased;
-                    out = &mut work => Beat::Done(out),
+                    out = work.as_mut() => Beat::Done(out),
                     answer = renew => Beat::Renewed(answer, sent),
                     () = tokio::time::sleep_until(self.valid_until) => Beat::Expired,
                 }
@@ -495,7 +505,7 @@ impl Held {
         B::Error: Into<BoxError>,
     {
         let limit = self.config.max_stored_response;
-        let collected = self.heartbeat(collect(res, limit)).await;
+        let collected = self.heartbeat(pin!(collect(res, limit))).await;
         // The body may have ended between two beats.
         if Instant::now() >= self.valid_until {
             self.expired();
@@ -506,13 +516,8 @@ impl Held {
                 let outcome =
                     Outcome { status: parts.status, headers: &parts.headers, trailers: trailers.as_ref(), grpc };
                 if self.config.policy.should_store(&outcome) {
-                    let stored = StoredResponse {
-                        status: parts.status,
-                        headers: parts.headers.clone(),
-                        body: data.clone(),
-                        trailers: trailers.clone(),
-                    };
-                    if !self.complete(stored.encode(), &parts).await {
+                    let stored = record::encode(parts.status, &parts.headers, &data, trailers.as_ref());
+                    if !self.complete(stored, &parts).await {
                         // The client still gets the response the service made, marked so that it
                         // knows a retry under this key may run the request again.
                         parts.headers.insert(IDEMPOTENT_STORED, HeaderValue::from_static("false"));
