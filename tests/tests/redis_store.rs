@@ -169,6 +169,8 @@ async fn garbage_records_are_errors_not_replays() {
     let token = "t".repeat(32);
     let record = |state: &str, tail: &str| format!("{state}{fp}{token}{tail}");
     let (exploded, short, bad_result) = (record("Q", &"0".repeat(46)), record("R", "123"), record("D", "\u{1}garbage"));
+    // A done record cut short inside its token, before any result.
+    let short_done = format!("D{fp}{}", &token[..10]);
     // Numbers Lua's `tonumber` would take but the record never holds.
     let (bad_lease, nan_fence, inf_lease, exp_fence, huge_fence) = (
         record("R", &format!("{}{:020}{:010}0", "x".repeat(15), 1, 1)),
@@ -177,7 +179,7 @@ async fn garbage_records_are_errors_not_replays() {
         record("R", &format!("{:015}{:>20}{:010}0", 1, "1e18", 1)),
         record("R", &format!("{:015}{:020}{:010}0", 1, 9_007_199_254_740_992u64, 1)),
     );
-    let garbage: [&[&str]; 11] = [
+    let garbage: [&[&str]; 12] = [
         &["SET", &redis_key, "not a record"],
         &["HSET", &redis_key, "st", "running", "fp", &fp],
         &["RPUSH", &redis_key, "a list"],
@@ -189,6 +191,7 @@ async fn garbage_records_are_errors_not_replays() {
         &["SET", &redis_key, &exp_fence],
         &["SET", &redis_key, &huge_fence],
         &["SET", &redis_key, &bad_result],
+        &["SET", &redis_key, &short_done],
     ];
     for cmd in garbage {
         server.cmd(&["DEL", &redis_key]);
@@ -256,18 +259,20 @@ async fn a_late_duplicate_acquire_changes_nothing() {
     let release = idempotent_core::redis::Script::new(include_str!("../../idempotent-core/src/store/release.lua"));
     let key = "idem:late-duplicate";
     let (fp, token_1, token_2) = ("f".repeat(64), "1".repeat(32), "2".repeat(32));
-    let first: Vec<i64> = acquire.key(key).arg(&fp).arg(60_000).arg(&token_1).arg(60_000).invoke(&mut conn).unwrap();
+    // acquire.lua's one argument: fingerprint, token, lease and retention (15 digits each).
+    let args = |token: &str| format!("{fp}{token}{:015}{:015}", 60_000, 60_000);
+    let first: Vec<i64> = acquire.key(key).arg(args(&token_1)).invoke(&mut conn).unwrap();
     assert_eq!((first[0], first[2]), (1, 1));
-    let again: Vec<i64> = acquire.key(key).arg(&fp).arg(60_000).arg(&token_1).arg(60_000).invoke(&mut conn).unwrap();
+    let again: Vec<i64> = acquire.key(key).arg(args(&token_1)).invoke(&mut conn).unwrap();
     assert_eq!(again, first, "a retried acquire answers as the first did");
     let released: i64 = release.key(key).arg(&token_1).invoke(&mut conn).unwrap();
     assert_eq!(released, 1);
-    let late: Vec<i64> = acquire.key(key).arg(&fp).arg(60_000).arg(&token_1).arg(60_000).invoke(&mut conn).unwrap();
+    let late: Vec<i64> = acquire.key(key).arg(args(&token_1)).invoke(&mut conn).unwrap();
     assert_eq!(late[1], first[1], "the late duplicate took a new fence");
     let record: String = idempotent_core::redis::cmd("GET").arg(key).query(&mut conn).unwrap();
     assert!(record.starts_with('X'), "the late duplicate took the key: {record}");
     // The next real owner is not told a crash happened.
-    let next: Vec<i64> = acquire.key(key).arg(&fp).arg(60_000).arg(&token_2).arg(60_000).invoke(&mut conn).unwrap();
+    let next: Vec<i64> = acquire.key(key).arg(args(&token_2)).invoke(&mut conn).unwrap();
     assert_eq!((next[0], next[2], next[3]), (1, 2, 0));
     assert!(next[1] > first[1]);
 }

@@ -11,24 +11,29 @@
 --            143        recovered flag, 0 or 1
 --          D:
 --            98-        the encoded result (no fence is kept: nothing acquires a done key)
--- ARGV[1]  payload fingerprint (64 hex)
--- ARGV[2]  lease in milliseconds
--- ARGV[3]  new owner token, 32 characters (a retry of an acquire whose reply was lost sends the
---          same token and gets the same answer: acquire is idempotent per token)
--- ARGV[4]  retention in milliseconds (the record's TTL is max(lease, retention))
+-- ARGV[1]  one argument of 126 bytes (one, because Redis hands every argument to Lua as a new
+--          string, and a replay needs none of them):
+--            1-64       payload fingerprint, 64 hex characters
+--            65-96      new owner token, 32 characters (a retry of an acquire whose reply was
+--                       lost sends the same token and gets the same answer: acquire is
+--                       idempotent per token)
+--            97-111     lease in milliseconds, 15 digits
+--            112-126    retention in milliseconds, 15 digits (the record's TTL is
+--                       max(lease, retention))
 --
 -- Replies
---   result                          done: the stored result (a bulk string), to replay
+--   the whole record                done: the client compares the fingerprint (bytes 2-65) and
+--                                   replays the result (98-), or answers Mismatch
 --   {1, fence, attempt, recovered}  acquired (recovered = 1 when a previous lease ran out)
 --   {3, retry_after_ms}             another owner's lease is live
 --   {4}                             the record has another fingerprint
 --   error IDEMPOTENT_CORRUPT ...    the key holds something these scripts did not write
 --
--- A replay, the hot path, is one GET and no clock: as cheap as a script can read a value. The
--- clock is read only when a lease has to be judged or written.
-local key, fp, token = KEYS[1], ARGV[1], ARGV[3]
-if #fp ~= 64 or #token ~= 32 then
-  return redis.error_reply('IDEMPOTENT_CORRUPT arguments: the fingerprint must be 64 characters and the token 32')
+-- A replay, the hot path, is one GET, no clock and no new string: as cheap as a script can read
+-- a value. The clock is read only when a lease has to be judged or written.
+local key, args = KEYS[1], ARGV[1]
+if #args ~= 126 then
+  return redis.error_reply('IDEMPOTENT_CORRUPT arguments: expected fingerprint (64), token (32), lease and retention (15 digits each)')
 end
 local ok, rec = pcall(redis.call, 'GET', key)
 if not ok then
@@ -38,12 +43,10 @@ end
 local state, last_fence, last_attempt, lease = nil, 0, 0, nil
 if rec then
   state = string.byte(rec, 1)
-  if state == 68 and #rec >= 97 then
-    -- A retried acquire of the token that completed the key has the same fingerprint: it replays.
-    if string.sub(rec, 2, 65) ~= fp then
-      return {4}
-    end
-    return string.sub(rec, 98)
+  if state == 68 then
+    -- Done. (A retried acquire of the token that completed the key has the same fingerprint:
+    -- it replays.)
+    return rec
   end
   if #rec ~= 143 or (state ~= 82 and state ~= 88) then
     return redis.error_reply('IDEMPOTENT_CORRUPT the key holds a string that is not a record')
@@ -60,10 +63,10 @@ if rec then
   end
   -- This token already acquired the key: a retry, or a late duplicate, of an acquire whose
   -- reply was lost. Answer as then, and change nothing.
-  if string.sub(rec, 66, 97) == token then
+  if string.sub(rec, 66, 97) == string.sub(args, 65, 96) then
     return {1, last_fence, last_attempt, string.sub(rec, 143, 143) == '1' and 1 or 0}
   end
-  if string.sub(rec, 2, 65) ~= fp then
+  if string.sub(rec, 2, 65) ~= string.sub(args, 1, 64) then
     return {4}
   end
 end
@@ -83,8 +86,8 @@ end
 -- so a record that was lost (expired, flushed) still gets a fence above every earlier one.
 local fence = math.max(last_fence + 1, now_us)
 local attempt = last_attempt + 1
-local lease_ms = tonumber(ARGV[2])
+local lease_ms = tonumber(string.sub(args, 97, 111))
 redis.call('SET', key,
-  'R' .. fp .. token .. string.format('%015.0f%020.0f%010.0f%d', now + lease_ms, fence, attempt, recovered),
-  'PX', string.format('%.0f', math.max(lease_ms, tonumber(ARGV[4]))))
+  'R' .. string.sub(args, 1, 96) .. string.format('%015.0f%020.0f%010.0f%d', now + lease_ms, fence, attempt, recovered),
+  'PX', string.format('%.0f', math.max(lease_ms, tonumber(string.sub(args, 112, 126)))))
 return {1, fence, attempt, recovered}

@@ -620,12 +620,12 @@ fn millis(d: Duration) -> u64 {
 /// A script argument, written straight into the command's buffer (no `String` per argument).
 enum Arg<'a> {
     Bytes(&'a [u8]),
-    /// 64 lowercase hex characters.
-    Hex(&'a [u8; 32]),
     /// Milliseconds, in decimal.
     Millis(u64),
     /// The record's Redis key: the store's prefix, then the key in hex (as `redis_key`).
     Key(&'a str, &'a Key),
+    /// `acquire`'s one argument: fingerprint, token, then lease and retention in 15 digits.
+    Acquire { fp: &'a [u8; 64], token: &'a Token, lease: u64, retention: u64 },
 }
 
 impl Arg<'_> {
@@ -633,9 +633,9 @@ impl Arg<'_> {
     fn len(&self) -> usize {
         match self {
             Arg::Bytes(b) => b.len(),
-            Arg::Hex(_) => 64,
             Arg::Millis(_) => 20,
             Arg::Key(prefix, _) => prefix.len() + 64,
+            Arg::Acquire { .. } => 126,
         }
     }
 }
@@ -649,11 +649,17 @@ impl redis::ToRedisArgs for Arg<'_> {
                 out.write_arg(b);
                 Ok(())
             }
-            Arg::Hex(bytes) => out.writer_for_next_arg().write_all(&crate::key::hex_array(bytes)),
             Arg::Millis(ms) => write!(out.writer_for_next_arg(), "{ms}"),
             Arg::Key(prefix, key) => {
                 let mut w = out.writer_for_next_arg();
                 w.write_all(prefix.as_bytes()).and_then(|()| w.write_all(&crate::key::hex_array(key.as_bytes())))
+            }
+            // `millis` keeps both below 10^15.
+            Arg::Acquire { fp, token, lease, retention } => {
+                let mut w = out.writer_for_next_arg();
+                w.write_all(&fp[..])
+                    .and_then(|()| w.write_all(token.as_str().as_bytes()))
+                    .and_then(|()| write!(w, "{lease:015}{retention:015}"))
             }
         };
     }
@@ -669,12 +675,8 @@ impl Store for RedisStore {
     ) -> BoxFuture<'a, Result<Acquire, Error>> {
         Box::pin(async move {
             let token = Token::unique();
-            let args = [
-                Arg::Hex(fingerprint.as_bytes()),
-                Arg::Millis(millis(lease)),
-                Arg::Bytes(token.as_str().as_bytes()),
-                Arg::Millis(millis(retention)),
-            ];
+            let fp = crate::key::hex_array(fingerprint.as_bytes());
+            let args = [Arg::Acquire { fp: &fp, token: &token, lease: millis(lease), retention: millis(retention) }];
             let reply = match self.invoke("acquire", &self.inner.scripts.acquire, key, &args).await {
                 Ok(reply) => reply,
                 Err(e) => {
@@ -685,7 +687,17 @@ impl Store for RedisStore {
                 }
             };
             let items = match reply {
-                Value::BulkString(result) => return Ok(Acquire::Replay(Bytes::from(result))),
+                // A done record, whole (layout in acquire.lua): the result follows the state byte,
+                // the fingerprint and the token.
+                Value::BulkString(record) => {
+                    if record.len() < 97 || record[0] != b'D' {
+                        return Err(Self::corrupt(key, "the key holds a string that is not a record"));
+                    }
+                    if record[1..65] != fp {
+                        return Ok(Acquire::Mismatch);
+                    }
+                    return Ok(Acquire::Replay(Bytes::from(record).slice(97..)));
+                }
                 Value::Array(items) => items,
                 other => return Err(Self::corrupt(key, format!("unexpected acquire reply {other:?}"))),
             };
