@@ -99,7 +99,8 @@ pub fn to_canonical_vec<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, Can
 /// Appends the canonical JSON of `value` to `out`. On error, `out` is left as it was.
 pub fn write_canonical<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) -> Result<(), CanonicalError> {
     let start = out.len();
-    let mut ser = Canonicalizer { out, depth: 0, scratch: Vec::new() };
+    // Room for the members of typical payloads (a struct and a nested one) in one allocation.
+    let mut ser = Canonicalizer { out, depth: 0, scratch: Vec::new(), members: Vec::with_capacity(16) };
     let res = value.serialize(&mut ser);
     if res.is_err() {
         ser.out.truncate(start);
@@ -113,7 +114,13 @@ pub fn write_canonical<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) -> R
 /// `{"amount": 18446744073709551617}` and `{"amount": 18446744073709551616}` stay different.
 /// Fractions and exponents are read as IEEE doubles and written in JCS form, as RFC 8785 says.
 pub fn canonicalize_json(input: &[u8]) -> Result<Vec<u8>, JsonError> {
-    let mut p = JsonParser { s: input, i: 0, out: Vec::with_capacity(input.len()), scratch: Vec::new() };
+    let mut p = JsonParser {
+        s: input,
+        i: 0,
+        out: Vec::with_capacity(input.len()),
+        scratch: Vec::new(),
+        members: Vec::with_capacity(16),
+    };
     p.skip_ws();
     p.value(0)?;
     p.skip_ws();
@@ -139,6 +146,10 @@ struct Canonicalizer<'a> {
     /// Where an object's members are copied while they are put in order; kept across objects so
     /// that reordering does not allocate once per object.
     scratch: Vec<u8>,
+    /// The members of every object being written, innermost last: each object owns the part
+    /// from its `base` on, and gives it back when it is finished. One vector for the whole
+    /// value instead of one per object.
+    members: Vec<Member>,
 }
 
 /// An object member's name and the byte range of `"name":value` in the output (without commas).
@@ -165,7 +176,8 @@ impl Canonicalizer<'_> {
     fn begin_object(&mut self, len: usize) -> Result<ObjectState, CanonicalError> {
         self.enter()?;
         self.out.push(b'{');
-        Ok(ObjectState { start: self.out.len(), entries: Vec::with_capacity(len), key: None })
+        self.members.reserve(len);
+        Ok(ObjectState { start: self.out.len(), base: self.members.len(), key: None })
     }
 }
 
@@ -217,8 +229,8 @@ pub(crate) fn write_str(out: &mut Vec<u8>, s: &str) {
 struct ObjectState {
     /// Offset just after the `{`.
     start: usize,
-    /// The members written so far, in arrival order.
-    entries: Vec<Member>,
+    /// Where this object's members, in arrival order, start in `Canonicalizer::members`.
+    base: usize,
     /// The name whose value comes next (maps give keys and values in separate calls).
     key: Option<String>,
 }
@@ -244,29 +256,31 @@ impl ObjectState {
         name: Cow<'static, str>,
         value: &T,
     ) -> Result<(), CanonicalError> {
-        if !self.entries.is_empty() {
+        if ser.members.len() > self.base {
             ser.out.push(b',');
         }
         let begin = ser.out.len();
         write_str(ser.out, &name);
         ser.out.push(b':');
         value.serialize(&mut *ser)?;
-        self.entries.push((name, begin..ser.out.len()));
+        ser.members.push((name, begin..ser.out.len()));
         Ok(())
     }
 
-    fn finish(mut self, ser: &mut Canonicalizer<'_>) -> Result<(), CanonicalError> {
-        let sorted = self.entries.windows(2).all(|w| utf16_cmp(&w[0].0, &w[1].0).is_lt());
+    fn finish(self, ser: &mut Canonicalizer<'_>) -> Result<(), CanonicalError> {
+        // Inner objects are finished before this one, so its members are the last ones.
+        let entries = &mut ser.members[self.base..];
+        let sorted = entries.windows(2).all(|w| utf16_cmp(&w[0].0, &w[1].0).is_lt());
         if !sorted {
-            self.entries.sort_unstable_by(|a, b| utf16_cmp(&a.0, &b.0));
-            if let Some(w) = self.entries.windows(2).find(|w| w[0].0 == w[1].0) {
+            entries.sort_unstable_by(|a, b| utf16_cmp(&a.0, &b.0));
+            if let Some(w) = entries.windows(2).find(|w| w[0].0 == w[1].0) {
                 return Err(CanonicalError::DuplicateKey(w[0].0.to_string()));
             }
             // Inner objects are finished before this one, so the scratch buffer is free here.
             ser.scratch.clear();
             ser.scratch.extend_from_slice(&ser.out[self.start..]);
             ser.out.truncate(self.start);
-            for (i, (_, range)) in self.entries.iter().enumerate() {
+            for (i, (_, range)) in ser.members[self.base..].iter().enumerate() {
                 if i > 0 {
                     ser.out.push(b',');
                 }
@@ -274,6 +288,7 @@ impl ObjectState {
                 ser.out.extend_from_slice(&ser.scratch[local]);
             }
         }
+        ser.members.truncate(self.base);
         ser.out.push(b'}');
         ser.depth -= 1;
         Ok(())
@@ -672,6 +687,8 @@ struct JsonParser<'a> {
     out: Vec<u8>,
     /// Where an object's members are copied while they are put in order (see `ObjectState`).
     scratch: Vec<u8>,
+    /// The members of every object being read, innermost last (see `Canonicalizer::members`).
+    members: Vec<(Cow<'a, str>, Range<usize>)>,
 }
 
 impl<'a> JsonParser<'a> {
@@ -750,7 +767,7 @@ impl<'a> JsonParser<'a> {
         self.i += 1;
         self.out.push(b'{');
         let start = self.out.len();
-        let mut entries: Vec<(Cow<'a, str>, Range<usize>)> = Vec::new();
+        let base = self.members.len();
         self.skip_ws();
         if self.s.get(self.i) == Some(&b'}') {
             self.i += 1;
@@ -769,14 +786,14 @@ impl<'a> JsonParser<'a> {
             }
             self.i += 1;
             self.skip_ws();
-            if !entries.is_empty() {
+            if self.members.len() > base {
                 self.out.push(b',');
             }
             let begin = self.out.len();
             write_str(&mut self.out, &name);
             self.out.push(b':');
             self.value(depth + 1)?;
-            entries.push((name, begin..self.out.len()));
+            self.members.push((name, begin..self.out.len()));
             self.skip_ws();
             match self.s.get(self.i) {
                 Some(b',') => self.i += 1,
@@ -787,10 +804,11 @@ impl<'a> JsonParser<'a> {
                 _ => return Err(self.err("expected ',' or '}' in object")),
             }
         }
+        let entries = &mut self.members[base..];
         if !entries.windows(2).all(|w| utf16_cmp(&w[0].0, &w[1].0).is_lt()) {
             entries.sort_by(|a, b| utf16_cmp(&a.0, &b.0));
             if entries.windows(2).any(|w| w[0].0 == w[1].0) {
-                return Err(self.err("an object has the same member name twice"));
+                return Err(JsonError { offset: self.i, reason: "an object has the same member name twice" });
             }
             self.scratch.clear();
             self.scratch.extend_from_slice(&self.out[start..]);
@@ -802,6 +820,7 @@ impl<'a> JsonParser<'a> {
                 self.out.extend_from_slice(&self.scratch[range.start - start..range.end - start]);
             }
         }
+        self.members.truncate(base);
         self.out.push(b'}');
         Ok(())
     }
@@ -1169,6 +1188,57 @@ mod tests {
             }
         }
         assert_eq!(to_canonical_vec(&Dup), Err(CanonicalError::DuplicateKey("b".into())));
+    }
+
+    /// Objects inside objects and arrays, each out of order: every object is sorted on its own
+    /// (members of all open objects share one vector), by the serializer and the parser alike.
+    #[test]
+    fn nested_objects_are_ordered_each_on_their_own() {
+        #[derive(Serialize)]
+        struct Outer {
+            z: Z,
+            m: u8,
+            a: A,
+        }
+        #[derive(Serialize)]
+        struct Z {
+            y: u8,
+            b: (D, F),
+            a: u8,
+        }
+        #[derive(Serialize)]
+        struct D {
+            d: u8,
+            c: u8,
+        }
+        #[derive(Serialize)]
+        struct F {
+            f: H,
+        }
+        #[derive(Serialize)]
+        struct H {
+            h: u8,
+            g: u8,
+        }
+        #[derive(Serialize)]
+        struct A {
+            q: u8,
+            p: P,
+        }
+        #[derive(Serialize)]
+        struct P {
+            s: u8,
+            r: u8,
+        }
+        let expected = r#"{"a":{"p":{"r":2,"s":1},"q":1},"m":2,"z":{"a":3,"b":[{"c":2,"d":1},{"f":{"g":2,"h":1}}],"y":1}}"#;
+        let value = Outer {
+            z: Z { y: 1, b: (D { d: 1, c: 2 }, F { f: H { h: 1, g: 2 } }), a: 3 },
+            m: 2,
+            a: A { q: 1, p: P { s: 1, r: 2 } },
+        };
+        assert_eq!(canon(&value), expected);
+        let text = br#"{"z":{"y":1,"b":[{"d":1,"c":2},{"f":{"h":1,"g":2}}],"a":3},"m":2,"a":{"q":1,"p":{"s":1,"r":2}}}"#;
+        assert_eq!(canonicalize_json(text).unwrap(), expected.as_bytes());
     }
 
     #[test]

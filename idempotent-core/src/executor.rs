@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use crate::canonical::to_canonical_vec;
 use crate::detach::poll_once;
 use crate::error::Error;
-use crate::key::{Fingerprint, Key};
+use crate::key::{Fingerprint, Key, ShortKey};
 use crate::record::{Acquire, Lease, TAG_ERR, TAG_OK, Token, Transition};
 use crate::store::{IntoSharedStore, SharedStore};
 
@@ -339,9 +339,9 @@ impl Step<'_> {
         let (key, fingerprint) = self.key_for(payload)?;
         let step = self.name.as_str();
         let opts = &self.options;
-        let short = key.short();
+        let short = key.short_key();
 
-        let (lease, acquired_at) = match self.acquire(&key, &fingerprint, &short).await {
+        let (lease, acquired_at) = match self.acquire(&key, &fingerprint, short).await {
             Ok(Acquired::Lease(lease, sent)) => (lease, sent),
             Ok(Acquired::Replay(bytes)) => {
                 tracing::debug!(step, key = %short, "idempotent.replayed");
@@ -366,7 +366,7 @@ impl Step<'_> {
             signal: Some(signal.clone()),
         };
         let action = CURRENT_ATTEMPT.scope(attempt.clone(), action(attempt));
-        let result = self.run_with_heartbeat(&key, &lease, acquired_at, &signal, action, &short).await;
+        let result = self.run_with_heartbeat(&key, &lease, acquired_at, &signal, action, short).await;
 
         let encoded: Option<Vec<u8>> = match &result {
             Ok(value) => {
@@ -416,7 +416,7 @@ impl Step<'_> {
                 }
                 Ok(Transition::LeaseLost) => {
                     tracing::warn!(step, key = %short, fence = lease.fence, "idempotent.lease_lost: the result was not stored");
-                    Err(Error::LeaseLost { step: step.to_owned(), key: short, fence: lease.fence }.into())
+                    Err(Error::LeaseLost { step: step.to_owned(), key: short.to_string(), fence: lease.fence }.into())
                 }
                 Err(e) => {
                     tracing::error!(step, key = %short, error = %e, "idempotent.store_error: the action ran but its result was not stored");
@@ -457,7 +457,7 @@ impl Step<'_> {
         out
     }
 
-    async fn acquire(&self, key: &Key, fingerprint: &Fingerprint, short: &str) -> Result<Acquired, Error> {
+    async fn acquire(&self, key: &Key, fingerprint: &Fingerprint, short: ShortKey) -> Result<Acquired, Error> {
         let opts = &self.options;
         let step = self.name.as_str();
         let started = Instant::now();
@@ -470,10 +470,10 @@ impl Step<'_> {
                 Ok(Acquire::Replay(bytes)) => return Ok(Acquired::Replay(bytes)),
                 Ok(Acquire::Mismatch) => {
                     tracing::warn!(step, key = %short, "idempotent.mismatch: same key, different payload");
-                    return Err(Error::Mismatch { step: step.to_owned(), key: short.to_owned() });
+                    return Err(Error::Mismatch { step: step.to_owned(), key: short.to_string() });
                 }
                 Ok(Acquire::InFlight { retry_after }) => {
-                    let in_flight = || Error::InFlight { step: step.to_owned(), key: short.to_owned(), retry_after };
+                    let in_flight = || Error::InFlight { step: step.to_owned(), key: short.to_string(), retry_after };
                     let OnInFlight::Wait { timeout } = opts.on_in_flight else {
                         tracing::debug!(step, key = %short, ?retry_after, "idempotent.in_flight: rejected");
                         return Err(in_flight());
@@ -510,7 +510,7 @@ impl Step<'_> {
         acquired_at: Instant,
         signal: &LeaseSignal,
         action: Fut,
-        short: &str,
+        short: ShortKey,
     ) -> Result<T, E>
     where
         Fut: Future<Output = Result<T, E>>,

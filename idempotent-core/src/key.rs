@@ -154,6 +154,36 @@ impl Key {
     pub fn short(&self) -> String {
         hex(&self.0[..6])
     }
+
+    /// The same 12 characters as [`short`](Key::short), as a value that formats itself: for log
+    /// fields (`key = %key.short_key()`), without a `String` per call.
+    pub fn short_key(&self) -> ShortKey {
+        let mut bytes = [0; 6];
+        bytes.copy_from_slice(&self.0[..6]);
+        ShortKey(bytes)
+    }
+}
+
+/// The first 12 hex characters of a [`Key`], formatted on demand (see [`Key::short_key`]).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ShortKey([u8; 6]);
+
+impl fmt::Display for ShortKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut text = [0; 12];
+        for (i, b) in self.0.iter().enumerate() {
+            text[2 * i] = HEX[(b >> 4) as usize];
+            text[2 * i + 1] = HEX[(b & 0xf) as usize];
+        }
+        f.write_str(std::str::from_utf8(&text).unwrap_or_default())
+    }
+}
+
+impl fmt::Debug for ShortKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
 }
 
 impl fmt::Debug for Key {
@@ -254,6 +284,16 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use serde_json::json;
+
+    #[test]
+    fn short_key_formats_as_short() {
+        let mut bytes = [0; 32];
+        bytes[..6].copy_from_slice(&[0x00, 0x1f, 0xa0, 0xff, 0x7e, 0x09]);
+        let key = Key::from_bytes(bytes);
+        assert_eq!(key.short(), "001fa0ff7e09");
+        assert_eq!(key.short_key().to_string(), key.short());
+        assert_eq!(format!("{:?}", key.short_key()), key.short());
+    }
 
     #[test]
     fn framing_is_unambiguous() {

@@ -80,7 +80,7 @@ pub use executor::{
     Attempt, DEFAULT_LEASE, DEFAULT_MAX_RESULT_BYTES, DEFAULT_TTL, DEFAULT_WAIT, FailMode, MAX_LEASE, MAX_TTL,
     OnInFlight, RunContext, Step, StepOptions, current_attempt,
 };
-pub use key::{Fingerprint, Key, KeyScope};
+pub use key::{Fingerprint, Key, KeyScope, ShortKey};
 pub use store::{IntoSharedStore, MemoryStore, SharedStore, Store};
 #[cfg(feature = "redis")]
 pub use store::{Preflight, RedisStore, RedisStoreBuilder};

@@ -123,10 +123,10 @@ pub(crate) fn encode(status: StatusCode, headers: &HeaderMap, body: &[u8], trail
 }
 
 fn put_fields(out: &mut BytesMut, fields: &HeaderMap, strip: bool) {
-    let kept: Vec<(&HeaderName, &HeaderValue)> =
-        fields.iter().filter(|(name, _)| !strip || !is_hop_by_hop(name, fields)).collect();
-    out.put_u32(kept.len() as u32);
-    for (name, value) in kept {
+    // Counted first, then written: no list of the kept fields.
+    let kept = || fields.iter().filter(|(name, _)| !strip || !is_hop_by_hop(name, fields));
+    out.put_u32(kept().count() as u32);
+    for (name, value) in kept() {
         // `http` bounds names well below u16::MAX and values below u32::MAX.
         out.put_u16(name.as_str().len() as u16);
         out.put_slice(name.as_str().as_bytes());

@@ -14,7 +14,7 @@ use http_body_util::BodyExt;
 use idempotent_core::__private::{FinishOnDrop, poll_once};
 use idempotent_core::canonical::canonicalize_json;
 use idempotent_core::record::{Acquire, Lease, Transition};
-use idempotent_core::{Error, FailMode, Fingerprint, Key, OnInFlight};
+use idempotent_core::{Error, FailMode, Fingerprint, Key, OnInFlight, ShortKey};
 use tokio::time::Instant;
 use tower::{BoxError, Service};
 use tracing::Instrument;
@@ -165,7 +165,7 @@ where
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let short = key.short();
+    let short = key.short_key();
 
     let (data, trailers) = match read_body(&parts.headers, body, config.max_request_body).await {
         Ok(read) => read,
@@ -179,9 +179,9 @@ where
         }
     };
     let fingerprint = if grpc { grpc::fingerprint(parts.uri.path(), &data) } else { http_fingerprint(&parts, &data) };
-    let (lease, acquired_at) = match acquire(&config, &key, &fingerprint, &short).await {
+    let (lease, acquired_at) = match acquire(&config, &key, &fingerprint, short).await {
         Acquired::Lease(lease, sent) => (lease, sent),
-        Acquired::Replay(bytes) => return Ok(replay(bytes, grpc, &short)),
+        Acquired::Replay(bytes) => return Ok(replay(bytes, grpc, short)),
         Acquired::Refuse(refusal) => return Ok(refusal.into_response(grpc)),
         Acquired::FailOpen => {
             let res = inner.call(service_request(parts, data, trailers)).await?;
@@ -262,28 +262,36 @@ where
     Ok((chunks.into_bytes(), trailers))
 }
 
-/// Body chunks read so far; one chunk is kept as is, more are joined once at the end.
+/// Body chunks read so far; one chunk is kept as is (without a vector: most bodies are one
+/// chunk), more are joined once at the end.
 #[derive(Default)]
 struct Chunks {
-    parts: Vec<Bytes>,
+    first: Option<Bytes>,
+    more: Vec<Bytes>,
     len: usize,
 }
 
 impl Chunks {
     fn push(&mut self, b: Bytes) {
-        if !b.is_empty() {
-            self.len += b.len();
-            self.parts.push(b);
+        if b.is_empty() {
+            return;
+        }
+        self.len += b.len();
+        if self.first.is_none() {
+            self.first = Some(b);
+        } else {
+            self.more.push(b);
         }
     }
 
-    fn into_bytes(mut self) -> Bytes {
-        match self.parts.len() {
-            0 => Bytes::new(),
-            1 => self.parts.pop().unwrap_or_default(),
-            _ => {
+    fn into_bytes(self) -> Bytes {
+        match self.first {
+            None => Bytes::new(),
+            Some(first) if self.more.is_empty() => first,
+            Some(first) => {
                 let mut buf = BytesMut::with_capacity(self.len);
-                for p in &self.parts {
+                buf.extend_from_slice(&first);
+                for p in &self.more {
                     buf.extend_from_slice(p);
                 }
                 buf.freeze()
@@ -292,7 +300,7 @@ impl Chunks {
     }
 
     fn into_frames(self) -> VecDeque<Frame<Bytes>> {
-        self.parts.into_iter().map(Frame::data).collect()
+        self.first.into_iter().chain(self.more).map(Frame::data).collect()
     }
 }
 
@@ -334,7 +342,7 @@ enum Acquired {
     FailOpen,
 }
 
-async fn acquire(config: &Config, key: &Key, fingerprint: &Fingerprint, short: &str) -> Acquired {
+async fn acquire(config: &Config, key: &Key, fingerprint: &Fingerprint, short: ShortKey) -> Acquired {
     let header = || config.header.as_str().to_owned();
     let started = Instant::now();
     let mut backoff = Duration::from_millis(10);
@@ -391,7 +399,7 @@ async fn acquire(config: &Config, key: &Key, fingerprint: &Fingerprint, short: &
     }
 }
 
-fn replay<B>(bytes: Bytes, grpc: bool, short: &str) -> Response<ResponseBody<B>> {
+fn replay<B>(bytes: Bytes, grpc: bool, short: ShortKey) -> Response<ResponseBody<B>> {
     let stored = match StoredResponse::decode(bytes) {
         Ok(stored) => stored,
         Err(error) => {
@@ -413,7 +421,7 @@ struct Held {
     config: Arc<Config>,
     key: Key,
     lease: Lease,
-    short: String,
+    short: ShortKey,
     /// Until when the lease is known to hold: `lease` after the acquire or the last successful
     /// renewal was *sent*. The store started counting no earlier, so its deadline is no sooner.
     valid_until: Instant,
@@ -510,7 +518,7 @@ impl Held {
         if Instant::now() >= self.valid_until {
             self.expired();
         }
-        let short = &self.short;
+        let short = self.short;
         match collected {
             Collected::Complete { mut parts, data, trailers } => {
                 let outcome =
@@ -542,7 +550,7 @@ impl Held {
 
     /// Stores the response; `false` when it was not stored.
     async fn complete(&self, bytes: Bytes, parts: &http::response::Parts) -> bool {
-        let short = &self.short;
+        let short = self.short;
         if self.lost {
             // Another attempt may hold the key by now, and may have run the request too: the
             // layer cannot vouch for this response, so it does not store it.
@@ -575,7 +583,7 @@ impl Held {
     }
 
     async fn release(&self, why: &'static str) {
-        let short = &self.short;
+        let short = self.short;
         if self.lost {
             // Nothing to give up: the lease ran out, or another attempt holds the key.
             tracing::debug!(key = %short, why, "idempotent.lease_lost: nothing to release");
