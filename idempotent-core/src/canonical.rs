@@ -1230,14 +1230,16 @@ mod tests {
             s: u8,
             r: u8,
         }
-        let expected = r#"{"a":{"p":{"r":2,"s":1},"q":1},"m":2,"z":{"a":3,"b":[{"c":2,"d":1},{"f":{"g":2,"h":1}}],"y":1}}"#;
+        let expected =
+            r#"{"a":{"p":{"r":2,"s":1},"q":1},"m":2,"z":{"a":3,"b":[{"c":2,"d":1},{"f":{"g":2,"h":1}}],"y":1}}"#;
         let value = Outer {
             z: Z { y: 1, b: (D { d: 1, c: 2 }, F { f: H { h: 1, g: 2 } }), a: 3 },
             m: 2,
             a: A { q: 1, p: P { s: 1, r: 2 } },
         };
         assert_eq!(canon(&value), expected);
-        let text = br#"{"z":{"y":1,"b":[{"d":1,"c":2},{"f":{"h":1,"g":2}}],"a":3},"m":2,"a":{"q":1,"p":{"s":1,"r":2}}}"#;
+        let text =
+            br#"{"z":{"y":1,"b":[{"d":1,"c":2},{"f":{"h":1,"g":2}}],"a":3},"m":2,"a":{"q":1,"p":{"s":1,"r":2}}}"#;
         assert_eq!(canonicalize_json(text).unwrap(), expected.as_bytes());
     }
 

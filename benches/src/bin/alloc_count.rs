@@ -29,7 +29,9 @@ use axum::routing::post;
 use idempotent_benches::{RawRedis, Refund, RefundResult, arg};
 use idempotent_core::record::Acquire;
 use idempotent_core::redis::{self, Value};
-use idempotent_core::{DEFAULT_LEASE, DEFAULT_TTL, Error, Fingerprint, Key, MemoryStore, RedisStore, RunContext, Store};
+use idempotent_core::{
+    DEFAULT_LEASE, DEFAULT_TTL, Error, Fingerprint, Key, MemoryStore, RedisStore, RunContext, Store,
+};
 use idempotent_tests::RedisServer;
 use idempotent_tower::IdempotencyLayer;
 use sha2::{Digest, Sha256};
@@ -194,8 +196,14 @@ fn main() {
                     .await
                     .unwrap();
                 black_box(v);
-                let v: Value =
-                    redis::cmd("SET").arg(&key).arg(RESPONSE).arg("PX").arg(86_400_000).query_async(&mut raw.conn()).await.unwrap();
+                let v: Value = redis::cmd("SET")
+                    .arg(&key)
+                    .arg(RESPONSE)
+                    .arg("PX")
+                    .arg(86_400_000)
+                    .query_async(&mut raw.conn())
+                    .await
+                    .unwrap();
                 black_box(v);
             }
         })
@@ -229,7 +237,9 @@ fn main() {
             async move {
                 let r: RefundResult = ctx
                     .step("replayed_refund")
-                    .run(&replayed[(i % 1000) as usize], |_| async { Err::<RefundResult, _>(Error::Config("ran".into())) })
+                    .run(&replayed[(i % 1000) as usize], |_| async {
+                        Err::<RefundResult, _>(Error::Config("ran".into()))
+                    })
                     .await
                     .unwrap();
                 black_box(r);

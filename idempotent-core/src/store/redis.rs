@@ -625,7 +625,12 @@ enum Arg<'a> {
     /// The record's Redis key: the store's prefix, then the key in hex (as `redis_key`).
     Key(&'a str, &'a Key),
     /// `acquire`'s one argument: fingerprint, token, then lease and retention in 15 digits.
-    Acquire { fp: &'a [u8; 64], token: &'a Token, lease: u64, retention: u64 },
+    Acquire {
+        fp: &'a [u8; 64],
+        token: &'a Token,
+        lease: u64,
+        retention: u64,
+    },
 }
 
 impl Arg<'_> {
@@ -741,7 +746,9 @@ impl Store for RedisStore {
 
     fn release<'a>(&'a self, key: &'a Key, token: &'a Token) -> BoxFuture<'a, Result<Transition, Error>> {
         Box::pin(async move {
-            let reply = self.invoke("release", &self.inner.scripts.release, key, &[Arg::Bytes(token.as_str().as_bytes())]).await?;
+            let reply = self
+                .invoke("release", &self.inner.scripts.release, key, &[Arg::Bytes(token.as_str().as_bytes())])
+                .await?;
             self.transition(key, reply)
         })
     }

@@ -149,14 +149,20 @@ where
 }
 
 /// One covered request with a well-formed key, from reading its body to storing its response.
-async fn handle<S, ReqBody, ResBody>(
+///
+/// A function returning an `async move` block rather than an `async fn`: an `async fn` keeps
+/// each argument twice in its future (as the argument and as the local it is moved into), and
+/// this future is boxed for every request. For the same reason, values are kept out of `let`
+/// bindings that would stay in scope across later awaits.
+#[allow(clippy::manual_async_fn)]
+fn handle<S, ReqBody, ResBody>(
     mut inner: S,
     config: Arc<Config>,
     parts: Parts,
     body: ReqBody,
     key: Key,
     grpc: bool,
-) -> Result<Response<ResponseBody<ResBody>>, S::Error>
+) -> impl Future<Output = Result<Response<ResponseBody<ResBody>>, S::Error>>
 where
     S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
     ReqBody: Body<Data = Bytes>,
@@ -165,62 +171,73 @@ where
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
-    let short = key.short_key();
+    async move {
+        let short = key.short_key();
 
-    let (data, trailers) = match read_body(&parts.headers, body, config.max_request_body).await {
-        Ok(read) => read,
-        Err(ReadError::TooLarge) => {
-            tracing::debug!(key = %short, limit = config.max_request_body, "idempotent.refused: request body too large");
-            return Ok(Refusal::BodyTooLarge { limit: config.max_request_body }.into_response(grpc));
+        let (data, trailers) = match read_body(&parts.headers, body, config.max_request_body).await {
+            Ok(read) => read,
+            Err(ReadError::TooLarge) => {
+                tracing::debug!(key = %short, limit = config.max_request_body, "idempotent.refused: request body too large");
+                return Ok(Refusal::BodyTooLarge { limit: config.max_request_body }.into_response(grpc));
+            }
+            Err(ReadError::Failed(error)) => {
+                tracing::debug!(key = %short, %error, "idempotent.refused: request body failed");
+                return Ok(Refusal::BodyUnreadable.into_response(grpc));
+            }
+        };
+        let fingerprint =
+            if grpc { grpc::fingerprint(parts.uri.path(), &data) } else { http_fingerprint(&parts, &data) };
+        let (lease, acquired_at) = match acquire(&config, &key, &fingerprint, short).await {
+            Acquired::Lease(lease, sent) => (lease, sent),
+            Acquired::Replay(bytes) => return Ok(replay(bytes, grpc, short)),
+            Acquired::Refuse(refusal) => return Ok(refusal.into_response(grpc)),
+            Acquired::FailOpen => {
+                let res = inner.call(service_request(parts, data, trailers, None)).await?;
+                return Ok(res.map(ResponseBody::stream));
+            }
+        };
+        tracing::debug!(key = %short, fence = lease.fence, attempt = lease.attempt, recovered = lease.recovered, "idempotent.acquired");
+        if lease.recovered {
+            tracing::info!(key = %short, fence = lease.fence, "idempotent.recovered: a previous attempt's lease ran out without a response");
         }
-        Err(ReadError::Failed(error)) => {
-            tracing::debug!(key = %short, %error, "idempotent.refused: request body failed");
-            return Ok(Refusal::BodyUnreadable.into_response(grpc));
-        }
-    };
-    let fingerprint = if grpc { grpc::fingerprint(parts.uri.path(), &data) } else { http_fingerprint(&parts, &data) };
-    let (lease, acquired_at) = match acquire(&config, &key, &fingerprint, short).await {
-        Acquired::Lease(lease, sent) => (lease, sent),
-        Acquired::Replay(bytes) => return Ok(replay(bytes, grpc, short)),
-        Acquired::Refuse(refusal) => return Ok(refusal.into_response(grpc)),
-        Acquired::FailOpen => {
-            let res = inner.call(service_request(parts, data, trailers)).await?;
-            return Ok(res.map(ResponseBody::stream));
-        }
-    };
-    let mut req = service_request(parts, data, trailers);
-    tracing::debug!(key = %short, fence = lease.fence, attempt = lease.attempt, recovered = lease.recovered, "idempotent.acquired");
-    if lease.recovered {
-        tracing::info!(key = %short, fence = lease.fence, "idempotent.recovered: a previous attempt's lease ran out without a response");
+        let call = inner.call(service_request(parts, data, trailers, Some(&lease)));
+        let mut held = Held { valid_until: acquired_at + config.lease, lost: false, config, key, lease, short };
+        let res = match held.heartbeat(pin!(call)).await {
+            Ok(res) => res,
+            Err(e) => {
+                // Like storing a response (below): giving the key up must not depend on the
+                // client still waiting.
+                FinishOnDrop::new(async move { held.release("the service failed").await }.in_current_span(), drop)
+                    .await;
+                return Err(e);
+            }
+        };
+        // The service has run. Storing its response must not depend on the client still
+        // waiting: hyper drops this future when the client goes away, and the record would then
+        // stay `running` until its lease passed, and the retry would run the request again. So
+        // the rest runs here, and moves to a task of its own if this future is dropped first.
+        Ok(FinishOnDrop::new(held.finish(res, grpc).in_current_span(), drop).await)
     }
-    req.extensions_mut().insert(RequestLease {
-        fence: lease.fence,
-        attempt: lease.attempt,
-        recovered: lease.recovered,
-    });
-
-    let mut held = Held { valid_until: acquired_at + config.lease, lost: false, config, key, lease, short };
-    let res = match held.heartbeat(pin!(inner.call(req))).await {
-        Ok(res) => res,
-        Err(e) => {
-            // Like storing a response (below): giving the key up must not depend on the client
-            // still waiting.
-            FinishOnDrop::new(async move { held.release("the service failed").await }.in_current_span(), drop).await;
-            return Err(e);
-        }
-    };
-    // The service has run. Storing its response must not depend on the client still waiting:
-    // hyper drops this future when the client goes away, and the record would then stay
-    // `running` until its lease passed, and the retry would run the request again. So the rest
-    // runs here, and moves to a task of its own if this future is dropped first.
-    Ok(FinishOnDrop::new(held.finish(res, grpc).in_current_span(), drop).await)
 }
 
-/// The request the service gets: the buffered body, marked so that a nested layer lets it pass.
-/// Built only for requests that reach the service (a replay or a refusal never does).
-fn service_request<B>(parts: Parts, data: Bytes, trailers: Option<HeaderMap>) -> Request<RequestBody<B>> {
+/// The request the service gets: the buffered body, marked so that a nested layer lets it pass,
+/// and the lease it runs under (none when the store is down and the layer fails open). Built
+/// only for requests that reach the service (a replay or a refusal never does).
+fn service_request<B>(
+    parts: Parts,
+    data: Bytes,
+    trailers: Option<HeaderMap>,
+    lease: Option<&Lease>,
+) -> Request<RequestBody<B>> {
     let mut req = Request::from_parts(parts, RequestBody::full(data, trailers));
     req.extensions_mut().insert(Handled);
+    if let Some(lease) = lease {
+        req.extensions_mut().insert(RequestLease {
+            fence: lease.fence,
+            attempt: lease.attempt,
+            recovered: lease.recovered,
+        });
+    }
     req
 }
 
@@ -507,43 +524,49 @@ impl Held {
 
     /// Reads the response body (renewing the lease meanwhile), stores the response or releases
     /// the key, and returns the response for the client.
-    async fn finish<B>(mut self, res: Response<B>, grpc: bool) -> Response<ResponseBody<B>>
+    ///
+    /// An `async move` block, not an `async fn`, so that `self` and `res` are not kept twice in
+    /// the future (see `handle`): it is boxed for every stored response.
+    #[allow(clippy::manual_async_fn)]
+    fn finish<B>(mut self, res: Response<B>, grpc: bool) -> impl Future<Output = Response<ResponseBody<B>>>
     where
         B: Body<Data = Bytes>,
         B::Error: Into<BoxError>,
     {
-        let limit = self.config.max_stored_response;
-        let collected = self.heartbeat(pin!(collect(res, limit))).await;
-        // The body may have ended between two beats.
-        if Instant::now() >= self.valid_until {
-            self.expired();
-        }
-        let short = self.short;
-        match collected {
-            Collected::Complete { mut parts, data, trailers } => {
-                let outcome =
-                    Outcome { status: parts.status, headers: &parts.headers, trailers: trailers.as_ref(), grpc };
-                if self.config.policy.should_store(&outcome) {
-                    let stored = record::encode(parts.status, &parts.headers, &data, trailers.as_ref());
-                    if !self.complete(stored, &parts).await {
-                        // The client still gets the response the service made, marked so that it
-                        // knows a retry under this key may run the request again.
-                        parts.headers.insert(IDEMPOTENT_STORED, HeaderValue::from_static("false"));
+        async move {
+            let limit = self.config.max_stored_response;
+            let collected = self.heartbeat(pin!(collect(res, limit))).await;
+            // The body may have ended between two beats.
+            if Instant::now() >= self.valid_until {
+                self.expired();
+            }
+            let short = self.short;
+            match collected {
+                Collected::Complete { mut parts, data, trailers } => {
+                    let outcome =
+                        Outcome { status: parts.status, headers: &parts.headers, trailers: trailers.as_ref(), grpc };
+                    if self.config.policy.should_store(&outcome) {
+                        let stored = record::encode(parts.status, &parts.headers, &data, trailers.as_ref());
+                        if !self.complete(stored, &parts).await {
+                            // The client still gets the response the service made, marked so that it
+                            // knows a retry under this key may run the request again.
+                            parts.headers.insert(IDEMPOTENT_STORED, HeaderValue::from_static("false"));
+                        }
+                    } else {
+                        self.release("the store policy declined the response").await;
                     }
-                } else {
-                    self.release("the store policy declined the response").await;
+                    Response::from_parts(parts, ResponseBody::full(data, trailers))
                 }
-                Response::from_parts(parts, ResponseBody::full(data, trailers))
-            }
-            Collected::TooLarge { parts, prefix, rest } => {
-                tracing::warn!(key = %short, limit, status = parts.status.as_u16(), "idempotent.not_stored: the response is larger than max_stored_response; releasing the key, so a retry runs the request again");
-                self.release("the response is too large to store").await;
-                Response::from_parts(parts, ResponseBody::resume(prefix, rest))
-            }
-            Collected::Failed { parts, prefix, error } => {
-                tracing::warn!(key = %short, %error, "idempotent.not_stored: the response body failed");
-                self.release("the response body failed").await;
-                Response::from_parts(parts, ResponseBody::failed(prefix, error))
+                Collected::TooLarge { parts, prefix, rest } => {
+                    tracing::warn!(key = %short, limit, status = parts.status.as_u16(), "idempotent.not_stored: the response is larger than max_stored_response; releasing the key, so a retry runs the request again");
+                    self.release("the response is too large to store").await;
+                    Response::from_parts(parts, ResponseBody::resume(prefix, rest))
+                }
+                Collected::Failed { parts, prefix, error } => {
+                    tracing::warn!(key = %short, %error, "idempotent.not_stored: the response body failed");
+                    self.release("the response body failed").await;
+                    Response::from_parts(parts, ResponseBody::failed(prefix, error))
+                }
             }
         }
     }
