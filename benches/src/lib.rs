@@ -412,4 +412,28 @@ impl RawRedis {
     pub fn conn(&self) -> MultiplexedConnection {
         self.conns[self.next.fetch_add(1, Ordering::Relaxed) % self.conns.len()].clone()
     }
+
+    /// The first-execution floor: two raw round trips, `SET key claim NX PX 60000` (take the
+    /// key), then `SET key value PX 86400000` (store the outcome). Panics if Redis fails.
+    pub async fn set_nx_then_set(&self, key: &str, claim: &[u8], value: &[u8]) {
+        let claimed: redis::Value = redis::cmd("SET")
+            .arg(key)
+            .arg(claim)
+            .arg("NX")
+            .arg("PX")
+            .arg(60_000)
+            .query_async(&mut self.conn())
+            .await
+            .expect("SET NX");
+        std::hint::black_box(claimed);
+        let stored: redis::Value = redis::cmd("SET")
+            .arg(key)
+            .arg(value)
+            .arg("PX")
+            .arg(86_400_000)
+            .query_async(&mut self.conn())
+            .await
+            .expect("SET");
+        std::hint::black_box(stored);
+    }
 }

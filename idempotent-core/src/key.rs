@@ -176,7 +176,7 @@ impl fmt::Display for ShortKey {
             text[2 * i] = HEX[(b >> 4) as usize];
             text[2 * i + 1] = HEX[(b & 0xf) as usize];
         }
-        f.write_str(std::str::from_utf8(&text).unwrap_or_default())
+        f.pad(std::str::from_utf8(&text).unwrap_or_default())
     }
 }
 
@@ -293,6 +293,7 @@ mod tests {
         assert_eq!(key.short(), "001fa0ff7e09");
         assert_eq!(key.short_key().to_string(), key.short());
         assert_eq!(format!("{:?}", key.short_key()), key.short());
+        assert_eq!(format!("{:>14}", key.short_key()), format!("{:>14}", key.short()));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body as AxumBody;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::routing::post;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
@@ -23,6 +23,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idempotent_core::{Error, FailMode, OnInFlight, RedisStore, SharedStore, Store};
 use idempotent_tests::{HookedStore, RedisServer, free_port};
+use idempotent_tower::RequestLease;
 use idempotent_tower::server::IdempotencyLayer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Notify, Semaphore};
@@ -81,11 +82,19 @@ impl Ledger {
     }
 }
 
-async fn refund(State(l): State<Ledger>, headers: HeaderMap, body: Bytes) -> Response<AxumBody> {
+async fn refund(
+    State(l): State<Ledger>,
+    lease: Option<Extension<RequestLease>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response<AxumBody> {
     let n = l.call();
     let tenant = headers.get("x-tenant").and_then(|v| v.to_str().ok()).unwrap_or("-").to_owned();
+    // The fence of the lease this request runs under ("none" when the layer failed open).
+    let fence = lease.map_or_else(|| "none".to_owned(), |Extension(l)| l.fence.to_string());
     Response::builder()
         .status(StatusCode::CREATED)
+        .header("x-fence", fence)
         .header("set-cookie", "session=abc; Path=/; HttpOnly")
         .header("set-cookie", format!("refund=re_{n}; Path=/"))
         .header("x-refund", format!("re_{n}"))
@@ -309,6 +318,9 @@ async fn replay_is_byte_identical_over_http1(store: SharedStore) {
     assert!(first_text.starts_with("HTTP/1.1 201 Created\r\n"), "{first_text}");
     assert_eq!(first_text.matches("set-cookie: ").count(), 2, "{first_text}");
     assert!(!first_text.contains("idempotent-replayed"));
+    // The handler ran under a lease and saw its fence.
+    let fence = first_text.split("\r\nx-fence: ").nth(1).and_then(|rest| rest.split("\r\n").next());
+    assert!(fence.is_some_and(|f| f.parse::<u64>().is_ok_and(|f| f > 0)), "{first_text}");
     let second_text = String::from_utf8_lossy(&second);
     assert!(second_text.contains("\r\nidempotent-replayed: true\r\n"), "{second_text}");
 
@@ -948,5 +960,7 @@ async fn fail_open_calls_the_handler_when_the_store_is_unreachable() {
         assert_eq!(reply.status, StatusCode::CREATED);
         assert!(!reply.replayed());
         assert_eq!(open.ledger.calls(), n);
+        // Unprotected: the handler is told it holds no lease.
+        assert_eq!(reply.headers["x-fence"], "none");
     }
 }

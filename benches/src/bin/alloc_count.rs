@@ -86,6 +86,20 @@ fn request(body: &Bytes, key: String) -> Request<Body> {
         .unwrap()
 }
 
+/// One executor call that runs its action: a first execution.
+async fn first(ctx: &RunContext, step: &str, payload: &Refund) {
+    let r: RefundResult =
+        ctx.step(step).run(payload, |_| async { Ok::<_, Error>(RefundResult::sample()) }).await.unwrap();
+    black_box(r);
+}
+
+/// One executor call that must replay: its action fails the call if it runs.
+async fn replay(ctx: &RunContext, step: &str, payload: &Refund) {
+    let r: RefundResult =
+        ctx.step(step).run(payload, |_| async { Err::<RefundResult, _>(Error::Config("ran".into())) }).await.unwrap();
+    black_box(r);
+}
+
 /// Runs `call` `calls` times (after as many warm-up calls) and returns allocations and bytes per call.
 async fn per_call<F, Fut>(calls: u64, mut call: F) -> (f64, f64)
 where
@@ -142,31 +156,9 @@ fn main() {
         let replayed: Vec<Refund> = (0..1000).map(Refund::new).collect();
 
         // Executor on MemoryStore.
-        let ours = per_call(calls, |i| {
-            let (memory, fresh) = (&memory, &fresh);
-            async move {
-                let r: RefundResult = memory
-                    .step("issue_refund")
-                    .run(&fresh[i as usize], |_| async { Ok::<_, Error>(RefundResult::sample()) })
-                    .await
-                    .unwrap();
-                black_box(r);
-            }
-        })
-        .await;
+        let ours = per_call(calls, |i| first(&memory, "issue_refund", &fresh[i as usize])).await;
         row("MemoryStore, executor, first execution", ours, Some(floor_key));
-        let ours = per_call(calls, |i| {
-            let (memory, fresh) = (&memory, &fresh);
-            async move {
-                let r: RefundResult = memory
-                    .step("issue_refund")
-                    .run(&fresh[(i % 1000) as usize], |_| async { Err::<RefundResult, _>(Error::Config("ran".into())) })
-                    .await
-                    .unwrap();
-                black_box(r);
-            }
-        })
-        .await;
+        let ours = per_call(calls, |i| replay(&memory, "issue_refund", &fresh[(i % 1000) as usize])).await;
         row("MemoryStore, executor, replay", ours, Some(floor_key));
 
         // Redis: the floor, the store alone, the executor.
@@ -184,28 +176,7 @@ fn main() {
         row("floor: raw `GET` (same client and pool)", floor_get, None);
         let floor_set_set = per_call(calls, |i| {
             let raw = &raw;
-            async move {
-                let key = format!("floor:first:{i}");
-                let v: Value = redis::cmd("SET")
-                    .arg(&key)
-                    .arg(&[b'c'; 120][..])
-                    .arg("NX")
-                    .arg("PX")
-                    .arg(60_000)
-                    .query_async(&mut raw.conn())
-                    .await
-                    .unwrap();
-                black_box(v);
-                let v: Value = redis::cmd("SET")
-                    .arg(&key)
-                    .arg(RESPONSE)
-                    .arg("PX")
-                    .arg(86_400_000)
-                    .query_async(&mut raw.conn())
-                    .await
-                    .unwrap();
-                black_box(v);
-            }
+            async move { raw.set_nx_then_set(&format!("floor:first:{i}"), &[b'c'; 120], RESPONSE.as_bytes()).await }
         })
         .await;
         row("floor: raw `SET NX` + `SET`", floor_set_set, None);
@@ -232,33 +203,9 @@ fn main() {
         })
         .await;
         row("RedisStore `acquire` (replay), no executor", ours, Some(floor_get));
-        let ours = per_call(calls, |i| {
-            let (ctx, replayed) = (&ctx, &replayed);
-            async move {
-                let r: RefundResult = ctx
-                    .step("replayed_refund")
-                    .run(&replayed[(i % 1000) as usize], |_| async {
-                        Err::<RefundResult, _>(Error::Config("ran".into()))
-                    })
-                    .await
-                    .unwrap();
-                black_box(r);
-            }
-        })
-        .await;
+        let ours = per_call(calls, |i| replay(&ctx, "replayed_refund", &replayed[(i % 1000) as usize])).await;
         row("RedisStore, executor, replay", ours, Some(floor_get));
-        let ours = per_call(calls, |i| {
-            let (ctx, fresh) = (&ctx, &fresh);
-            async move {
-                let r: RefundResult = ctx
-                    .step("issue_refund")
-                    .run(&fresh[i as usize], |_| async { Ok::<_, Error>(RefundResult::sample()) })
-                    .await
-                    .unwrap();
-                black_box(r);
-            }
-        })
-        .await;
+        let ours = per_call(calls, |i| first(&ctx, "issue_refund", &fresh[i as usize])).await;
         row("RedisStore, executor, first execution", ours, Some(floor_set_set));
 
         // HTTP: the axum router in process, bare and with the layer.

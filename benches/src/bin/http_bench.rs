@@ -76,24 +76,8 @@ async fn one_round_trip(State(raw): State<Arc<RawRedis>>, body: Bytes) -> (Statu
 /// The handler between two raw Redis round trips: claim a key, run, store the response.
 async fn two_round_trips(State(raw): State<Arc<RawRedis>>, body: Bytes) -> (StatusCode, &'static str) {
     let key = format!("floor:http:{}", FLOOR_SEQ.fetch_add(1, Ordering::Relaxed));
-    let claimed: Value = redis::cmd("SET")
-        .arg(&key)
-        .arg(&[b'c'; 120][..])
-        .arg("NX")
-        .arg("PX")
-        .arg(60_000)
-        .query_async(&mut raw.conn())
-        .await
-        .expect("SET NX");
-    std::hint::black_box((claimed, &body));
-    let _: Value = redis::cmd("SET")
-        .arg(&key)
-        .arg(RESPONSE)
-        .arg("PX")
-        .arg(86_400_000)
-        .query_async(&mut raw.conn())
-        .await
-        .expect("SET");
+    std::hint::black_box(&body);
+    raw.set_nx_then_set(&key, &[b'c'; 120], RESPONSE.as_bytes()).await;
     (StatusCode::CREATED, RESPONSE)
 }
 

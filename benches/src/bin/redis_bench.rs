@@ -157,25 +157,7 @@ async fn run(env: &Arc<Env>, path: Path, concurrency: usize, duration: Duration)
                 }
                 Path::FloorSetSet => {
                     let key = format!("floor:first:{}", env.seq.fetch_add(1, Ordering::Relaxed));
-                    let v: Value = redis::cmd("SET")
-                        .arg(&key)
-                        .arg(&env.claim)
-                        .arg("NX")
-                        .arg("PX")
-                        .arg(60_000)
-                        .query_async(&mut env.raw.conn())
-                        .await
-                        .expect("SET NX");
-                    black_box(v);
-                    let v: Value = redis::cmd("SET")
-                        .arg(&key)
-                        .arg(&env.stored)
-                        .arg("PX")
-                        .arg(86_400_000)
-                        .query_async(&mut env.raw.conn())
-                        .await
-                        .expect("SET");
-                    black_box(v);
+                    env.raw.set_nx_then_set(&key, &env.claim, &env.stored).await;
                 }
                 Path::FloorEvalEval => {
                     let key = format!("floor:first:{}", env.seq.fetch_add(1, Ordering::Relaxed));

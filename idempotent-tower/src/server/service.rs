@@ -202,7 +202,10 @@ where
         }
         let call = inner.call(service_request(parts, data, trailers, Some(&lease)));
         let mut held = Held { valid_until: acquired_at + config.lease, lost: false, config, key, lease, short };
-        let res = match held.heartbeat(pin!(call)).await {
+        // A statement of its own, so that the service's future is dropped before the key is
+        // released or the response stored.
+        let outcome = held.heartbeat(pin!(call)).await;
+        let res = match outcome {
             Ok(res) => res,
             Err(e) => {
                 // Like storing a response (below): giving the key up must not depend on the
@@ -676,6 +679,26 @@ mod tests {
             b = b.header(CONTENT_TYPE, ct);
         }
         b.body(()).unwrap().into_parts().0
+    }
+
+    #[test]
+    fn chunks_are_joined_in_order() {
+        let mut one = Chunks::default();
+        one.push(Bytes::from_static(b"only"));
+        assert_eq!(one.into_bytes(), Bytes::from_static(b"only"));
+        let mut many = Chunks::default();
+        for part in [&b"ab"[..], b"", b"cd", b"e"] {
+            many.push(Bytes::copy_from_slice(part));
+        }
+        assert_eq!(many.len, 5);
+        let frames: Vec<Bytes> = many.into_frames().into_iter().map(|f| f.into_data().unwrap()).collect();
+        assert_eq!(frames, [&b"ab"[..], b"cd", b"e"]);
+        let mut again = Chunks::default();
+        for part in [&b"ab"[..], b"cd", b"e"] {
+            again.push(Bytes::copy_from_slice(part));
+        }
+        assert_eq!(again.into_bytes(), Bytes::from_static(b"abcde"));
+        assert_eq!(Chunks::default().into_bytes(), Bytes::new());
     }
 
     #[test]
