@@ -268,31 +268,45 @@ impl ObjectState {
     }
 
     fn finish(self, ser: &mut Canonicalizer<'_>) -> Result<(), CanonicalError> {
-        // Inner objects are finished before this one, so its members are the last ones.
-        let entries = &mut ser.members[self.base..];
-        let sorted = entries.windows(2).all(|w| utf16_cmp(&w[0].0, &w[1].0).is_lt());
-        if !sorted {
-            entries.sort_unstable_by(|a, b| utf16_cmp(&a.0, &b.0));
-            if let Some(w) = entries.windows(2).find(|w| w[0].0 == w[1].0) {
-                return Err(CanonicalError::DuplicateKey(w[0].0.to_string()));
-            }
-            // Inner objects are finished before this one, so the scratch buffer is free here.
-            ser.scratch.clear();
-            ser.scratch.extend_from_slice(&ser.out[self.start..]);
-            ser.out.truncate(self.start);
-            for (i, (_, range)) in ser.members[self.base..].iter().enumerate() {
-                if i > 0 {
-                    ser.out.push(b',');
-                }
-                let local = range.start - self.start..range.end - self.start;
-                ser.out.extend_from_slice(&ser.scratch[local]);
-            }
-        }
+        // Inner objects are finished before this one, so its members are the last ones and the
+        // scratch buffer is free.
+        order_members(ser.out, &mut ser.scratch, self.start, &mut ser.members[self.base..])
+            .map_err(|name| CanonicalError::DuplicateKey(name.to_owned()))?;
         ser.members.truncate(self.base);
         ser.out.push(b'}');
         ser.depth -= 1;
         Ok(())
     }
+}
+
+/// Puts one object's members in canonical order, for the serializer and the JSON parser alike.
+///
+/// `out[start..]` holds the members as written, in arrival order and separated by commas;
+/// `members` holds their names and their ranges in `out`. Members out of order are rewritten
+/// through `scratch`. A name that appears twice is an error (returned, with `out` unchanged).
+fn order_members<'m>(
+    out: &mut Vec<u8>,
+    scratch: &mut Vec<u8>,
+    start: usize,
+    members: &'m mut [(Cow<'_, str>, Range<usize>)],
+) -> Result<(), &'m str> {
+    if members.windows(2).all(|w| utf16_cmp(&w[0].0, &w[1].0).is_lt()) {
+        return Ok(());
+    }
+    members.sort_unstable_by(|a, b| utf16_cmp(&a.0, &b.0));
+    if let Some(w) = members.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(&w[0].0);
+    }
+    scratch.clear();
+    scratch.extend_from_slice(&out[start..]);
+    out.truncate(start);
+    for (i, (_, range)) in members.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(&scratch[range.start - start..range.end - start]);
+    }
+    Ok(())
 }
 
 /// Serializes a map key, which must be a string.
@@ -804,21 +818,8 @@ impl<'a> JsonParser<'a> {
                 _ => return Err(self.err("expected ',' or '}' in object")),
             }
         }
-        let entries = &mut self.members[base..];
-        if !entries.windows(2).all(|w| utf16_cmp(&w[0].0, &w[1].0).is_lt()) {
-            entries.sort_by(|a, b| utf16_cmp(&a.0, &b.0));
-            if entries.windows(2).any(|w| w[0].0 == w[1].0) {
-                return Err(JsonError { offset: self.i, reason: "an object has the same member name twice" });
-            }
-            self.scratch.clear();
-            self.scratch.extend_from_slice(&self.out[start..]);
-            self.out.truncate(start);
-            for (i, (_, range)) in entries.iter().enumerate() {
-                if i > 0 {
-                    self.out.push(b',');
-                }
-                self.out.extend_from_slice(&self.scratch[range.start - start..range.end - start]);
-            }
+        if order_members(&mut self.out, &mut self.scratch, start, &mut self.members[base..]).is_err() {
+            return Err(JsonError { offset: self.i, reason: "an object has the same member name twice" });
         }
         self.members.truncate(base);
         self.out.push(b'}');

@@ -170,12 +170,8 @@ pub struct ShortKey([u8; 6]);
 
 impl fmt::Display for ShortKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
         let mut text = [0; 12];
-        for (i, b) in self.0.iter().enumerate() {
-            text[2 * i] = HEX[(b >> 4) as usize];
-            text[2 * i + 1] = HEX[(b & 0xf) as usize];
-        }
+        encode_hex(&self.0, &mut text);
         f.pad(std::str::from_utf8(&text).unwrap_or_default())
     }
 }
@@ -250,24 +246,30 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     s
 }
 
-/// 32 bytes in lowercase hex, on the stack.
-pub(crate) fn hex_array(bytes: &[u8; 32]) -> [u8; 64] {
+/// Writes `bytes` in lowercase hex into `out`, which holds exactly twice as many bytes.
+pub(crate) fn encode_hex(bytes: &[u8], out: &mut [u8]) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut out = [0; 64];
-    for (i, b) in bytes.iter().enumerate() {
-        out[2 * i] = HEX[(b >> 4) as usize];
-        out[2 * i + 1] = HEX[(b & 0xf) as usize];
+    for (pair, b) in out.chunks_exact_mut(2).zip(bytes) {
+        pair[0] = HEX[(b >> 4) as usize];
+        pair[1] = HEX[(b & 0xf) as usize];
     }
+}
+
+/// 32 bytes in lowercase hex, on the stack.
+#[cfg(feature = "redis")]
+pub(crate) fn hex_array(bytes: &[u8; 32]) -> [u8; 64] {
+    let mut out = [0; 64];
+    encode_hex(bytes, &mut out);
     out
 }
 
 /// Appends `bytes` in lowercase hex.
 pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    out.reserve(bytes.len() * 2);
-    for b in bytes {
-        out.push(HEX[(b >> 4) as usize] as char);
-        out.push(HEX[(b & 0xf) as usize] as char);
+    for chunk in bytes.chunks(32) {
+        let mut buf = [0; 64];
+        let text = &mut buf[..2 * chunk.len()];
+        encode_hex(chunk, text);
+        out.push_str(std::str::from_utf8(text).unwrap_or_default());
     }
 }
 

@@ -42,13 +42,10 @@ impl Token {
             hi ^ lo.rotate_left(32)
         });
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let mut bytes = [0; 32];
-        bytes[..8].copy_from_slice(&prefix.to_be_bytes());
-        bytes[8..16].copy_from_slice(&n.to_be_bytes());
         // 32 hex characters, kept inline: a token costs no allocation.
-        let hex = crate::key::hex_array(&bytes);
         let mut text = [0; 32];
-        text.copy_from_slice(&hex[..32]);
+        crate::key::encode_hex(&prefix.to_be_bytes(), &mut text[..16]);
+        crate::key::encode_hex(&n.to_be_bytes(), &mut text[16..]);
         Token(text)
     }
 

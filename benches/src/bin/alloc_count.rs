@@ -78,12 +78,19 @@ fn app() -> Router {
     Router::new().route("/refunds", post(handler))
 }
 
-fn request(body: &Bytes, key: String) -> Request<Body> {
-    Request::post("/refunds")
+/// Posts `body` under `key` to `router` in process, reads the whole response and returns
+/// whether it was a replay (every request here must answer 201).
+async fn post_refund(router: &Router, body: &Bytes, key: String) -> bool {
+    let req = Request::post("/refunds")
         .header("content-type", "application/json")
         .header("idempotency-key", key)
         .body(Body::from(body.clone()))
-        .unwrap()
+        .unwrap();
+    let res = router.clone().oneshot(req).await.unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let replayed = res.headers().contains_key("idempotent-replayed");
+    black_box(axum::body::to_bytes(res.into_body(), usize::MAX).await.unwrap());
+    replayed
 }
 
 /// One executor call that runs its action: a first execution.
@@ -211,13 +218,11 @@ fn main() {
         // HTTP: the axum router in process, bare and with the layer.
         let body = Bytes::from(serde_json::to_vec(&Refund::new(7)).unwrap());
         let bare = app();
+        // The same requests as the layer rows get, key header included.
         let floor_http = per_call(calls, |i| {
             let (bare, body) = (&bare, &body);
             async move {
-                // The same request as the layer rows get, key header included.
-                let res = bare.clone().oneshot(request(body, format!("first-{i}"))).await.unwrap();
-                assert_eq!(res.status(), StatusCode::CREATED);
-                black_box(axum::body::to_bytes(res.into_body(), usize::MAX).await.unwrap());
+                post_refund(bare, body, format!("first-{i}")).await;
             }
         })
         .await;
@@ -229,21 +234,14 @@ fn main() {
             let ours = per_call(calls, |i| {
                 let (router, body) = (&router, &body);
                 async move {
-                    let res = router.clone().oneshot(request(body, format!("first-{i}"))).await.unwrap();
-                    assert_eq!(res.status(), StatusCode::CREATED);
-                    black_box(axum::body::to_bytes(res.into_body(), usize::MAX).await.unwrap());
+                    post_refund(router, body, format!("first-{i}")).await;
                 }
             })
             .await;
             row(&format!("layer + {name}, first request"), ours, Some(floor_http));
             let ours = per_call(calls, |i| {
                 let (router, body) = (&router, &body);
-                async move {
-                    let res = router.clone().oneshot(request(body, format!("first-{}", i % 1000))).await.unwrap();
-                    assert_eq!(res.status(), StatusCode::CREATED);
-                    assert!(res.headers().contains_key("idempotent-replayed"));
-                    black_box(axum::body::to_bytes(res.into_body(), usize::MAX).await.unwrap());
-                }
+                async move { assert!(post_refund(router, body, format!("first-{}", i % 1000)).await) }
             })
             .await;
             row(&format!("layer + {name}, replay"), ours, Some(floor_http));

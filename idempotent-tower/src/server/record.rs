@@ -123,16 +123,19 @@ pub(crate) fn encode(status: StatusCode, headers: &HeaderMap, body: &[u8], trail
 }
 
 fn put_fields(out: &mut BytesMut, fields: &HeaderMap, strip: bool) {
-    // Counted first, then written: no list of the kept fields.
-    let kept = || fields.iter().filter(|(name, _)| !strip || !is_hop_by_hop(name, fields));
-    out.put_u32(kept().count() as u32);
-    for (name, value) in kept() {
+    // One pass over the fields: the count is written in front once it is known.
+    let count_at = out.len();
+    out.put_u32(0);
+    let mut count: u32 = 0;
+    for (name, value) in fields.iter().filter(|(name, _)| !strip || !is_hop_by_hop(name, fields)) {
+        count += 1;
         // `http` bounds names well below u16::MAX and values below u32::MAX.
         out.put_u16(name.as_str().len() as u16);
         out.put_slice(name.as_str().as_bytes());
         out.put_u32(value.len() as u32);
         out.put_slice(value.as_bytes());
     }
+    out[count_at..count_at + 4].copy_from_slice(&count.to_be_bytes());
 }
 
 fn take_fields(buf: &mut Bytes, spare: usize) -> Result<HeaderMap, DecodeError> {
