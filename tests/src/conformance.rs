@@ -199,3 +199,37 @@ pub async fn retention_expiry_forgets_but_fences_still_grow(store: &SharedStore)
     assert_eq!(again.attempt, 1, "the record was forgotten");
     assert!(again.fence > first.fence, "fence went backwards after the record expired");
 }
+
+/// Two stores on the same records, each taking keys its own way (for Redis: one by `SET NX GET`,
+/// one by the acquire script), hand keys over between them: in-flight, release, lease expiry,
+/// renew and replay agree whichever store wrote the record.
+pub async fn run_mixed(a: SharedStore, b: SharedStore) {
+    for (first, second) in [(&a, &b), (&b, &a)] {
+        let key = fresh_key();
+        let held = acquired(first, &key, &fp(1), LEASE).await;
+        assert!(matches!(second.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap(), Acquire::InFlight { .. }));
+        assert_eq!(second.acquire(&key, &fp(2), LEASE, KEEP).await.unwrap(), Acquire::Mismatch);
+        assert_eq!(second.renew(&key, &held.token, LEASE).await.unwrap(), Transition::Ok);
+        assert!(matches!(second.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap(), Acquire::InFlight { .. }));
+        assert_eq!(second.release(&key, &held.token).await.unwrap(), Transition::Ok);
+        let next = acquired(second, &key, &fp(1), Duration::from_millis(150)).await;
+        assert_eq!((next.attempt, next.recovered), (2, false));
+        assert!(next.fence > held.fence, "fence must grow: {} then {}", held.fence, next.fence);
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let taken = acquired(first, &key, &fp(1), LEASE).await;
+        assert_eq!((taken.attempt, taken.recovered), (3, true));
+        assert!(taken.fence > next.fence);
+        assert_eq!(
+            second.complete(&key, &next.token, Bytes::from_static(b"stale"), KEEP).await.unwrap(),
+            Transition::LeaseLost
+        );
+        assert_eq!(second.complete(&key, &taken.token, Bytes::from_static(b"r"), KEEP).await.unwrap(), Transition::Ok);
+        for store in [first, second] {
+            assert_eq!(
+                store.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap(),
+                Acquire::Replay(Bytes::from_static(b"r"))
+            );
+            assert_eq!(store.acquire(&key, &fp(2), LEASE, KEEP).await.unwrap(), Acquire::Mismatch);
+        }
+    }
+}

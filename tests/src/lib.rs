@@ -240,6 +240,68 @@ impl RedisServer {
     pub fn reset_stats(&self) {
         self.cmd(&["CONFIG", "RESETSTAT"]);
     }
+
+    /// Starts watching, with `MONITOR`, the commands clients send (`INFO commandstats` also
+    /// counts the commands scripts run, as if a client had sent them, and cannot tell a client's
+    /// `SET` from a script's).
+    pub fn monitor(&self) -> Monitor {
+        // Connected first, so that its own set-up commands are not seen.
+        let marker_conn = self.connection();
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port)).expect("connect for MONITOR");
+        stream.write_all(b"MONITOR\r\n").expect("send MONITOR");
+        let mut reader = std::io::BufReader::new(stream);
+        let mut ok = String::new();
+        std::io::BufRead::read_line(&mut reader, &mut ok).expect("read the MONITOR reply");
+        assert_eq!(ok.trim_end(), "+OK", "MONITOR was refused");
+        let marker = format!("monitor-end-{}", unique("m"));
+        let end = marker.clone();
+        let reader = std::thread::spawn(move || {
+            let mut names = Monitored::default();
+            for line in std::io::BufRead::lines(reader) {
+                let line = line.expect("read a MONITOR line");
+                if line.contains(&end) {
+                    break;
+                }
+                // `+1700000000.123456 [0 127.0.0.1:54321] "SET" "key" …`; `[0 lua]` for a
+                // command a script ran.
+                let Some((source, command)) = line.split_once("] ") else { continue };
+                let name = command.trim_start_matches('"').split('"').next().unwrap_or_default();
+                let seen = if source.ends_with(" lua") { &mut names.script } else { &mut names.client };
+                seen.push(name.to_ascii_lowercase());
+            }
+            names
+        });
+        Monitor { marker_conn, marker, reader }
+    }
+}
+
+/// Commands clients sent while it watched; see [`RedisServer::monitor`].
+pub struct Monitor {
+    marker_conn: redis::Connection,
+    marker: String,
+    reader: std::thread::JoinHandle<Monitored>,
+}
+
+/// What a [`Monitor`] saw: command names (lowercase), in order.
+#[derive(Debug, Default, Clone)]
+pub struct Monitored {
+    /// Commands clients sent.
+    pub client: Vec<String>,
+    /// Commands scripts ran.
+    pub script: Vec<String>,
+}
+
+impl Monitor {
+    /// Stops watching and returns what was seen.
+    pub fn finish(mut self) -> Monitored {
+        let _: redis::Value = redis::cmd("ECHO").arg(&self.marker).query(&mut self.marker_conn).unwrap();
+        self.reader.join().expect("the MONITOR reader panicked")
+    }
+
+    /// Stops watching: the names (lowercase) of the commands clients sent, in order.
+    pub fn client_commands(self) -> Vec<String> {
+        self.finish().client
+    }
 }
 
 fn make_certificate(dir: &Path) {

@@ -16,6 +16,20 @@ async fn redis_store_conforms() {
     conformance::run_all(store).await;
 }
 
+/// Every acquire through the script, as on a server before Redis 7.0 (no `SET NX GET`); also
+/// a plain-SET store and a script-only store on the same records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_store_conforms_with_scripts_only() {
+    let server = RedisServer::start();
+    let store: SharedStore = Arc::new(RedisStore::builder(server.url()).set_get_acquire(false).build().unwrap());
+    conformance::run_all(store).await;
+    let (plain, scripts): (SharedStore, SharedStore) = (
+        Arc::new(RedisStore::connect(&server.url()).unwrap()),
+        Arc::new(RedisStore::builder(server.url()).set_get_acquire(false).build().unwrap()),
+    );
+    conformance::run_mixed(plain, scripts).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_cluster_store_conforms() {
     let cluster = RedisCluster::start();

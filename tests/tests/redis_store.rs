@@ -47,35 +47,30 @@ async fn sixty_four_callers_on_four_handles_run_once() {
     assert_eq!(results.len(), 1, "callers saw different results");
 }
 
-/// First execution: 2 commands (acquire, complete). Replay: 1. Counted by the server.
+/// First execution: 2 commands (acquire, complete). Replay: 1. Counted by the server, and
+/// neither a replay nor a first acquisition runs a script.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_execution_costs_two_commands_and_replay_one() {
     let server = RedisServer::start();
     let ctx = RunContext::new(store(&server), unique("run"));
-    // Load the scripts first so NOSCRIPT reloads don't count.
+    // Load the scripts and measure the clock first, so that neither counts.
     let _: u8 = ctx.step("warm").run(&0, |_| async { Ok::<_, Error>(0) }).await.unwrap();
-    server.reset_stats();
+    let monitor = server.monitor();
     let _: u8 = ctx.step("s").heartbeat(false).run(&1, |_| async { Ok::<_, Error>(1) }).await.unwrap();
-    assert_eq!(client_commands(&server), 2, "first execution");
-    server.reset_stats();
+    assert_eq!(monitor.client_commands(), ["set", "evalsha"], "first execution: SET NX GET, then complete");
+    let monitor = server.monitor();
     let _: u8 = ctx.step("s").run(&1, |_| async { Ok::<_, Error>(9) }).await.unwrap();
-    assert_eq!(client_commands(&server), 1, "replay");
-}
+    assert_eq!(monitor.client_commands(), ["set"], "replay: one SET NX GET");
 
-/// Commands sent by clients since the last reset. `INFO commandstats` also counts the commands a
-/// script runs, so those (the only ones our scripts use) are left out; anything else a client
-/// sent (a PING, an UNWATCH, a HGET) still counts.
-fn client_commands(server: &RedisServer) -> u64 {
-    const IN_SCRIPTS: [&str; 6] = ["get", "set", "setrange", "pexpire", "pttl", "time"];
-    let calls = server.command_calls();
-    let counted: u64 = calls
-        .iter()
-        .filter(|(name, _)| !IN_SCRIPTS.contains(&name.as_str()) && name.as_str() != "config|resetstat")
-        .map(|(_, n)| n)
-        .sum();
-    assert!(!calls.contains_key("eval") && !calls.contains_key("script|load"), "scripts were reloaded: {calls:?}");
-    assert_eq!(counted, calls.get("evalsha").copied().unwrap_or(0), "commands other than EVALSHA: {calls:?}");
-    counted
+    // With the plain SET turned off (as on a server before Redis 7.0), each is one script.
+    let ctx = RunContext::new(RedisStore::builder(server.url()).set_get_acquire(false).build().unwrap(), unique("run"));
+    let _: u8 = ctx.step("warm").run(&0, |_| async { Ok::<_, Error>(0) }).await.unwrap();
+    let monitor = server.monitor();
+    let _: u8 = ctx.step("s").heartbeat(false).run(&1, |_| async { Ok::<_, Error>(1) }).await.unwrap();
+    assert_eq!(monitor.client_commands(), ["evalsha", "evalsha"], "first execution, scripts only");
+    let monitor = server.monitor();
+    let _: u8 = ctx.step("s").run(&1, |_| async { Ok::<_, Error>(9) }).await.unwrap();
+    assert_eq!(monitor.client_commands(), ["evalsha"], "replay, scripts only");
 }
 
 /// An unreachable server fails the call closed within its timeout; when the server is back
@@ -310,4 +305,44 @@ async fn from_pool_shares_the_pool_with_the_application() {
     let keys: Vec<String> =
         idempotent_core::redis::cmd("KEYS").arg("app:idem:*").query_async(&mut *mine[1]).await.unwrap();
     assert_eq!(keys.len(), 16);
+}
+
+/// A key taken by `SET NX` (which cannot read the server's clock) gets a fence from this host's
+/// clock corrected by the measured offset: close to the server's `TIME` in microseconds, like a
+/// fence the acquire script gives, so a key's fences keep growing when its record is lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fences_of_new_keys_follow_the_servers_clock() {
+    let server = RedisServer::start();
+    let server_micros = || match server.cmd(&["TIME"]) {
+        Value::Array(parts) => {
+            let n = |v: &Value| match v {
+                Value::BulkString(b) => std::str::from_utf8(b).unwrap().parse::<u64>().unwrap(),
+                other => panic!("TIME answered {other:?}"),
+            };
+            n(&parts[0]) * 1_000_000 + n(&parts[1])
+        }
+        other => panic!("TIME answered {other:?}"),
+    };
+    let plain = RunContext::new(store(&server), unique("run"));
+    let scripts = RunContext::new(
+        RedisStore::builder(server.url()).set_get_acquire(false).build().unwrap(),
+        plain.run_id().to_owned(),
+    );
+    let fence = |ctx: &RunContext, step: &'static str| {
+        let ctx = ctx.clone();
+        async move { ctx.step(step).run(&(), |a| async move { Ok::<_, Error>(a.fence()) }).await.unwrap() }
+    };
+    let before = server_micros();
+    let a = fence(&plain, "a").await;
+    let b = fence(&scripts, "b").await;
+    let c = fence(&plain, "c").await;
+    let after = server_micros();
+    // Within a second of the server's clock (the offset is measured to half a round trip).
+    for f in [a, b, c] {
+        assert!(
+            f + 1_000_000 > before && f < after + 1_000_000,
+            "fence {f} is not near the server's clock {before}..{after}"
+        );
+    }
+    assert!(a < c, "fences of new keys went backwards: {a}, then {c}");
 }

@@ -13,8 +13,11 @@
 //!   round-robin per command): for a replay one raw round trip (`GET`, and `EVALSHA` of a trivial
 //!   `GET` script), for a first execution two (`SET NX` + `SET`, and two `EVALSHA` of a trivial
 //!   `SET` script);
-//! - the client commands each call sent, from `INFO commandstats` (commands run inside scripts
-//!   are left out).
+//! - the commands each call sent, counted by `MONITOR` in a short pass of each row after the
+//!   timed rounds (`INFO commandstats` counts a script's commands as if a client had sent them,
+//!   and cannot tell our acquire's `SET` from the `SET` inside the complete script), and the
+//!   time Redis spent executing them, from `INFO commandstats` of the timed rounds (a command's
+//!   time counted in the share clients sent, so a script's inner commands are not counted twice).
 //!
 //! Rows are interleaved round by round (every row once, then every row again …) so that noise
 //! from other processes on the machine lands on all rows alike; calls/s is the median of the
@@ -33,10 +36,8 @@ use idempotent_benches::{
 use idempotent_core::record::{Acquire, Transition};
 use idempotent_core::redis::{self, Script, Value};
 use idempotent_core::{DEFAULT_LEASE, DEFAULT_TTL, Error, Fingerprint, Key, RedisStore, RunContext, Store};
-use idempotent_tests::RedisServer;
+use idempotent_tests::{Monitored, RedisServer};
 
-/// Commands our Lua scripts run; `INFO commandstats` counts them as if a client had sent them.
-const OURS_IN_SCRIPT: &[&str] = &["get", "set", "setrange", "pexpire", "pttl", "time"];
 /// Keys pre-filled for the replay rows.
 const REPLAY_KEYS: u64 = 4096;
 
@@ -76,16 +77,6 @@ impl Path {
             Path::FloorEvalGet => "floor: EVALSHA trivial GET script",
             Path::StoreFirst => "diag: RedisStore acquire + complete, no executor",
             Path::StoreReplay => "diag: RedisStore acquire (replay), no executor",
-        }
-    }
-
-    /// Commands that run inside this path's scripts (not sent by the client).
-    fn in_script(self) -> &'static [&'static str] {
-        match self {
-            Path::OursFirst { .. } | Path::OursReplay | Path::StoreFirst | Path::StoreReplay => OURS_IN_SCRIPT,
-            Path::FloorEvalEval => &["set"],
-            Path::FloorEvalGet => &["get"],
-            Path::FloorSetSet | Path::FloorGet => &[],
         }
     }
 }
@@ -219,34 +210,35 @@ fn server_cpu(server: &RedisServer) -> Duration {
     Duration::from_secs_f64(field("used_cpu_user:") + field("used_cpu_sys:"))
 }
 
-/// What `INFO commandstats` counted for the commands clients sent: (calls, usec, names).
-/// Commands run inside scripts are left out (a script's `usec` already includes them), and so
-/// are the stats commands themselves.
-fn client_commands(server: &RedisServer, path: Path) -> (u64, u64, String) {
-    let (mut calls, mut usec) = (0, 0);
-    let mut names = Vec::new();
+/// `INFO commandstats`: command → (calls, usec), the stats commands themselves left out.
+fn command_stats(server: &RedisServer) -> BTreeMap<String, (u64, u64)> {
+    let mut stats = BTreeMap::new();
     for line in info(server, "commandstats").lines() {
-        let Some((name, stats)) = line.strip_prefix("cmdstat_").and_then(|r| r.split_once(':')) else {
+        let Some((name, fields)) = line.strip_prefix("cmdstat_").and_then(|r| r.split_once(':')) else {
             continue;
         };
-        if path.in_script().contains(&name) || name == "config|resetstat" || name == "info" {
+        if name == "config|resetstat" || name == "info" {
             continue;
         }
-        let field = |f: &str| stats.split(',').find_map(|kv| kv.strip_prefix(f)?.parse::<u64>().ok()).unwrap_or(0);
-        calls += field("calls=");
-        usec += field("usec=");
-        names.push(format!("{name}={}", field("calls=")));
+        let field = |f: &str| fields.split(',').find_map(|kv| kv.strip_prefix(f)?.parse::<u64>().ok()).unwrap_or(0);
+        stats.insert(name.to_owned(), (field("calls="), field("usec=")));
     }
-    (calls, usec, names.join(" "))
+    stats
+}
+
+/// Counts, with `MONITOR`, the commands one call of `path` sends (and those its scripts run),
+/// over a short pass at concurrency 1: (calls made, monitored commands).
+fn monitor_pass(rt: &tokio::runtime::Runtime, env: &Arc<Env>, server: &RedisServer, path: Path) -> (u64, Monitored) {
+    let monitor = server.monitor();
+    let sample = rt.block_on(run(env, path, 1, Duration::from_millis(200)));
+    (sample.calls, monitor.finish())
 }
 
 struct Row {
     path: Path,
     rounds: Rounds,
-    commands: u64,
-    command_names: String,
-    /// Redis time spent executing this row's commands (`INFO commandstats` usec).
-    server_usec: u64,
+    /// `INFO commandstats` over the timed rounds: command → (calls, usec).
+    stats: BTreeMap<String, (u64, u64)>,
     /// Redis process CPU (`INFO cpu`), which adds connection handling and reply writing.
     server_cpu: Duration,
     /// This process's CPU.
@@ -308,32 +300,65 @@ fn main() {
                 let (client0, server0) = (process_cpu(), server_cpu(&server));
                 let sample = rt.block_on(run(&env, path, concurrency, duration));
                 let (client1, server1) = (process_cpu(), server_cpu(&server));
-                let (commands, usec, names) = client_commands(&server, path);
+                let stats = command_stats(&server);
                 eprintln!(
-                    "round {}/{rounds} c={concurrency:<3} {:<48} {:>9} calls/s  {:.3} cmds/call",
+                    "round {}/{rounds} c={concurrency:<3} {:<48} {:>9} calls/s",
                     round + 1,
                     path.label(),
                     fmt_rate(sample.rate()),
-                    commands as f64 / sample.calls as f64
                 );
                 let row = table.entry((concurrency, idx)).or_insert_with(|| Row {
                     path,
                     rounds: Rounds::default(),
-                    commands: 0,
-                    command_names: String::new(),
-                    server_usec: 0,
+                    stats: BTreeMap::new(),
                     server_cpu: Duration::ZERO,
                     client_cpu: Duration::ZERO,
                 });
-                row.commands += commands;
-                row.command_names = names;
-                row.server_usec += usec;
+                for (name, (calls, usec)) in stats {
+                    let total = row.stats.entry(name).or_default();
+                    total.0 += calls;
+                    total.1 += usec;
+                }
                 row.server_cpu += server1.saturating_sub(server0);
                 row.client_cpu += client1.saturating_sub(client0);
                 row.rounds.push(sample);
             }
         }
     }
+
+    // Commands per call, by MONITOR, once per path.
+    let mut monitored: BTreeMap<usize, (u64, Monitored)> = BTreeMap::new();
+    for &(idx, path) in &paths {
+        monitored.insert(idx, monitor_pass(&rt, &env, &server, path));
+    }
+    // Per path: client commands per call, their names, and the share of each command's calls
+    // that clients sent (the rest ran inside scripts, whose time EVALSHA already counts).
+    let commands = |idx: usize| {
+        let (calls, seen) = &monitored[&idx];
+        let mut names: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+        for n in &seen.client {
+            names.entry(n).or_default().0 += 1;
+        }
+        for n in &seen.script {
+            names.entry(n).or_default().1 += 1;
+        }
+        let per_call = seen.client.len() as f64 / (*calls).max(1) as f64;
+        let listed = names
+            .iter()
+            .filter(|(_, (client, _))| *client > 0)
+            .map(|(n, (client, _))| format!("{n}={:.2}", *client as f64 / (*calls).max(1) as f64))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let inner = names
+            .iter()
+            .filter(|(_, (_, script))| *script > 0)
+            .map(|(n, (_, script))| format!("{n}={:.2}", *script as f64 / (*calls).max(1) as f64))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let share: BTreeMap<String, f64> =
+            names.iter().map(|(n, (c, s))| (n.to_string(), *c as f64 / (c + s).max(1) as f64)).collect();
+        (per_call, listed, inner, share)
+    };
 
     let version = info(&server, "server")
         .lines()
@@ -360,8 +385,11 @@ fn main() {
              | ÷ raw floor | ÷ EVALSHA floor | client CPU µs/call | redis CPU µs/call | redis cmd µs/call |"
         );
         println!("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
-        for ((c, _), row) in table.range((concurrency, 0)..(concurrency + 1, 0)) {
+        for ((c, idx), row) in table.range((concurrency, 0)..(concurrency + 1, 0)) {
             debug_assert_eq!(*c, concurrency);
+            let (per_call, _, _, share) = commands(*idx);
+            let server_usec: f64 =
+                row.stats.iter().map(|(name, (_, usec))| *usec as f64 * share.get(name).copied().unwrap_or(0.0)).sum();
             let (lo, hi) = row.rounds.rate_range();
             let calls = row.rounds.calls() as f64;
             let (raw, eval) = match row.path {
@@ -385,19 +413,20 @@ fn main() {
                 fmt_rate(hi),
                 row.rounds.quantile_us(0.50),
                 row.rounds.quantile_us(0.99),
-                row.commands as f64 / calls,
+                per_call,
                 show(raw),
                 show(eval),
                 row.client_cpu.as_secs_f64() * 1e6 / calls,
                 row.server_cpu.as_secs_f64() * 1e6 / calls,
-                row.server_usec as f64 / calls,
+                server_usec / calls,
             );
         }
         println!();
     }
-    println!("Client commands seen in the last round of each row (commands run inside scripts left out):\n");
-    for ((concurrency, _), row) in &table {
-        println!("- c={concurrency} {}: {}", row.path.label(), row.command_names);
+    println!("Commands per call seen by MONITOR (sent by the client; run inside scripts):\n");
+    for &(idx, path) in &paths {
+        let (_, listed, inner, _) = commands(idx);
+        println!("- {}: {listed}; inside scripts: {}", path.label(), if inner.is_empty() { "none" } else { &inner });
     }
 
     let c = *concurrencies.last().unwrap();

@@ -1,18 +1,27 @@
 -- acquire: take the operation's key, or say why not.
 --
+-- The store tries a plain `SET key <N record> NX GET PX <ttl>` first: it takes an absent key
+-- and returns any record that is there, so a replay and a first acquisition are one command
+-- and no script. This script runs when that found a running or released record (or when the
+-- server refuses that form of SET, before Redis 7.0); it also takes an absent key itself.
+--
 -- KEYS[1]  the operation's record, one string (positions 1-based, as string.sub counts):
---            1          state: R running, X released, D done
+--            1          state: R running, N new (running, written by SET NX), X released, D done
 --            2-65       payload fingerprint, 64 hex characters
 --            66-97      owner token of the last acquisition, 32 characters
---          R and X, 143 bytes in all:
---            98-112     lease deadline, milliseconds of server time, 15 digits
+--          R, N and X, 143 bytes in all:
+--            98-112     R: lease deadline, milliseconds of server time, 15 digits
+--                       N: the TTL in milliseconds at or below which the lease has passed (the
+--                          record's TTL minus the lease, 15 digits): a SET cannot read the
+--                          server's clock, so the lease of an N record is judged by its TTL
+--                       X: unused
 --            113-132    fence, 20 digits
 --            133-142    attempt, 10 digits
 --            143        recovered flag, 0 or 1
 --          D:
 --            98-        the encoded result (no fence is kept: nothing acquires a done key)
 -- ARGV[1]  one argument of 126 bytes (one, because Redis hands every argument to Lua as a new
---          string, and a replay needs none of them):
+--          string):
 --            1-64       payload fingerprint, 64 hex characters
 --            65-96      new owner token, 32 characters (a retry of an acquire whose reply was
 --                       lost sends the same token and gets the same answer: acquire is
@@ -28,9 +37,6 @@
 --   {3, retry_after_ms}             another owner's lease is live
 --   {4}                             the record has another fingerprint
 --   error IDEMPOTENT_CORRUPT ...    the key holds something these scripts did not write
---
--- A replay, the hot path, is one GET, no clock and no new string: as cheap as a script can read
--- a value. The clock is read only when a lease has to be judged or written.
 local key, args = KEYS[1], ARGV[1]
 if #args ~= 126 then
   return redis.error_reply('IDEMPOTENT_CORRUPT arguments: expected fingerprint (64), token (32), lease and retention (15 digits each)')
@@ -48,7 +54,7 @@ if rec then
     -- it replays.)
     return rec
   end
-  if #rec ~= 143 or (state ~= 82 and state ~= 88) then
+  if #rec ~= 143 or (state ~= 82 and state ~= 78 and state ~= 88) then
     return redis.error_reply('IDEMPOTENT_CORRUPT the key holds a string that is not a record')
   end
   -- Digits only: Lua's tonumber would also take 'nan', 'inf', '0x..', '1e18' and signs. Fences
@@ -78,6 +84,14 @@ local recovered = 0
 if state == 82 then
   if lease > now then
     return {3, lease - now}
+  end
+  recovered = 1
+elseif state == 78 then
+  -- An N record's lease is live while its TTL is above the threshold it holds (a key without a
+  -- TTL has no lease left).
+  local ttl = redis.call('PTTL', key)
+  if ttl > lease then
+    return {3, ttl - lease}
   end
   recovered = 1
 end

@@ -18,7 +18,7 @@ local state = string.byte(rec, 1)
 if state == 68 then
   return 1
 end
-if state ~= 82 or #rec ~= 143 then
+if (state ~= 82 and state ~= 78) or #rec ~= 143 then
   return 0
 end
 redis.call('SET', key, 'D' .. string.sub(rec, 2, 97) .. ARGV[2], 'PX', ARGV[3])

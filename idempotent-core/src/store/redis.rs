@@ -2,9 +2,9 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use deadpool_redis::redis::{self, Script, Value};
@@ -18,6 +18,8 @@ use crate::record::{Acquire, Lease, Token, Transition};
 const DEFAULT_PREFIX: &str = "idem:";
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 const DEFAULT_POOL_SIZE: usize = 4;
+/// How often the store measures the server's clock again (see [`Inner::clock_offset_us`]).
+const CLOCK_RESYNC_MS: u64 = 60_000;
 
 struct Scripts {
     acquire: Script,
@@ -43,24 +45,34 @@ enum Pool {
     Cluster(cluster::Pool),
 }
 
-/// A [`Store`] on Redis: one string key per operation, each transition one Lua script.
+/// A [`Store`] on Redis: one string key per operation, one command per transition.
 ///
-/// Every call is one script invocation (`EVALSHA`, reloaded on `NOSCRIPT`) on one of a few
-/// multiplexed connections the store keeps checked out of its deadpool pool (see
-/// [`RedisStoreBuilder::pool_size`]); a connection is never held exclusively, so no call waits
-/// for an action to finish. Every call is bounded by the command timeout (default 2 s), which
-/// covers connecting too; a call that fails or times out returns an error, and the executor then
-/// does not run the action. A connection found dead is replaced and the call tried once more:
-/// every script is idempotent for its owner token, so a retried call cannot act twice.
+/// An acquire is one plain `SET key <record> NX GET PX <ttl>` (Redis 7.0+, Valkey): it takes an
+/// absent key, and otherwise returns the record that is there, so a first acquisition and a
+/// replay cost Redis no more than a `SET` or a `GET`. Only a key found running or released goes
+/// on to the `acquire` Lua script, which judges the lease by the server's clock. Complete,
+/// release and renew are one script each (`EVALSHA`, reloaded on `NOSCRIPT`). On a server before
+/// Redis 7.0, or with [`RedisStoreBuilder::set_get_acquire`] off, every acquire is the script.
+///
+/// Commands go out on a few multiplexed connections the store keeps checked out of its deadpool
+/// pool (see [`RedisStoreBuilder::pool_size`]); a connection is never held exclusively, so no
+/// call waits for an action to finish. Every call is bounded by the command timeout (default
+/// 2 s), which covers connecting too; a call that fails or times out returns an error, and the
+/// executor then does not run the action. A connection found dead is replaced and the call tried
+/// once more: every command is idempotent for its owner token, so a retried call cannot act
+/// twice.
 ///
 /// Records are keyed `{prefix}{hex digest}`: one key per operation, so Redis Cluster never sees a
-/// cross-slot script. Leases and fences are judged by the server's clock (`TIME`). A record is
-/// one string: state, fingerprint and owner token, then the lease, fence and attempt while the
-/// operation runs, or the stored result once it is done (the layout is documented in
-/// `acquire.lua`), so a replay is a single `GET` inside the script and a done record costs the
-/// result plus 97 bytes. (Development builds before this layout kept a hash per record; this
-/// store answers [`Error::Corrupt`] for such a record, never a replay or a second run, until it
-/// expires.)
+/// cross-slot script. Leases are judged by the server: by its clock (`TIME`) in the scripts, and
+/// for a record `SET NX` wrote, by the key's TTL. Fences grow with every acquisition of a key;
+/// a key taken by `SET NX` gets the server's clock in microseconds as its fence, estimated from
+/// this host's clock and an offset measured with `TIME` every minute, so a key's fences keep
+/// growing even when its record is lost (to within the offset's error: half a round trip, plus
+/// this host's clock drift over a minute). A record is one string: state, fingerprint and owner
+/// token, then the lease, fence and attempt while the operation runs, or the stored result once
+/// it is done (the layout is documented in `acquire.lua`); a done record costs the result plus
+/// 97 bytes. (Development builds before this layout kept a hash per record; this store answers
+/// [`Error::Corrupt`] for such a record, never a replay or a second run, until it expires.)
 ///
 /// ```no_run
 /// use idempotent_core::RedisStore;
@@ -87,6 +99,15 @@ struct Inner {
     timeout: Duration,
     scripts: Scripts,
     describe: String,
+    /// Whether acquire tries a plain `SET NX GET` first (see [`RedisStoreBuilder::set_get_acquire`]);
+    /// turned off for good when the server refuses that form of `SET` (before Redis 7.0).
+    set_get: AtomicBool,
+    /// The server's clock minus this host's, in microseconds, measured with `TIME` whenever a
+    /// connection is checked out and every minute after: the fence of a key taken by `SET NX`
+    /// (which cannot read the server's clock) is this host's clock plus the offset.
+    clock_offset_us: AtomicI64,
+    /// When the offset was last measured, in milliseconds of this host's clock (0: never).
+    clock_synced_ms: AtomicU64,
 }
 
 /// Configures a [`RedisStore`]; made by [`RedisStore::builder`] or [`RedisStore::cluster_builder`].
@@ -97,6 +118,7 @@ pub struct RedisStoreBuilder {
     pool_size: usize,
     timeout: Duration,
     prefix: String,
+    set_get: bool,
 }
 
 impl RedisStoreBuilder {
@@ -117,6 +139,19 @@ impl RedisStoreBuilder {
     /// The prefix of every record's key (default `idem:`).
     pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.prefix = prefix.into();
+        self
+    }
+
+    /// Whether an acquire first sends one plain `SET key <record> NX GET PX <ttl>` (default on).
+    ///
+    /// That command takes an absent key and returns whatever record is there, so a first
+    /// acquisition and a replay cost Redis one plain command rather than a script (a script
+    /// call costs the server about five times a `GET`); only a key found running or released
+    /// goes on to the `acquire` script, which judges the lease by the server's clock. It needs
+    /// Redis 7.0 or Valkey; on an older server the store notices the refusal and uses the
+    /// script alone from then on. Off, every acquire is the script.
+    pub fn set_get_acquire(mut self, on: bool) -> Self {
+        self.set_get = on;
         self
     }
 
@@ -167,7 +202,9 @@ impl RedisStoreBuilder {
                 .map_err(|e| config_err(&e))?;
             Pool::Single(pool)
         };
-        Ok(RedisStore::from_parts(pool, self.prefix, self.timeout, describe, self.pool_size))
+        let store = RedisStore::from_parts(pool, self.prefix, self.timeout, describe, self.pool_size);
+        store.inner.set_get.store(self.set_get, AtomicOrdering::Relaxed);
+        Ok(store)
     }
 }
 
@@ -229,6 +266,7 @@ impl RedisStore {
             pool_size: DEFAULT_POOL_SIZE,
             timeout: DEFAULT_TIMEOUT,
             prefix: DEFAULT_PREFIX.to_owned(),
+            set_get: true,
         }
     }
 
@@ -277,6 +315,9 @@ impl RedisStore {
                 timeout,
                 scripts: Scripts::new(),
                 describe,
+                set_get: AtomicBool::new(true),
+                clock_offset_us: AtomicI64::new(0),
+                clock_synced_ms: AtomicU64::new(0),
             }),
         }
     }
@@ -355,16 +396,42 @@ impl RedisStore {
         for a in args {
             cmd.arg(a);
         }
+        self.send(op, key, &cmd, Some(script)).await
+    }
+
+    /// `SET key <new record> NX GET PX <ttl>`: takes an absent key, and returns the record that
+    /// is there otherwise (see `acquire.lua` for the layout).
+    async fn set_get(&self, key: &Key, record: Arg<'_>, ttl_ms: u64) -> Result<Value, Error> {
+        let len = 3 + self.inner.prefix.len() + 64 + record.len() + 2 + 3 + 2 + 20;
+        let mut cmd = redis::Cmd::with_capacity(7, len);
+        cmd.arg("SET").arg(Arg::Key(&self.inner.prefix, key)).arg(record).arg("NX").arg("GET").arg("PX");
+        cmd.arg(Arg::Millis(ttl_ms));
+        self.send("acquire", key, &cmd, None).await
+    }
+
+    /// Sends `cmd` (an `EVALSHA` of `script`, or a plain command) on a pooled connection, within
+    /// the command timeout.
+    async fn send(
+        &self,
+        op: &'static str,
+        key: &Key,
+        cmd: &redis::Cmd,
+        script: Option<&Script>,
+    ) -> Result<Value, Error> {
         // Boxed so that the futures of every store call stay small: they are moved into their
         // own boxes and into the timeout, and a large state machine would be copied each time.
         let work: BoxFuture<'_, Result<Value, Error>> = Box::pin(async {
             let mut retried = false;
             loop {
                 let mut conn = self.conn(op).await?;
-                match eval(&mut conn, script, &cmd).await {
+                let res = match script {
+                    Some(script) => eval(&mut conn, script, cmd).await,
+                    None => cmd.query_async(&mut conn).await,
+                };
+                match res {
                     // The connection was found dead (a restart or a network blip since its last
-                    // use). Every script is idempotent for its owner token, so one more try on a
-                    // fresh connection is safe even if the first request did reach the server.
+                    // use). Every command is idempotent for its owner token, so one more try on
+                    // a fresh connection is safe even if the first request did reach the server.
                     Err(e) if !retried && is_connection_error(&e) => {
                         self.discard_all();
                         tracing::debug!(op, error = %e, "idempotent.redis: retrying on a fresh connection");
@@ -375,10 +442,79 @@ impl RedisStore {
             }
         });
         self.timed(op, work).await.map_err(|e| match e {
-            // A script refused what it found under the key.
-            Error::Unavailable { reason, .. } if reason.contains("IDEMPOTENT_CORRUPT") => Self::corrupt(key, reason),
+            // A script refused what it found under the key, or the key holds another type.
+            Error::Unavailable { reason, .. }
+                if reason.contains("IDEMPOTENT_CORRUPT") || reason.contains("WRONGTYPE") =>
+            {
+                Self::corrupt(key, reason)
+            }
             other => other,
         })
+    }
+
+    /// The fence of a key taken by `SET NX`: the server's clock in microseconds, as estimated
+    /// from this host's clock and the last measured offset (acquire.lua uses `TIME` itself).
+    fn estimated_server_micros(&self) -> u64 {
+        let local = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_micros() as i64;
+        local.saturating_add(self.inner.clock_offset_us.load(AtomicOrdering::Relaxed)).max(1) as u64
+    }
+
+    /// Keeps the clock offset fresh: measured before the first `SET NX` acquire, then again in
+    /// the background once a minute.
+    async fn keep_clock(&self) {
+        let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64;
+        let synced = self.inner.clock_synced_ms.load(AtomicOrdering::Relaxed);
+        if synced == 0 {
+            // Boxed: a rare path kept out of every call's future.
+            Box::pin(self.sync_clock()).await;
+        } else if now_ms.saturating_sub(synced) > CLOCK_RESYNC_MS
+            && self
+                .inner
+                .clock_synced_ms
+                .compare_exchange(synced, now_ms, AtomicOrdering::Relaxed, AtomicOrdering::Relaxed)
+                .is_ok()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let store = self.clone();
+            runtime.spawn(async move { store.sync_clock().await });
+        }
+    }
+
+    /// Measures the server's clock against this host's with `TIME`, to within half a round trip
+    /// (the best of three). On failure the host's clock is used as it is, and the measure is
+    /// tried again a second later.
+    async fn sync_clock(&self) {
+        let micros = || SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_micros() as i64;
+        // (round trip, offset) of the quickest sample.
+        let mut best: Option<(i64, i64)> = None;
+        let mut failure = None;
+        for _ in 0..3 {
+            let before = micros();
+            let reply = self.run("clock", redis::cmd("TIME")).await;
+            let after = micros();
+            match server_micros(&reply) {
+                Some(server) if best.is_none_or(|(rtt, _)| after - before < rtt) => {
+                    best = Some((after - before, server - (before + after) / 2));
+                }
+                Some(_) => {}
+                None => {
+                    failure = Some(reply);
+                    break;
+                }
+            }
+        }
+        let now_ms = (micros() / 1000).max(1) as u64;
+        match (best, failure) {
+            (Some((_, offset)), None) => {
+                self.inner.clock_offset_us.store(offset, AtomicOrdering::Relaxed);
+                self.inner.clock_synced_ms.store(now_ms, AtomicOrdering::Relaxed);
+            }
+            (_, reply) => {
+                tracing::debug!(reply = ?reply, "idempotent.redis: could not read the server's clock; fences of new keys use this host's clock until it can");
+                let retry_at = now_ms.saturating_sub(CLOCK_RESYNC_MS - 1000).max(1);
+                self.inner.clock_synced_ms.store(retry_at, AtomicOrdering::Relaxed);
+            }
+        }
     }
 
     /// After an acquire that failed on the way (a timeout, a dropped connection), the server may
@@ -505,6 +641,50 @@ impl RedisStore {
         Error::Corrupt { key: key.short(), detail: detail.into() }
     }
 
+    /// What a record read by acquire answers (layout in acquire.lua): a done record replays or
+    /// mismatches; a running or released one under another payload mismatches, and one this
+    /// very token took (a retry after a lost reply) is acquired as recorded. `None`: another
+    /// owner's running or released record under this payload, for the acquire script to judge.
+    fn read_record(&self, key: &Key, record: Vec<u8>, fp: &[u8; 64], token: &Token) -> Result<Option<Acquire>, Error> {
+        let not_a_record = || Self::corrupt(key, "the key holds a string that is not a record");
+        if record.len() < 97 {
+            return Err(not_a_record());
+        }
+        match record[0] {
+            b'D' if record[1..65] == fp[..] => Ok(Some(Acquire::Replay(Bytes::from(record).slice(97..)))),
+            b'D' => Ok(Some(Acquire::Mismatch)),
+            b'R' | b'N' | b'X' if record.len() == RUNNING_LEN => {
+                let digits = |range: std::ops::Range<usize>| {
+                    let field = &record[range];
+                    if !field.iter().all(u8::is_ascii_digit) {
+                        return None;
+                    }
+                    std::str::from_utf8(field).ok()?.parse::<u64>().ok()
+                };
+                let (Some(_), Some(fence), Some(attempt)) = (digits(97..112), digits(112..132), digits(132..142))
+                else {
+                    return Err(Self::corrupt(key, "the record has a malformed number"));
+                };
+                if fence >= 1 << 53 {
+                    return Err(Self::corrupt(key, "the record has a fence beyond 2^53"));
+                }
+                if record[65..97] == *token.as_str().as_bytes() && record[0] != b'X' {
+                    return Ok(Some(Acquire::Acquired(Lease {
+                        token: token.clone(),
+                        fence,
+                        attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
+                        recovered: record[142] == b'1',
+                    })));
+                }
+                if record[1..65] != fp[..] {
+                    return Ok(Some(Acquire::Mismatch));
+                }
+                Ok(None)
+            }
+            _ => Err(not_a_record()),
+        }
+    }
+
     fn transition(&self, key: &Key, value: Value) -> Result<Transition, Error> {
         match value {
             Value::Int(1) => Ok(Transition::Ok),
@@ -532,6 +712,20 @@ async fn eval(conn: &mut Conn, script: &Script, cmd: &redis::Cmd) -> redis::Redi
 
 fn is_connection_error(e: &redis::RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
+}
+
+/// The server's clock in microseconds, from a `TIME` reply.
+fn server_micros(reply: &Result<Value, Error>) -> Option<i64> {
+    let Ok(Value::Array(parts)) = reply else { return None };
+    let num = |v: &Value| match v {
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse::<i64>().ok(),
+        Value::Int(i) => Some(*i),
+        _ => None,
+    };
+    match parts.as_slice() {
+        [secs, micros] => Some(num(secs)?.checked_mul(1_000_000)?.checked_add(num(micros)?)?),
+        _ => None,
+    }
 }
 
 fn text(v: &Value) -> Option<String> {
@@ -610,6 +804,9 @@ impl redis::aio::ConnectionLike for Conn {
     }
 }
 
+/// The length of a running (`R`, `N`) or released (`X`) record.
+const RUNNING_LEN: usize = 143;
+
 /// Milliseconds as the scripts take them: at least 1, at most ten years, so that Lua's number
 /// formatting never turns them into exponent notation.
 fn millis(d: Duration) -> u64 {
@@ -631,6 +828,14 @@ enum Arg<'a> {
         lease: u64,
         retention: u64,
     },
+    /// A new running record, as `SET NX` writes it (the `N` layout in acquire.lua).
+    New {
+        fp: &'a [u8; 64],
+        token: &'a Token,
+        /// The TTL at or below which the lease has passed.
+        threshold: u64,
+        fence: u64,
+    },
 }
 
 impl Arg<'_> {
@@ -641,6 +846,7 @@ impl Arg<'_> {
             Arg::Millis(_) => 20,
             Arg::Key(prefix, _) => prefix.len() + 64,
             Arg::Acquire { .. } => 126,
+            Arg::New { .. } => RUNNING_LEN,
         }
     }
 }
@@ -666,6 +872,14 @@ impl redis::ToRedisArgs for Arg<'_> {
                     .and_then(|()| w.write_all(token.as_str().as_bytes()))
                     .and_then(|()| write!(w, "{lease:015}{retention:015}"))
             }
+            // Fences are microseconds of the clock, far below 10^20; attempt 1, not recovered.
+            Arg::New { fp, token, threshold, fence } => {
+                let mut w = out.writer_for_next_arg();
+                w.write_all(b"N")
+                    .and_then(|()| w.write_all(&fp[..]))
+                    .and_then(|()| w.write_all(token.as_str().as_bytes()))
+                    .and_then(|()| write!(w, "{threshold:015}{fence:020}00000000010"))
+            }
         };
     }
 }
@@ -681,7 +895,37 @@ impl Store for RedisStore {
         Box::pin(async move {
             let token = Token::unique();
             let fp = crate::key::hex_array(fingerprint.as_bytes());
-            let args = [Arg::Acquire { fp: &fp, token: &token, lease: millis(lease), retention: millis(retention) }];
+            let (lease, retention) = (millis(lease), millis(retention));
+            let ttl = lease.max(retention);
+            if self.inner.set_get.load(AtomicOrdering::Relaxed) {
+                self.keep_clock().await;
+                let fence = self.estimated_server_micros();
+                let record = Arg::New { fp: &fp, token: &token, threshold: ttl - lease, fence };
+                match self.set_get(key, record, ttl).await {
+                    Ok(Value::Nil) => {
+                        return Ok(Acquire::Acquired(Lease { token, fence, attempt: 1, recovered: false }));
+                    }
+                    Ok(Value::BulkString(record)) => {
+                        if let Some(answer) = self.read_record(key, record, &fp, &token)? {
+                            return Ok(answer);
+                        }
+                        // Running or released under this payload: the script judges the lease.
+                    }
+                    Ok(other) => return Err(Self::corrupt(key, format!("unexpected SET reply {other:?}"))),
+                    Err(Error::Unavailable { reason, .. }) if reason.contains("syntax error") => {
+                        // Before Redis 7.0, SET takes NX or GET but not both: nothing was written.
+                        self.inner.set_get.store(false, AtomicOrdering::Relaxed);
+                        tracing::warn!(store = %self.inner.describe, "idempotent.redis: the server refuses SET NX GET (Redis before 7.0?); every acquire runs the acquire script from now on");
+                    }
+                    Err(e) => {
+                        if e.is_store_failure() {
+                            self.release_orphan(*key, token);
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+            let args = [Arg::Acquire { fp: &fp, token: &token, lease, retention }];
             let reply = match self.invoke("acquire", &self.inner.scripts.acquire, key, &args).await {
                 Ok(reply) => reply,
                 Err(e) => {
@@ -692,16 +936,12 @@ impl Store for RedisStore {
                 }
             };
             let items = match reply {
-                // A done record, whole (layout in acquire.lua): the result follows the state byte,
-                // the fingerprint and the token.
+                // A done record, whole.
                 Value::BulkString(record) => {
-                    if record.len() < 97 || record[0] != b'D' {
-                        return Err(Self::corrupt(key, "the key holds a string that is not a record"));
-                    }
-                    if record[1..65] != fp {
-                        return Ok(Acquire::Mismatch);
-                    }
-                    return Ok(Acquire::Replay(Bytes::from(record).slice(97..)));
+                    return match self.read_record(key, record, &fp, &token)? {
+                        Some(answer) => Ok(answer),
+                        None => Err(Self::corrupt(key, "the acquire script returned a record that is not done")),
+                    };
                 }
                 Value::Array(items) => items,
                 other => return Err(Self::corrupt(key, format!("unexpected acquire reply {other:?}"))),

@@ -14,7 +14,7 @@ local state = string.byte(rec, 1)
 if state == 88 then
   return 1
 end
-if state ~= 82 then
+if state ~= 82 and state ~= 78 then
   return 0
 end
 redis.call('SETRANGE', key, 0, 'X')

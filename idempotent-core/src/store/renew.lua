@@ -7,7 +7,14 @@
 -- Replies: 1 renewed; 0 the token no longer owns the key (lease lost)
 local key = KEYS[1]
 local ok, rec = pcall(redis.call, 'GET', key)
-if not ok or not rec or #rec ~= 143 or string.byte(rec, 1) ~= 82 or string.sub(rec, 66, 97) ~= ARGV[1] then
+if not ok or not rec or #rec ~= 143 or string.sub(rec, 66, 97) ~= ARGV[1] then
+  return 0
+end
+local state = string.byte(rec, 1)
+if state == 78 then
+  -- A new record (written by SET NX) gets its deadline on the server's clock from now on.
+  redis.call('SETRANGE', key, 0, 'R')
+elseif state ~= 82 then
   return 0
 end
 local t = redis.call('TIME')
