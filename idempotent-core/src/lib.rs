@@ -39,8 +39,9 @@
 //!   another attempt took over; [`Step::run_storing_errors`] also replays permanent errors.
 //! - [`Key`], [`Fingerprint`], [`canonical`]: deterministic keys over RFC 8785 canonical JSON.
 //! - [`Store`]: the record protocol ([`record`]), with [`MemoryStore`] and, under the `redis`
-//!   feature, [`RedisStore`] (standalone or cluster, deadpool pooled, Lua scripts judged by the
-//!   server clock, fail-closed timeouts, a [`RedisStore::preflight`] check).
+//!   feature, [`RedisStore`] (standalone or cluster, deadpool pooled; a replay and a first
+//!   acquisition are one plain `SET NX GET`, the other transitions Lua scripts judged by the
+//!   server clock; fail-closed timeouts, a [`RedisStore::preflight`] check).
 //! - `#[idempotent]` (feature `macros`, on by default): the same as an attribute on an `async fn`.
 //!
 //! # Guarantees and limits
