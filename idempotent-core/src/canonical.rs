@@ -694,6 +694,32 @@ impl<'s, 'a> ser::Serializer for &'s mut Canonicalizer<'a> {
     }
 }
 
+/// The length of the longest prefix of `s` without a `"`, `\\` or control character (the bytes
+/// that end a string literal's plain run), checked eight bytes at a time.
+fn plain_len(s: &[u8]) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = ONES * 0x80;
+    let mut words = s.chunks_exact(8);
+    let mut skipped = 0;
+    for word in words.by_ref() {
+        let mut bytes = [0; 8];
+        bytes.copy_from_slice(word);
+        let v = u64::from_le_bytes(bytes);
+        // A byte's high bit is set in `x.wrapping_sub(ONES * n) & !x` where a byte of `x` is
+        // below `n` (and only in words that have such a byte): the usual zero-byte test.
+        let (quote, backslash) = (v ^ (ONES * u64::from(b'"')), v ^ (ONES * u64::from(b'\\')));
+        let stop = (quote.wrapping_sub(ONES) & !quote)
+            | (backslash.wrapping_sub(ONES) & !backslash)
+            | (v.wrapping_sub(ONES * 0x20) & !v);
+        if stop & HIGH != 0 {
+            break;
+        }
+        skipped += 8;
+    }
+    let tail = &s[skipped..];
+    skipped + tail.iter().position(|&b| b == b'"' || b == b'\\' || b < 0x20).unwrap_or(tail.len())
+}
+
 /// A small JSON parser that writes the canonical form as it reads (see [`canonicalize_json`]).
 struct JsonParser<'a> {
     s: &'a [u8],
@@ -736,8 +762,13 @@ impl<'a> JsonParser<'a> {
             Some(b'{') => self.object(depth),
             Some(b'[') => self.array(depth),
             Some(b'"') => {
-                let s = self.string()?;
-                write_str(&mut self.out, &s);
+                // A string without escapes needs no `&str`: it is checked and copied as is.
+                if let Some(run) = self.plain_string()? {
+                    self.write_plain(run);
+                } else {
+                    let s = self.string()?;
+                    write_str(&mut self.out, &s);
+                }
                 Ok(())
             }
             Some(b't') => self.literal(b"true"),
@@ -804,7 +835,10 @@ impl<'a> JsonParser<'a> {
                 self.out.push(b',');
             }
             let begin = self.out.len();
-            write_str(&mut self.out, &name);
+            match &name {
+                Cow::Borrowed(text) => self.write_plain(text.as_bytes()),
+                Cow::Owned(text) => write_str(&mut self.out, text),
+            }
             self.out.push(b':');
             self.value(depth + 1)?;
             self.members.push((name, begin..self.out.len()));
@@ -826,6 +860,35 @@ impl<'a> JsonParser<'a> {
         Ok(())
     }
 
+    /// Writes the text of a string without escapes (see [`plain_string`](Self::plain_string)):
+    /// it holds no byte that needs escaping, so it is copied as is.
+    fn write_plain(&mut self, run: &[u8]) {
+        self.out.reserve(run.len() + 2);
+        self.out.push(b'"');
+        self.out.extend_from_slice(run);
+        self.out.push(b'"');
+    }
+
+    /// Reads a string literal without escapes (the cursor on its opening quote) and returns its
+    /// bytes, checked to be UTF-8: they hold no `"`, `\\` or control character. `None`, with the
+    /// cursor left where it was, when the literal has an escape or a control character.
+    fn plain_string(&mut self) -> Result<Option<&'a [u8]>, JsonError> {
+        let s: &'a [u8] = self.s;
+        let first = self.i + 1;
+        let end = first + plain_len(&s[first..]);
+        if s.get(end) != Some(&b'"') {
+            return Ok(None);
+        }
+        let run = &s[first..end];
+        // ASCII is checked a word at a time; only other text needs the UTF-8 validator.
+        if !run.is_ascii() && std::str::from_utf8(run).is_err() {
+            self.i = end;
+            return Err(self.err("string is not valid UTF-8"));
+        }
+        self.i = end + 1;
+        Ok(Some(run))
+    }
+
     fn hex4(&mut self) -> Result<u16, JsonError> {
         let digits = self.s.get(self.i..self.i + 4).ok_or_else(|| self.err("short \\u escape"))?;
         let text = std::str::from_utf8(digits).map_err(|_| self.err("bad \\u escape"))?;
@@ -837,19 +900,10 @@ impl<'a> JsonParser<'a> {
     /// Reads a string literal (the cursor on its opening quote) and returns its value, borrowed
     /// from the input when it has no escapes (the common case).
     fn string(&mut self) -> Result<Cow<'a, str>, JsonError> {
-        self.i += 1;
-        let s: &'a [u8] = self.s;
-        let first = self.i;
-        while let Some(&b) = s.get(self.i) {
-            if b == b'"' || b == b'\\' || b < 0x20 {
-                break;
-            }
-            self.i += 1;
-        }
-        if s.get(self.i) == Some(&b'"') {
-            let text = std::str::from_utf8(&s[first..self.i]).map_err(|_| self.err("string is not valid UTF-8"))?;
-            self.i += 1;
-            return Ok(Cow::Borrowed(text));
+        let first = self.i + 1;
+        if let Some(run) = self.plain_string()? {
+            // Checked by `plain_string`; never the fallback.
+            return Ok(Cow::Borrowed(std::str::from_utf8(run).unwrap_or_default()));
         }
         self.i = first;
         let mut buf: Vec<u8> = Vec::new();
@@ -1269,6 +1323,22 @@ mod tests {
         #[test]
         fn member_order_matches_utf16_code_units(a in "[ab\u{e9}\u{ff61}\u{1F600}]{0,5}", b in "[ab\u{e9}\u{ff61}\u{1F600}]{0,5}") {
             proptest::prop_assert_eq!(utf16_cmp(&a, &b), a.encode_utf16().cmp(b.encode_utf16()));
+        }
+    }
+
+    #[test]
+    fn plain_runs_end_at_the_first_byte_that_ends_a_literal() {
+        for stop in [b'"', b'\\', 0x00, 0x1f] {
+            for at in 0..20 {
+                let mut text = vec![b'a'; 20];
+                text[..at]
+                    .iter_mut()
+                    .zip([b' ', 0x7f, 0xc3, 0xff, b'!', b'#', b'[', b']'].iter().cycle())
+                    .for_each(|(t, c)| *t = *c);
+                assert_eq!(plain_len(&text), 20);
+                text[at] = stop;
+                assert_eq!(plain_len(&text), at, "stop {stop:#x} at {at}");
+            }
         }
     }
 }

@@ -219,7 +219,13 @@ where
         // waiting: hyper drops this future when the client goes away, and the record would then
         // stay `running` until its lease passed, and the retry would run the request again. So
         // the rest runs here, and moves to a task of its own if this future is dropped first.
-        Ok(FinishOnDrop::new(held.finish(res, grpc).in_current_span(), drop).await)
+        // A body that is complete at once (the usual case) is read here, without a suspension
+        // (so nothing can drop this future meanwhile), so that the boxed rest is small.
+        let limit = held.config.max_stored_response;
+        match collect_at_once(res, limit).await {
+            Ok(collected) => Ok(FinishOnDrop::new(held.store(collected, grpc).in_current_span(), drop).await),
+            Err(collect) => Ok(FinishOnDrop::new(held.finish(collect, grpc).in_current_span(), drop).await),
+        }
     }
 }
 
@@ -392,7 +398,8 @@ async fn acquire(config: &Config, key: &Key, fingerprint: &Fingerprint, short: S
                     return refuse();
                 }
                 let nap = backoff.min(retry_after.max(Duration::from_millis(1))).min(timeout - waited);
-                tokio::time::sleep(nap).await;
+                // Boxed: a timer is most of this future's size, and only waiting requests need one.
+                Box::pin(tokio::time::sleep(nap)).await;
                 backoff = (backoff * 2).min(Duration::from_millis(500));
             }
             Ok(other) => {
@@ -525,20 +532,31 @@ impl Held {
         }
     }
 
-    /// Reads the response body (renewing the lease meanwhile), stores the response or releases
-    /// the key, and returns the response for the client.
-    ///
-    /// An `async move` block, not an `async fn`, so that `self` and `res` are not kept twice in
-    /// the future (see `handle`): it is boxed for every stored response.
+    /// Reads the rest of the response body (renewing the lease meanwhile), then stores the
+    /// response or releases the key (see [`store`](Self::store)).
     #[allow(clippy::manual_async_fn)]
-    fn finish<B>(mut self, res: Response<B>, grpc: bool) -> impl Future<Output = Response<ResponseBody<B>>>
+    fn finish<B>(mut self, mut collect: Collect<B>, grpc: bool) -> impl Future<Output = Response<ResponseBody<B>>>
     where
         B: Body<Data = Bytes>,
         B::Error: Into<BoxError>,
     {
         async move {
-            let limit = self.config.max_stored_response;
-            let collected = self.heartbeat(pin!(collect(res, limit))).await;
+            let collected = self.heartbeat(Pin::new(&mut collect)).await;
+            self.store(collected, grpc).await
+        }
+    }
+
+    /// Stores the response or releases the key, and returns the response for the client.
+    ///
+    /// An `async move` block, not an `async fn`, so that `self` and `collected` are not kept
+    /// twice in the future (see `handle`): it is boxed for every stored response.
+    #[allow(clippy::manual_async_fn)]
+    fn store<B>(mut self, collected: Collected<B>, grpc: bool) -> impl Future<Output = Response<ResponseBody<B>>>
+    where
+        B: Body<Data = Bytes>,
+        B::Error: Into<BoxError>,
+    {
+        async move {
             // The body may have ended between two beats.
             if Instant::now() >= self.valid_until {
                 self.expired();
@@ -561,6 +579,7 @@ impl Held {
                     Response::from_parts(parts, ResponseBody::full(data, trailers))
                 }
                 Collected::TooLarge { parts, prefix, rest } => {
+                    let limit = self.config.max_stored_response;
                     tracing::warn!(key = %short, limit, status = parts.status.as_u16(), "idempotent.not_stored: the response is larger than max_stored_response; releasing the key, so a retry runs the request again");
                     self.release("the response is too large to store").await;
                     Response::from_parts(parts, ResponseBody::resume(prefix, rest))
@@ -633,40 +652,113 @@ enum Collected<B> {
     Failed { parts: http::response::Parts, prefix: VecDeque<Frame<Bytes>>, error: BoxError },
 }
 
-/// Reads the response body up to `limit` bytes.
-async fn collect<B>(res: Response<B>, limit: usize) -> Collected<B>
+/// Reads a response body up to `limit` bytes.
+///
+/// A future written by hand rather than an `async fn`: it is `Unpin`, so the layer can poll it
+/// once in place and move it into the boxed rest of the request only when the body is not
+/// complete at once.
+struct Collect<B> {
+    /// Taken when the future ends.
+    parts: Option<http::response::Parts>,
+    body: Option<Pin<Box<B>>>,
+    chunks: Chunks,
+    trailers: Option<HeaderMap>,
+    limit: usize,
+    started: bool,
+}
+
+impl<B> Collect<B> {
+    fn new(res: Response<B>, limit: usize) -> Self {
+        let (parts, body) = res.into_parts();
+        Collect {
+            parts: Some(parts),
+            body: Some(Box::pin(body)),
+            chunks: Chunks::default(),
+            trailers: None,
+            limit,
+            started: false,
+        }
+    }
+
+    fn too_large(&mut self) -> Collected<B> {
+        let (parts, rest) = self.parts_and_body();
+        Collected::TooLarge { parts, prefix: std::mem::take(&mut self.chunks).into_frames(), rest }
+    }
+
+    fn parts_and_body(&mut self) -> (http::response::Parts, Pin<Box<B>>) {
+        let ended = "Collect polled after it ended";
+        (self.parts.take().expect(ended), self.body.take().expect(ended))
+    }
+}
+
+impl<B> Future for Collect<B>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
-    let (parts, body) = res.into_parts();
-    let mut body = Box::pin(body);
-    if body.size_hint().lower() > limit as u64 {
-        return Collected::TooLarge { parts, prefix: VecDeque::new(), rest: body };
-    }
-    let mut chunks = Chunks::default();
-    let mut trailers = None;
-    while let Some(frame) = body.frame().await {
-        let frame = match frame {
-            Ok(frame) => frame,
-            Err(e) => return Collected::Failed { parts, prefix: chunks.into_frames(), error: e.into() },
+    type Output = Collected<B>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Collected<B>> {
+        let this = &mut *self;
+        let Some(body) = this.body.as_mut() else {
+            panic!("Collect polled after it ended");
         };
-        match frame.into_data() {
-            Ok(data) => {
-                let over = chunks.len + data.len() > limit;
-                chunks.push(data);
-                if over {
-                    return Collected::TooLarge { parts, prefix: chunks.into_frames(), rest: body };
-                }
+        if !this.started {
+            this.started = true;
+            if body.size_hint().lower() > this.limit as u64 {
+                return Poll::Ready(this.too_large());
             }
-            Err(frame) => {
-                if let Ok(t) = frame.into_trailers() {
-                    trailers = Some(t);
+        }
+        loop {
+            let Some(body) = this.body.as_mut() else {
+                panic!("Collect polled after it ended");
+            };
+            let frame = match std::task::ready!(body.as_mut().poll_frame(cx)) {
+                None => {
+                    let (parts, _) = this.parts_and_body();
+                    let data = std::mem::take(&mut this.chunks).into_bytes();
+                    return Poll::Ready(Collected::Complete { parts, data, trailers: this.trailers.take() });
+                }
+                Some(Ok(frame)) => frame,
+                Some(Err(e)) => {
+                    let (parts, _) = this.parts_and_body();
+                    let prefix = std::mem::take(&mut this.chunks).into_frames();
+                    return Poll::Ready(Collected::Failed { parts, prefix, error: e.into() });
+                }
+            };
+            match frame.into_data() {
+                Ok(data) => {
+                    let over = this.chunks.len + data.len() > this.limit;
+                    this.chunks.push(data);
+                    if over {
+                        return Poll::Ready(this.too_large());
+                    }
+                }
+                Err(frame) => {
+                    if let Ok(t) = frame.into_trailers() {
+                        this.trailers = Some(t);
+                    }
                 }
             }
         }
     }
-    Collected::Complete { parts, data: chunks.into_bytes(), trailers }
+}
+
+/// Polls a [`Collect`] of `res` once: what it read if the body was complete at once, or the
+/// `Collect` to go on with. Nothing is held across a suspension but the response itself.
+fn collect_at_once<B>(res: Response<B>, limit: usize) -> impl Future<Output = Result<Collected<B>, Collect<B>>>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let mut res = Some(res);
+    std::future::poll_fn(move |cx| {
+        let mut collect = Collect::new(res.take().expect("polled after it ended"), limit);
+        Poll::Ready(match Pin::new(&mut collect).poll(cx) {
+            Poll::Ready(collected) => Ok(collected),
+            Poll::Pending => Err(collect),
+        })
+    })
 }
 
 #[cfg(test)]
