@@ -326,7 +326,7 @@ async fn fences_of_new_keys_follow_the_servers_clock() {
     let plain = RunContext::new(store(&server), unique("run"));
     let scripts = RunContext::new(
         RedisStore::builder(server.url()).set_get_acquire(false).build().unwrap(),
-        plain.run_id().to_owned(),
+        plain.run_id(),
     );
     let fence = |ctx: &RunContext, step: &'static str| {
         let ctx = ctx.clone();
