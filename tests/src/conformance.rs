@@ -206,24 +206,26 @@ pub async fn retention_expiry_forgets_but_fences_still_grow(store: &SharedStore)
 pub async fn run_mixed(a: SharedStore, b: SharedStore) {
     for (first, second) in [(&a, &b), (&b, &a)] {
         let key = fresh_key();
-        let held = acquired(first, &key, &fp(1), LEASE).await;
+        // Taken by the first store, judged expired by the second.
+        let held = acquired(first, &key, &fp(1), Duration::from_millis(150)).await;
         assert!(matches!(second.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap(), Acquire::InFlight { .. }));
         assert_eq!(second.acquire(&key, &fp(2), LEASE, KEEP).await.unwrap(), Acquire::Mismatch);
-        assert_eq!(second.renew(&key, &held.token, LEASE).await.unwrap(), Transition::Ok);
-        assert!(matches!(second.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap(), Acquire::InFlight { .. }));
-        assert_eq!(second.release(&key, &held.token).await.unwrap(), Transition::Ok);
-        let next = acquired(second, &key, &fp(1), Duration::from_millis(150)).await;
-        assert_eq!((next.attempt, next.recovered), (2, false));
-        assert!(next.fence > held.fence, "fence must grow: {} then {}", held.fence, next.fence);
         tokio::time::sleep(Duration::from_millis(400)).await;
-        let taken = acquired(first, &key, &fp(1), LEASE).await;
-        assert_eq!((taken.attempt, taken.recovered), (3, true));
-        assert!(taken.fence > next.fence);
+        let taken = acquired(second, &key, &fp(1), LEASE).await;
+        assert_eq!((taken.attempt, taken.recovered), (2, true));
+        assert!(taken.fence > held.fence, "fence must grow: {} then {}", held.fence, taken.fence);
         assert_eq!(
-            second.complete(&key, &next.token, Bytes::from_static(b"stale"), KEEP).await.unwrap(),
+            first.complete(&key, &held.token, Bytes::from_static(b"stale"), KEEP).await.unwrap(),
             Transition::LeaseLost
         );
-        assert_eq!(second.complete(&key, &taken.token, Bytes::from_static(b"r"), KEEP).await.unwrap(), Transition::Ok);
+        // Renewed and released through the first store.
+        assert_eq!(first.renew(&key, &taken.token, LEASE).await.unwrap(), Transition::Ok);
+        assert!(matches!(first.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap(), Acquire::InFlight { .. }));
+        assert_eq!(first.release(&key, &taken.token).await.unwrap(), Transition::Ok);
+        let next = acquired(first, &key, &fp(1), LEASE).await;
+        assert_eq!((next.attempt, next.recovered), (3, false));
+        assert!(next.fence > taken.fence);
+        assert_eq!(second.complete(&key, &next.token, Bytes::from_static(b"r"), KEEP).await.unwrap(), Transition::Ok);
         for store in [first, second] {
             assert_eq!(
                 store.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap(),

@@ -52,9 +52,10 @@ async fn sixty_four_callers_on_four_handles_run_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_execution_costs_two_commands_and_replay_one() {
     let server = RedisServer::start();
-    let ctx = RunContext::new(store(&server), unique("run"));
-    // Load the scripts and measure the clock first, so that neither counts.
-    let _: u8 = ctx.step("warm").run(&0, |_| async { Ok::<_, Error>(0) }).await.unwrap();
+    let s = store(&server);
+    // Open the connections, load the scripts and measure the clock first, so that none counts.
+    s.warm_up().await.unwrap();
+    let ctx = RunContext::new(s, unique("run"));
     let monitor = server.monitor();
     let _: u8 = ctx.step("s").heartbeat(false).run(&1, |_| async { Ok::<_, Error>(1) }).await.unwrap();
     assert_eq!(monitor.client_commands(), ["set", "evalsha"], "first execution: SET NX GET, then complete");
@@ -63,8 +64,9 @@ async fn first_execution_costs_two_commands_and_replay_one() {
     assert_eq!(monitor.client_commands(), ["set"], "replay: one SET NX GET");
 
     // With the plain SET turned off (as on a server before Redis 7.0), each is one script.
-    let ctx = RunContext::new(RedisStore::builder(server.url()).set_get_acquire(false).build().unwrap(), unique("run"));
-    let _: u8 = ctx.step("warm").run(&0, |_| async { Ok::<_, Error>(0) }).await.unwrap();
+    let s = RedisStore::builder(server.url()).set_get_acquire(false).build().unwrap();
+    s.warm_up().await.unwrap();
+    let ctx = RunContext::new(s, unique("run"));
     let monitor = server.monitor();
     let _: u8 = ctx.step("s").heartbeat(false).run(&1, |_| async { Ok::<_, Error>(1) }).await.unwrap();
     assert_eq!(monitor.client_commands(), ["evalsha", "evalsha"], "first execution, scripts only");
@@ -156,6 +158,9 @@ async fn preflight_reports_settings_that_break_the_guarantee() {
 async fn garbage_records_are_errors_not_replays() {
     let server = RedisServer::start();
     let s = store(&server);
+    // So that every acquire below reads the garbage with SET NX GET; the scripts-only store
+    // below reads it with the acquire script.
+    s.warm_up().await.unwrap();
     let ctx = RunContext::new(s.clone(), unique("run"));
     let runs = AtomicU32::new(0);
     let (key, fp) = ctx.step("g").key_for(&1).unwrap();
@@ -188,18 +193,22 @@ async fn garbage_records_are_errors_not_replays() {
         &["SET", &redis_key, &bad_result],
         &["SET", &redis_key, &short_done],
     ];
-    for cmd in garbage {
-        server.cmd(&["DEL", &redis_key]);
-        server.cmd(cmd);
-        let err = ctx
-            .step("g")
-            .run(&1, |_| async {
-                runs.fetch_add(1, Ordering::SeqCst);
-                Ok::<u32, Error>(1)
-            })
-            .await
-            .unwrap_err();
-        assert!(matches!(err, Error::Corrupt { .. } | Error::Decode { .. }), "{cmd:?}: {err}");
+    let scripts =
+        RunContext::new(RedisStore::builder(server.url()).set_get_acquire(false).build().unwrap(), ctx.run_id());
+    for (how, c) in [("SET NX GET", &ctx), ("script", &scripts)] {
+        for cmd in garbage {
+            server.cmd(&["DEL", &redis_key]);
+            server.cmd(cmd);
+            let err = c
+                .step("g")
+                .run(&1, |_| async {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<u32, Error>(1)
+                })
+                .await
+                .unwrap_err();
+            assert!(matches!(err, Error::Corrupt { .. } | Error::Decode { .. }), "{how}, {cmd:?}: {err}");
+        }
     }
     // A stored result of the wrong type is a decode error that says what to do.
     server.cmd(&["DEL", &redis_key]);
@@ -307,9 +316,10 @@ async fn from_pool_shares_the_pool_with_the_application() {
     assert_eq!(keys.len(), 16);
 }
 
-/// A key taken by `SET NX` (which cannot read the server's clock) gets a fence from this host's
-/// clock corrected by the measured offset: close to the server's `TIME` in microseconds, like a
-/// fence the acquire script gives, so a key's fences keep growing when its record is lost.
+/// A key taken by `SET NX` (which cannot read the server's clock) gets a fence from the
+/// process's monotonic clock plus the measured offset: close to the server's `TIME` in
+/// microseconds (without the offset it would be microseconds since the process started), like
+/// a fence the acquire script gives, so a key's fences keep growing when its record is lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fences_of_new_keys_follow_the_servers_clock() {
     let server = RedisServer::start();
@@ -323,11 +333,11 @@ async fn fences_of_new_keys_follow_the_servers_clock() {
         }
         other => panic!("TIME answered {other:?}"),
     };
-    let plain = RunContext::new(store(&server), unique("run"));
-    let scripts = RunContext::new(
-        RedisStore::builder(server.url()).set_get_acquire(false).build().unwrap(),
-        plain.run_id(),
-    );
+    let s = store(&server);
+    s.warm_up().await.unwrap();
+    let plain = RunContext::new(s, unique("run"));
+    let scripts =
+        RunContext::new(RedisStore::builder(server.url()).set_get_acquire(false).build().unwrap(), plain.run_id());
     let fence = |ctx: &RunContext, step: &'static str| {
         let ctx = ctx.clone();
         async move { ctx.step(step).run(&(), |a| async move { Ok::<_, Error>(a.fence()) }).await.unwrap() }
@@ -345,4 +355,20 @@ async fn fences_of_new_keys_follow_the_servers_clock() {
         );
     }
     assert!(a < c, "fences of new keys went backwards: {a}, then {c}");
+}
+
+/// The store falls back to the acquire script when the server answers `SET … NX GET` with a
+/// syntax error (Redis before 7.0 answers exactly that; 7.0 answers it for `NX XX`): this pins
+/// that redis-rs shows the server's words, which the store looks for.
+#[test]
+fn a_refused_set_reads_as_a_syntax_error() {
+    let server = RedisServer::start();
+    let err = idempotent_core::redis::cmd("SET")
+        .arg("k")
+        .arg("v")
+        .arg("NX")
+        .arg("XX")
+        .query::<Value>(&mut server.connection())
+        .unwrap_err();
+    assert!(err.to_string().contains("syntax error"), "{err}");
 }

@@ -245,6 +245,7 @@ fn main() {
         row("floor: raw `SET NX` + `SET`", floor_set_set, None);
 
         let store = RedisStore::builder(url.clone()).pool_size(4).build().unwrap();
+        store.warm_up().await.expect("warm up the store");
         let ctx = RunContext::new(store.clone(), "alloc-run");
         let replay_keys: Vec<(Key, Fingerprint)> =
             (0..1000).map(|n| ctx.step("replayed_refund").key_for(&Refund::new(n)).unwrap()).collect();

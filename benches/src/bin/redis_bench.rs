@@ -253,6 +253,7 @@ fn main() {
     let server = RedisServer::start();
     let store = RedisStore::builder(server.url()).pool_size(pool).command_timeout(REDIS_TIMEOUT).build().unwrap();
     let env = rt.block_on(async {
+        store.warm_up().await.expect("warm up the store");
         let raw = RawRedis::connect(&server.url(), pool).await;
         let ctx = RunContext::new(store.clone(), "bench-run");
         let replay_keys =

@@ -4,7 +4,7 @@ use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use deadpool_redis::redis::{self, Script, Value};
@@ -19,7 +19,11 @@ const DEFAULT_PREFIX: &str = "idem:";
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 const DEFAULT_POOL_SIZE: usize = 4;
 /// How often the store measures the server's clock again (see [`Inner::clock_offset_us`]).
-const CLOCK_RESYNC_MS: u64 = 60_000;
+const CLOCK_RESYNC_US: u64 = 60_000_000;
+/// A measure older than this is not used: acquires take the script path until a new one lands.
+const CLOCK_STALE_US: u64 = 3 * CLOCK_RESYNC_US;
+/// Fences stay below 2^53, where Lua's doubles count exactly.
+const MAX_FENCE: u64 = 1 << 53;
 
 struct Scripts {
     acquire: Script,
@@ -66,9 +70,11 @@ enum Pool {
 /// cross-slot script. Leases are judged by the server: by its clock (`TIME`) in the scripts, and
 /// for a record `SET NX` wrote, by the key's TTL. Fences grow with every acquisition of a key;
 /// a key taken by `SET NX` gets the server's clock in microseconds as its fence, estimated from
-/// this host's clock and an offset measured with `TIME` every minute, so a key's fences keep
-/// growing even when its record is lost (to within the offset's error: half a round trip, plus
-/// this host's clock drift over a minute). A record is one string: state, fingerprint and owner
+/// this process's monotonic clock and an offset measured with `TIME` in the background every
+/// minute (until the first measure lands, acquires take the script path), so a key's fences
+/// keep growing even when its record is lost, to within the offset's error: half a round trip,
+/// plus a minute's drift between the two clocks (on a cluster, plus the skew between the node
+/// that answered `TIME` and the key's node). A record is one string: state, fingerprint and owner
 /// token, then the lease, fence and attempt while the operation runs, or the stored result once
 /// it is done (the layout is documented in `acquire.lua`); a done record costs the result plus
 /// 97 bytes. (Development builds before this layout kept a hash per record; this store answers
@@ -102,12 +108,17 @@ struct Inner {
     /// Whether acquire tries a plain `SET NX GET` first (see [`RedisStoreBuilder::set_get_acquire`]);
     /// turned off for good when the server refuses that form of `SET` (before Redis 7.0).
     set_get: AtomicBool,
-    /// The server's clock minus this host's, in microseconds, measured with `TIME` whenever a
-    /// connection is checked out and every minute after: the fence of a key taken by `SET NX`
-    /// (which cannot read the server's clock) is this host's clock plus the offset.
+    /// The server's clock minus this process's monotonic clock ([`monotonic_us`]), in
+    /// microseconds, measured with `TIME` in the background (first when an acquire finds it
+    /// missing, then every minute): the fence of a key taken by `SET NX` (which cannot read the
+    /// server's clock) is the monotonic clock plus this offset. The host's wall clock is never
+    /// used, so a step of it changes nothing.
     clock_offset_us: AtomicI64,
-    /// When the offset was last measured, in milliseconds of this host's clock (0: never).
-    clock_synced_ms: AtomicU64,
+    /// When the offset was last measured, on the monotonic clock (0: never). Until there is a
+    /// measure, and when the last one is stale, acquires take the script path.
+    clock_synced_us: AtomicU64,
+    /// A measure is under way.
+    clock_syncing: AtomicBool,
 }
 
 /// Configures a [`RedisStore`]; made by [`RedisStore::builder`] or [`RedisStore::cluster_builder`].
@@ -317,7 +328,8 @@ impl RedisStore {
                 describe,
                 set_get: AtomicBool::new(true),
                 clock_offset_us: AtomicI64::new(0),
-                clock_synced_ms: AtomicU64::new(0),
+                clock_synced_us: AtomicU64::new(0),
+                clock_syncing: AtomicBool::new(false),
             }),
         }
     }
@@ -452,69 +464,106 @@ impl RedisStore {
         })
     }
 
-    /// The fence of a key taken by `SET NX`: the server's clock in microseconds, as estimated
-    /// from this host's clock and the last measured offset (acquire.lua uses `TIME` itself).
-    fn estimated_server_micros(&self) -> u64 {
-        let local = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_micros() as i64;
-        local.saturating_add(self.inner.clock_offset_us.load(AtomicOrdering::Relaxed)).max(1) as u64
-    }
-
-    /// Keeps the clock offset fresh: measured before the first `SET NX` acquire, then again in
-    /// the background once a minute.
-    async fn keep_clock(&self) {
-        let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64;
-        let synced = self.inner.clock_synced_ms.load(AtomicOrdering::Relaxed);
-        if synced == 0 {
-            // Boxed: a rare path kept out of every call's future.
-            Box::pin(self.sync_clock()).await;
-        } else if now_ms.saturating_sub(synced) > CLOCK_RESYNC_MS
-            && self
-                .inner
-                .clock_synced_ms
-                .compare_exchange(synced, now_ms, AtomicOrdering::Relaxed, AtomicOrdering::Relaxed)
-                .is_ok()
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            let store = self.clone();
-            runtime.spawn(async move { store.sync_clock().await });
+    /// The fence of a key taken by `SET NX`: the server's clock in microseconds, estimated from
+    /// the monotonic clock and the last measured offset. `None` while there is no fresh measure
+    /// (one is then started in the background): the caller takes the script path, where the
+    /// server reads its own clock.
+    fn estimated_server_micros(&self) -> Option<u64> {
+        let now = monotonic_us();
+        let synced = self.inner.clock_synced_us.load(AtomicOrdering::Acquire);
+        if synced == 0 || now.saturating_sub(synced) > CLOCK_RESYNC_US {
+            self.start_clock_sync();
         }
+        if synced == 0 || now.saturating_sub(synced) > CLOCK_STALE_US {
+            return None;
+        }
+        let offset = self.inner.clock_offset_us.load(AtomicOrdering::Acquire);
+        let fence = (now as i64).checked_add(offset)?;
+        u64::try_from(fence).ok().filter(|f| (1..MAX_FENCE).contains(f))
     }
 
-    /// Measures the server's clock against this host's with `TIME`, to within half a round trip
-    /// (the best of three). On failure the host's clock is used as it is, and the measure is
-    /// tried again a second later.
-    async fn sync_clock(&self) {
-        let micros = || SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_micros() as i64;
+    /// Measures the server's clock in a task of its own, unless a measure is under way.
+    fn start_clock_sync(&self) {
+        if self.inner.clock_syncing.swap(true, AtomicOrdering::AcqRel) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            self.inner.clock_syncing.store(false, AtomicOrdering::Release);
+            return;
+        };
+        let store = self.clone();
+        runtime.spawn(async move {
+            // A failure was logged; the script path serves meanwhile.
+            let _ = store.sync_clock().await;
+            store.inner.clock_syncing.store(false, AtomicOrdering::Release);
+        });
+    }
+
+    /// Measures the server's clock against the monotonic clock with `TIME`, to within half a
+    /// round trip (the quickest of three). On failure the last measure stays (acquires take
+    /// the script path once it is stale, or while there is none) and a later acquire tries again.
+    async fn sync_clock(&self) -> Result<(), Error> {
         // (round trip, offset) of the quickest sample.
-        let mut best: Option<(i64, i64)> = None;
+        let mut best: Option<(u64, i64)> = None;
         let mut failure = None;
         for _ in 0..3 {
-            let before = micros();
+            let before = monotonic_us();
             let reply = self.run("clock", redis::cmd("TIME")).await;
-            let after = micros();
+            let after = monotonic_us();
             match server_micros(&reply) {
-                Some(server) if best.is_none_or(|(rtt, _)| after - before < rtt) => {
-                    best = Some((after - before, server - (before + after) / 2));
+                Some(server) => {
+                    let rtt = after - before;
+                    if best.is_none_or(|(best_rtt, _)| rtt < best_rtt) {
+                        best = Some((rtt, server - ((before + after) / 2) as i64));
+                    }
                 }
-                Some(_) => {}
                 None => {
-                    failure = Some(reply);
+                    failure = Some(match reply {
+                        Err(e) => e,
+                        Ok(other) => Error::Unavailable {
+                            store: self.describe(),
+                            op: "clock",
+                            reason: format!("unexpected TIME reply {other:?}"),
+                            source: None,
+                        },
+                    });
                     break;
                 }
             }
         }
-        let now_ms = (micros() / 1000).max(1) as u64;
         match (best, failure) {
-            (Some((_, offset)), None) => {
-                self.inner.clock_offset_us.store(offset, AtomicOrdering::Relaxed);
-                self.inner.clock_synced_ms.store(now_ms, AtomicOrdering::Relaxed);
+            (Some((_, offset)), _) => {
+                self.inner.clock_offset_us.store(offset, AtomicOrdering::Release);
+                self.inner.clock_synced_us.store(monotonic_us().max(1), AtomicOrdering::Release);
+                Ok(())
             }
-            (_, reply) => {
-                tracing::debug!(reply = ?reply, "idempotent.redis: could not read the server's clock; fences of new keys use this host's clock until it can");
-                let retry_at = now_ms.saturating_sub(CLOCK_RESYNC_MS - 1000).max(1);
-                self.inner.clock_synced_ms.store(retry_at, AtomicOrdering::Relaxed);
+            (None, Some(e)) => {
+                tracing::debug!(error = %e, "idempotent.redis: could not read the server's clock; acquires use the script until it can");
+                Err(e)
+            }
+            (None, None) => Ok(()),
+        }
+    }
+
+    /// Opens the store's connections, loads its scripts and measures the server's clock, so
+    /// that the first calls do not pay for it. Optional: all of it otherwise happens on first
+    /// use. Run it at start-up, with [`preflight`](Self::preflight), to fail fast on a wrong URL.
+    pub async fn warm_up(&self) -> Result<(), Error> {
+        for slot in 0..self.inner.slots.len() {
+            if lock(&self.inner.slots[slot]).is_none() {
+                self.timed("warm_up", self.fill(slot, "warm_up")).await?;
             }
         }
+        let scripts = &self.inner.scripts;
+        for script in [&scripts.acquire, &scripts.complete, &scripts.release, &scripts.renew] {
+            self.timed("warm_up", async {
+                let mut conn = self.conn("warm_up").await?;
+                let res = script.load_async(&mut conn).await.map(|_| Value::Nil);
+                self.settle("warm_up", res)
+            })
+            .await?;
+        }
+        self.sync_clock().await
     }
 
     /// After an acquire that failed on the way (a timeout, a dropped connection), the server may
@@ -714,6 +763,13 @@ fn is_connection_error(e: &redis::RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
 }
 
+/// Microseconds on this process's monotonic clock (from its first reading; never 0 after it).
+fn monotonic_us() -> u64 {
+    static BASE: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let base = *BASE.get_or_init(std::time::Instant::now);
+    base.elapsed().as_micros() as u64 + 1
+}
+
 /// The server's clock in microseconds, from a `TIME` reply.
 fn server_micros(reply: &Result<Value, Error>) -> Option<i64> {
     let Ok(Value::Array(parts)) = reply else { return None };
@@ -897,9 +953,9 @@ impl Store for RedisStore {
             let fp = crate::key::hex_array(fingerprint.as_bytes());
             let (lease, retention) = (millis(lease), millis(retention));
             let ttl = lease.max(retention);
-            if self.inner.set_get.load(AtomicOrdering::Relaxed) {
-                self.keep_clock().await;
-                let fence = self.estimated_server_micros();
+            if self.inner.set_get.load(AtomicOrdering::Relaxed)
+                && let Some(fence) = self.estimated_server_micros()
+            {
                 let record = Arg::New { fp: &fp, token: &token, threshold: ttl - lease, fence };
                 match self.set_get(key, record, ttl).await {
                     Ok(Value::Nil) => {
@@ -911,7 +967,11 @@ impl Store for RedisStore {
                         }
                         // Running or released under this payload: the script judges the lease.
                     }
-                    Ok(other) => return Err(Self::corrupt(key, format!("unexpected SET reply {other:?}"))),
+                    Ok(other) => {
+                        // Something between us and Redis answered oddly: the key may be taken.
+                        self.release_orphan(*key, token);
+                        return Err(Self::corrupt(key, format!("unexpected SET reply {other:?}")));
+                    }
                     Err(Error::Unavailable { reason, .. }) if reason.contains("syntax error") => {
                         // Before Redis 7.0, SET takes NX or GET but not both: nothing was written.
                         self.inner.set_get.store(false, AtomicOrdering::Relaxed);
