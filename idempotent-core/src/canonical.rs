@@ -836,7 +836,7 @@ impl<'a> JsonParser<'a> {
             }
             let begin = self.out.len();
             match &name {
-                Cow::Borrowed(text) => self.write_plain(text.as_bytes()),
+                Cow::Borrowed(text) => self.write_plain(text),
                 Cow::Owned(text) => write_str(&mut self.out, text),
             }
             self.out.push(b':');
@@ -862,29 +862,27 @@ impl<'a> JsonParser<'a> {
 
     /// Writes the text of a string without escapes (see [`plain_string`](Self::plain_string)):
     /// it holds no byte that needs escaping, so it is copied as is.
-    fn write_plain(&mut self, run: &[u8]) {
+    fn write_plain(&mut self, run: &str) {
         self.out.reserve(run.len() + 2);
         self.out.push(b'"');
-        self.out.extend_from_slice(run);
+        self.out.extend_from_slice(run.as_bytes());
         self.out.push(b'"');
     }
 
     /// Reads a string literal without escapes (the cursor on its opening quote) and returns its
-    /// bytes, checked to be UTF-8: they hold no `"`, `\\` or control character. `None`, with the
-    /// cursor left where it was, when the literal has an escape or a control character.
-    fn plain_string(&mut self) -> Result<Option<&'a [u8]>, JsonError> {
+    /// text: it holds no `"`, `\\` or control character. `None`, with the cursor left where it
+    /// was, when the literal has an escape or a control character.
+    fn plain_string(&mut self) -> Result<Option<&'a str>, JsonError> {
         let s: &'a [u8] = self.s;
         let first = self.i + 1;
         let end = first + plain_len(&s[first..]);
         if s.get(end) != Some(&b'"') {
             return Ok(None);
         }
-        let run = &s[first..end];
-        // ASCII is checked a word at a time; only other text needs the UTF-8 validator.
-        if !run.is_ascii() && std::str::from_utf8(run).is_err() {
+        let Ok(run) = std::str::from_utf8(&s[first..end]) else {
             self.i = end;
             return Err(self.err("string is not valid UTF-8"));
-        }
+        };
         self.i = end + 1;
         Ok(Some(run))
     }
@@ -902,8 +900,7 @@ impl<'a> JsonParser<'a> {
     fn string(&mut self) -> Result<Cow<'a, str>, JsonError> {
         let first = self.i + 1;
         if let Some(run) = self.plain_string()? {
-            // Checked by `plain_string`; never the fallback.
-            return Ok(Cow::Borrowed(std::str::from_utf8(run).unwrap_or_default()));
+            return Ok(Cow::Borrowed(run));
         }
         self.i = first;
         let mut buf: Vec<u8> = Vec::new();

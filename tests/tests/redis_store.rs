@@ -52,27 +52,21 @@ async fn sixty_four_callers_on_four_handles_run_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_execution_costs_two_commands_and_replay_one() {
     let server = RedisServer::start();
-    let s = store(&server);
-    // Open the connections, load the scripts and measure the clock first, so that none counts.
-    s.warm_up().await.unwrap();
-    let ctx = RunContext::new(s, unique("run"));
-    let monitor = server.monitor();
-    let _: u8 = ctx.step("s").heartbeat(false).run(&1, |_| async { Ok::<_, Error>(1) }).await.unwrap();
-    assert_eq!(monitor.client_commands(), ["set", "evalsha"], "first execution: SET NX GET, then complete");
-    let monitor = server.monitor();
-    let _: u8 = ctx.step("s").run(&1, |_| async { Ok::<_, Error>(9) }).await.unwrap();
-    assert_eq!(monitor.client_commands(), ["set"], "replay: one SET NX GET");
-
-    // With the plain SET turned off (as on a server before Redis 7.0), each is one script.
-    let s = RedisStore::builder(server.url()).set_get_acquire(false).build().unwrap();
-    s.warm_up().await.unwrap();
-    let ctx = RunContext::new(s, unique("run"));
-    let monitor = server.monitor();
-    let _: u8 = ctx.step("s").heartbeat(false).run(&1, |_| async { Ok::<_, Error>(1) }).await.unwrap();
-    assert_eq!(monitor.client_commands(), ["evalsha", "evalsha"], "first execution, scripts only");
-    let monitor = server.monitor();
-    let _: u8 = ctx.step("s").run(&1, |_| async { Ok::<_, Error>(9) }).await.unwrap();
-    assert_eq!(monitor.client_commands(), ["evalsha"], "replay, scripts only");
+    // The plain SET turned off, as on a server before Redis 7.0: each is one script.
+    for (set_get, first, replay) in
+        [(true, &["set", "evalsha"][..], &["set"][..]), (false, &["evalsha", "evalsha"][..], &["evalsha"][..])]
+    {
+        let s = RedisStore::builder(server.url()).set_get_acquire(set_get).build().unwrap();
+        // Open the connections, load the scripts and measure the clock first, so that none counts.
+        s.warm_up().await.unwrap();
+        let ctx = RunContext::new(s, unique("run"));
+        let monitor = server.monitor();
+        let _: u8 = ctx.step("s").heartbeat(false).run(&1, |_| async { Ok::<_, Error>(1) }).await.unwrap();
+        assert_eq!(monitor.client_commands(), first, "first execution, SET NX GET {set_get}");
+        let monitor = server.monitor();
+        let _: u8 = ctx.step("s").run(&1, |_| async { Ok::<_, Error>(9) }).await.unwrap();
+        assert_eq!(monitor.client_commands(), replay, "replay, SET NX GET {set_get}");
+    }
 }
 
 /// An unreachable server fails the call closed within its timeout; when the server is back

@@ -344,18 +344,16 @@ fn main() {
             names.entry(n).or_default().1 += 1;
         }
         let per_call = seen.client.len() as f64 / (*calls).max(1) as f64;
-        let listed = names
-            .iter()
-            .filter(|(_, (client, _))| *client > 0)
-            .map(|(n, (client, _))| format!("{n}={:.2}", *client as f64 / (*calls).max(1) as f64))
-            .collect::<Vec<_>>()
-            .join(" ");
-        let inner = names
-            .iter()
-            .filter(|(_, (_, script))| *script > 0)
-            .map(|(n, (_, script))| format!("{n}={:.2}", *script as f64 / (*calls).max(1) as f64))
-            .collect::<Vec<_>>()
-            .join(" ");
+        // "name=per call" for the commands `pick` counts.
+        let list = |pick: fn(&(u64, u64)) -> u64| {
+            names
+                .iter()
+                .filter(|(_, n)| pick(n) > 0)
+                .map(|(name, n)| format!("{name}={:.2}", pick(n) as f64 / (*calls).max(1) as f64))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let (listed, inner) = (list(|n| n.0), list(|n| n.1));
         let share: BTreeMap<String, f64> =
             names.iter().map(|(n, (c, s))| (n.to_string(), *c as f64 / (c + s).max(1) as f64)).collect();
         (per_call, listed, inner, share)

@@ -213,9 +213,7 @@ impl RedisStoreBuilder {
                 .map_err(|e| config_err(&e))?;
             Pool::Single(pool)
         };
-        let store = RedisStore::from_parts(pool, self.prefix, self.timeout, describe, self.pool_size);
-        store.inner.set_get.store(self.set_get, AtomicOrdering::Relaxed);
-        Ok(store)
+        Ok(RedisStore::from_parts(pool, self.prefix, self.timeout, describe, self.pool_size, self.set_get))
     }
 }
 
@@ -304,17 +302,31 @@ impl RedisStore {
     /// `deadpool_redis::Manager::new_with_config`.
     pub fn from_pool(pool: deadpool_redis::Pool, prefix: impl Into<String>, timeout: Duration) -> RedisStore {
         let size = (pool.status().max_size / 2).max(1);
-        RedisStore::from_parts(Pool::Single(pool), prefix.into(), timeout, "redis (pool)".to_owned(), size)
+        RedisStore::from_parts(Pool::Single(pool), prefix.into(), timeout, "redis (pool)".to_owned(), size, true)
     }
 
     /// A store on an existing deadpool cluster pool (half of its connections kept, as in
     /// [`from_pool`](Self::from_pool)).
     pub fn from_cluster_pool(pool: cluster::Pool, prefix: impl Into<String>, timeout: Duration) -> RedisStore {
         let size = (pool.status().max_size / 2).max(1);
-        RedisStore::from_parts(Pool::Cluster(pool), prefix.into(), timeout, "redis cluster (pool)".to_owned(), size)
+        RedisStore::from_parts(
+            Pool::Cluster(pool),
+            prefix.into(),
+            timeout,
+            "redis cluster (pool)".to_owned(),
+            size,
+            true,
+        )
     }
 
-    fn from_parts(pool: Pool, prefix: String, timeout: Duration, describe: String, size: usize) -> RedisStore {
+    fn from_parts(
+        pool: Pool,
+        prefix: String,
+        timeout: Duration,
+        describe: String,
+        size: usize,
+        set_get: bool,
+    ) -> RedisStore {
         let slots = (0..size.max(1)).map(|_| Mutex::new(None)).collect();
         // `size` is how many connections the store keeps checked out of `pool`.
         RedisStore {
@@ -326,7 +338,7 @@ impl RedisStore {
                 timeout,
                 scripts: Scripts::new(),
                 describe,
-                set_get: AtomicBool::new(true),
+                set_get: AtomicBool::new(set_get),
                 clock_offset_us: AtomicI64::new(0),
                 clock_synced_us: AtomicU64::new(0),
                 clock_syncing: AtomicBool::new(false),
@@ -505,44 +517,33 @@ impl RedisStore {
     async fn sync_clock(&self) -> Result<(), Error> {
         // (round trip, offset) of the quickest sample.
         let mut best: Option<(u64, i64)> = None;
-        let mut failure = None;
         for _ in 0..3 {
             let before = monotonic_us();
             let reply = self.run("clock", redis::cmd("TIME")).await;
             let after = monotonic_us();
-            match server_micros(&reply) {
-                Some(server) => {
-                    let rtt = after - before;
-                    if best.is_none_or(|(best_rtt, _)| rtt < best_rtt) {
-                        best = Some((rtt, server - ((before + after) / 2) as i64));
-                    }
-                }
-                None => {
-                    failure = Some(match reply {
-                        Err(e) => e,
-                        Ok(other) => Error::Unavailable {
-                            store: self.describe(),
-                            op: "clock",
-                            reason: format!("unexpected TIME reply {other:?}"),
-                            source: None,
-                        },
-                    });
+            let Some(server) = server_micros(&reply) else {
+                if best.is_some() {
                     break;
                 }
-            }
-        }
-        match (best, failure) {
-            (Some((_, offset)), _) => {
-                self.inner.clock_offset_us.store(offset, AtomicOrdering::Release);
-                self.inner.clock_synced_us.store(monotonic_us().max(1), AtomicOrdering::Release);
-                Ok(())
-            }
-            (None, Some(e)) => {
+                let e = reply.err().unwrap_or_else(|| Error::Unavailable {
+                    store: self.describe(),
+                    op: "clock",
+                    reason: "unexpected TIME reply".into(),
+                    source: None,
+                });
                 tracing::debug!(error = %e, "idempotent.redis: could not read the server's clock; acquires use the script until it can");
-                Err(e)
+                return Err(e);
+            };
+            let rtt = after - before;
+            if best.is_none_or(|(best_rtt, _)| rtt < best_rtt) {
+                best = Some((rtt, server - ((before + after) / 2) as i64));
             }
-            (None, None) => Ok(()),
         }
+        if let Some((_, offset)) = best {
+            self.inner.clock_offset_us.store(offset, AtomicOrdering::Release);
+            self.inner.clock_synced_us.store(monotonic_us(), AtomicOrdering::Release);
+        }
+        Ok(())
     }
 
     /// Opens the store's connections, loads its scripts and measures the server's clock, so
@@ -690,6 +691,80 @@ impl RedisStore {
         Error::Corrupt { key: key.short(), detail: detail.into() }
     }
 
+    /// Acquire's work for `token`: one `SET NX GET`, then the acquire script only for a record
+    /// it cannot judge (or for every acquire when the plain path is off or has no clock).
+    async fn take(
+        &self,
+        key: &Key,
+        fingerprint: &Fingerprint,
+        token: &Token,
+        lease: u64,
+        retention: u64,
+    ) -> Result<Acquire, Error> {
+        let fp = crate::key::hex_array(fingerprint.as_bytes());
+        let ttl = lease.max(retention);
+        if self.inner.set_get.load(AtomicOrdering::Relaxed)
+            && let Some(fence) = self.estimated_server_micros()
+        {
+            let record = Arg::New { fp: &fp, token, threshold: ttl - lease, fence };
+            match self.set_get(key, record, ttl).await {
+                Ok(Value::Nil) => {
+                    return Ok(Acquire::Acquired(Lease { token: token.clone(), fence, attempt: 1, recovered: false }));
+                }
+                Ok(Value::BulkString(record)) => {
+                    if let Some(answer) = self.read_record(key, record, &fp, token)? {
+                        return Ok(answer);
+                    }
+                    // Running or released under this payload: the script judges the lease.
+                }
+                Ok(other) => {
+                    // Something between us and Redis answered oddly: the key may be taken.
+                    self.release_orphan(*key, token.clone());
+                    return Err(Self::corrupt(key, format!("unexpected SET reply {other:?}")));
+                }
+                Err(Error::Unavailable { reason, .. }) if reason.contains("syntax error") => {
+                    // Before Redis 7.0, SET takes NX or GET but not both: nothing was written.
+                    self.inner.set_get.store(false, AtomicOrdering::Relaxed);
+                    tracing::warn!(store = %self.inner.describe, "idempotent.redis: the server refuses SET NX GET (Redis before 7.0?); every acquire runs the acquire script from now on");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let args = [Arg::Acquire { fp: &fp, token, lease, retention }];
+        let items = match self.invoke("acquire", &self.inner.scripts.acquire, key, &args).await? {
+            // A done record, whole.
+            Value::BulkString(record) => {
+                return match self.read_record(key, record, &fp, token)? {
+                    Some(answer) => Ok(answer),
+                    None => Err(Self::corrupt(key, "the acquire script returned a record that is not done")),
+                };
+            }
+            Value::Array(items) => items,
+            other => return Err(Self::corrupt(key, format!("unexpected acquire reply {other:?}"))),
+        };
+        match (int(items.first()), items.len()) {
+            (Some(1), 4) => {
+                let (Some(fence), Some(attempt), Some(recovered)) =
+                    (int(items.get(1)), int(items.get(2)), int(items.get(3)))
+                else {
+                    return Err(Self::corrupt(key, "malformed acquire reply"));
+                };
+                Ok(Acquire::Acquired(Lease {
+                    token: token.clone(),
+                    fence: u64::try_from(fence).map_err(|_| Self::corrupt(key, "negative fence"))?,
+                    attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
+                    recovered: recovered == 1,
+                }))
+            }
+            (Some(3), 2) => {
+                let ms = int(items.get(1)).unwrap_or(0).max(0) as u64;
+                Ok(Acquire::InFlight { retry_after: Duration::from_millis(ms) })
+            }
+            (Some(4), 1) => Ok(Acquire::Mismatch),
+            _ => Err(Self::corrupt(key, format!("unexpected acquire reply {items:?}"))),
+        }
+    }
+
     /// What a record read by acquire answers (layout in acquire.lua): a done record replays or
     /// mismatches; a running or released one under another payload mismatches, and one this
     /// very token took (a retry after a lost reply) is acquired as recorded. `None`: another
@@ -714,7 +789,7 @@ impl RedisStore {
                 else {
                     return Err(Self::corrupt(key, "the record has a malformed number"));
                 };
-                if fence >= 1 << 53 {
+                if fence >= MAX_FENCE {
                     return Err(Self::corrupt(key, "the record has a fence beyond 2^53"));
                 }
                 if record[65..97] == *token.as_str().as_bytes() && record[0] != b'X' {
@@ -950,83 +1025,13 @@ impl Store for RedisStore {
     ) -> BoxFuture<'a, Result<Acquire, Error>> {
         Box::pin(async move {
             let token = Token::unique();
-            let fp = crate::key::hex_array(fingerprint.as_bytes());
-            let (lease, retention) = (millis(lease), millis(retention));
-            let ttl = lease.max(retention);
-            if self.inner.set_get.load(AtomicOrdering::Relaxed)
-                && let Some(fence) = self.estimated_server_micros()
+            let res = self.take(key, fingerprint, &token, millis(lease), millis(retention)).await;
+            if let Err(e) = &res
+                && e.is_store_failure()
             {
-                let record = Arg::New { fp: &fp, token: &token, threshold: ttl - lease, fence };
-                match self.set_get(key, record, ttl).await {
-                    Ok(Value::Nil) => {
-                        return Ok(Acquire::Acquired(Lease { token, fence, attempt: 1, recovered: false }));
-                    }
-                    Ok(Value::BulkString(record)) => {
-                        if let Some(answer) = self.read_record(key, record, &fp, &token)? {
-                            return Ok(answer);
-                        }
-                        // Running or released under this payload: the script judges the lease.
-                    }
-                    Ok(other) => {
-                        // Something between us and Redis answered oddly: the key may be taken.
-                        self.release_orphan(*key, token);
-                        return Err(Self::corrupt(key, format!("unexpected SET reply {other:?}")));
-                    }
-                    Err(Error::Unavailable { reason, .. }) if reason.contains("syntax error") => {
-                        // Before Redis 7.0, SET takes NX or GET but not both: nothing was written.
-                        self.inner.set_get.store(false, AtomicOrdering::Relaxed);
-                        tracing::warn!(store = %self.inner.describe, "idempotent.redis: the server refuses SET NX GET (Redis before 7.0?); every acquire runs the acquire script from now on");
-                    }
-                    Err(e) => {
-                        if e.is_store_failure() {
-                            self.release_orphan(*key, token);
-                        }
-                        return Err(e);
-                    }
-                }
+                self.release_orphan(*key, token);
             }
-            let args = [Arg::Acquire { fp: &fp, token: &token, lease, retention }];
-            let reply = match self.invoke("acquire", &self.inner.scripts.acquire, key, &args).await {
-                Ok(reply) => reply,
-                Err(e) => {
-                    if e.is_store_failure() {
-                        self.release_orphan(*key, token);
-                    }
-                    return Err(e);
-                }
-            };
-            let items = match reply {
-                // A done record, whole.
-                Value::BulkString(record) => {
-                    return match self.read_record(key, record, &fp, &token)? {
-                        Some(answer) => Ok(answer),
-                        None => Err(Self::corrupt(key, "the acquire script returned a record that is not done")),
-                    };
-                }
-                Value::Array(items) => items,
-                other => return Err(Self::corrupt(key, format!("unexpected acquire reply {other:?}"))),
-            };
-            match (int(items.first()), items.len()) {
-                (Some(1), 4) => {
-                    let (Some(fence), Some(attempt), Some(recovered)) =
-                        (int(items.get(1)), int(items.get(2)), int(items.get(3)))
-                    else {
-                        return Err(Self::corrupt(key, "malformed acquire reply"));
-                    };
-                    Ok(Acquire::Acquired(Lease {
-                        token,
-                        fence: u64::try_from(fence).map_err(|_| Self::corrupt(key, "negative fence"))?,
-                        attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
-                        recovered: recovered == 1,
-                    }))
-                }
-                (Some(3), 2) => {
-                    let ms = int(items.get(1)).unwrap_or(0).max(0) as u64;
-                    Ok(Acquire::InFlight { retry_after: Duration::from_millis(ms) })
-                }
-                (Some(4), 1) => Ok(Acquire::Mismatch),
-                _ => Err(Self::corrupt(key, format!("unexpected acquire reply {items:?}"))),
-            }
+            res
         })
     }
 
