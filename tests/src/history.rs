@@ -180,6 +180,19 @@ impl History {
         self.lock().executions[exec.0].ended = Some(Instant::now());
     }
 
+    /// Every call that did not end `ok`: (key, outcome), for failure messages.
+    pub fn failures(&self) -> Vec<(String, Outcome)> {
+        let h = self.lock();
+        h.ops
+            .iter()
+            .filter_map(|o| match &o.outcome {
+                Some(Outcome::Ok(_)) => None,
+                Some(other) => Some((o.key.clone(), other.clone())),
+                None => Some((o.key.clone(), Outcome::Indeterminate("never completed".into()))),
+            })
+            .collect()
+    }
+
     /// Checks the guarantee (see the module docs); `Err` lists every violation found.
     pub fn check(&self) -> Result<Report, (Report, Vec<String>)> {
         let h = self.lock();

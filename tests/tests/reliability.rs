@@ -402,7 +402,14 @@ async fn latency_jitter_with_32_workers() {
     }
     s.proxy.set(Fault::Pass);
     let report = final_pass_and_check(&ctx, &s.hist, &keys).await;
-    assert_eq!(report.executions, keys.len(), "no call timed out, so nothing re-ran");
+    // Latency alone never re-runs an action: a re-execution needs a call whose outcome could not
+    // be stored (indeterminate: `complete` timed out under the jitter, so the key waited out its
+    // lease). Usually none is; on a loaded machine one in several runs has one.
+    assert!(
+        report.re_executions <= report.indeterminate,
+        "{report}: a key re-ran without an indeterminate call: {:?}",
+        s.hist.failures()
+    );
 }
 
 /// Slow actions never hold a connection: 64 of them on a one-connection pool all proceed at once,
