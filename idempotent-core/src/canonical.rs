@@ -98,14 +98,92 @@ pub fn to_canonical_vec<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, Can
 
 /// Appends the canonical JSON of `value` to `out`. On error, `out` is left as it was.
 pub fn write_canonical<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) -> Result<(), CanonicalError> {
+    let mut spare = Spare::take();
+    let res = write_with(out, value, &mut spare);
+    spare.give_back();
+    res
+}
+
+/// Hands the canonical JSON of `value` to `f`, from a buffer this thread keeps for it: unlike
+/// [`to_canonical_vec`], nothing is allocated once the thread's buffers have grown to fit (what
+/// the key derivation of every step call needs: the canonical bytes are only hashed).
+///
+/// ```
+/// use idempotent_core::canonical::with_canonical;
+///
+/// let len = with_canonical(&serde_json::json!({"b": 1, "a": [true, null]}), |json| {
+///     assert_eq!(json, br#"{"a":[true,null],"b":1}"#);
+///     json.len()
+/// })
+/// .unwrap();
+/// assert_eq!(len, 23);
+/// ```
+pub fn with_canonical<T: Serialize + ?Sized, R>(value: &T, f: impl FnOnce(&[u8]) -> R) -> Result<R, CanonicalError> {
+    let mut spare = Spare::take();
+    let mut out = std::mem::take(&mut spare.out);
+    out.clear();
+    let res = write_with(&mut out, value, &mut spare).map(|()| f(&out));
+    spare.out = out;
+    spare.give_back();
+    res
+}
+
+fn write_with<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T, spare: &mut Spare) -> Result<(), CanonicalError> {
     let start = out.len();
+    let mut members = std::mem::take(&mut spare.members);
+    members.clear();
     // Room for the members of typical payloads (a struct and a nested one) in one allocation.
-    let mut ser = Canonicalizer { out, depth: 0, scratch: Vec::new(), members: Vec::with_capacity(16) };
+    members.reserve(16);
+    let mut ser = Canonicalizer { out, depth: 0, scratch: std::mem::take(&mut spare.scratch), members };
     let res = value.serialize(&mut ser);
     if res.is_err() {
         ser.out.truncate(start);
     }
+    spare.scratch = ser.scratch;
+    spare.members = ser.members;
     res
+}
+
+/// The buffers canonicalizing needs besides its output, kept by each thread between calls so
+/// that a call allocates nothing once they have grown to fit its payloads.
+///
+/// A call takes them out of the thread's slot and puts them back when it is done, so a call
+/// made inside another (a `Serialize` impl that canonicalizes something itself) just starts
+/// from empty buffers. Buffers that grew past [`Spare::KEEP`] bytes are not kept.
+#[derive(Default)]
+struct Spare {
+    out: Vec<u8>,
+    scratch: Vec<u8>,
+    members: Vec<Member>,
+}
+
+thread_local! {
+    static SPARE: std::cell::Cell<Option<Box<Spare>>> = const { std::cell::Cell::new(None) };
+}
+
+impl Spare {
+    /// The most a kept buffer may hold: payloads larger than this are rare, and a thread should
+    /// not keep their buffers for good.
+    const KEEP: usize = 64 << 10;
+
+    fn take() -> Box<Spare> {
+        SPARE.try_with(|slot| slot.take()).ok().flatten().unwrap_or_default()
+    }
+
+    fn give_back(mut self: Box<Self>) {
+        if self.out.capacity() > Self::KEEP {
+            self.out = Vec::new();
+        }
+        if self.scratch.capacity() > Self::KEEP {
+            self.scratch = Vec::new();
+        }
+        if self.members.capacity() * std::mem::size_of::<Member>() > Self::KEEP {
+            self.members = Vec::new();
+        }
+        // Owned member names were dropped as their objects ended; only the capacity is kept.
+        self.members.clear();
+        let _ = SPARE.try_with(|slot| slot.set(Some(self)));
+    }
 }
 
 /// Canonicalizes a JSON document given as bytes (for example an HTTP request body).
@@ -114,20 +192,67 @@ pub fn write_canonical<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T) -> R
 /// `{"amount": 18446744073709551617}` and `{"amount": 18446744073709551616}` stay different.
 /// Fractions and exponents are read as IEEE doubles and written in JCS form, as RFC 8785 says.
 pub fn canonicalize_json(input: &[u8]) -> Result<Vec<u8>, JsonError> {
+    let mut spare = Spare::take();
+    let res = parse_with(input, Vec::with_capacity(input.len()), &mut spare);
+    spare.give_back();
+    res
+}
+
+/// Hands the canonical form of the JSON document `input` (see [`canonicalize_json`]) to `f`,
+/// from a buffer this thread keeps for it, like [`with_canonical`]: what the HTTP layer's body
+/// fingerprint needs, without allocating once the thread's buffers have grown to fit.
+///
+/// ```
+/// use idempotent_core::canonical::with_canonical_json;
+///
+/// let same = with_canonical_json(b"{ \"b\": 1, \"a\": 2 }", |json| json == br#"{"a":2,"b":1}"#);
+/// assert_eq!(same, Ok(true));
+/// assert!(with_canonical_json(b"{oops", |_| ()).is_err());
+/// ```
+pub fn with_canonical_json<R>(input: &[u8], f: impl FnOnce(&[u8]) -> R) -> Result<R, JsonError> {
+    let mut spare = Spare::take();
+    let mut out = std::mem::take(&mut spare.out);
+    out.clear();
+    let res = match parse_with(input, out, &mut spare) {
+        Ok(out) => {
+            let r = f(&out);
+            spare.out = out;
+            Ok(r)
+        }
+        Err(e) => Err(e),
+    };
+    spare.give_back();
+    res
+}
+
+/// Parses `input` into `out` (cleared first), with the spare buffers for reordering members.
+fn parse_with(input: &[u8], mut out: Vec<u8>, spare: &mut Spare) -> Result<Vec<u8>, JsonError> {
+    out.clear();
+    out.reserve(input.len());
     let mut p = JsonParser {
         s: input,
         i: 0,
-        out: Vec::with_capacity(input.len()),
-        scratch: Vec::new(),
-        members: Vec::with_capacity(16),
+        out,
+        scratch: std::mem::take(&mut spare.scratch),
+        members: relabel(std::mem::take(&mut spare.members)),
     };
+    p.members.reserve(16);
     p.skip_ws();
-    p.value(0)?;
-    p.skip_ws();
-    if p.i != p.s.len() {
-        return Err(p.err("trailing characters after the JSON value"));
-    }
-    Ok(p.out)
+    let res = p.value(0).and_then(|()| {
+        p.skip_ws();
+        if p.i == p.s.len() { Ok(()) } else { Err(p.err("trailing characters after the JSON value")) }
+    });
+    spare.scratch = p.scratch;
+    spare.members = relabel(p.members);
+    res.map(|()| p.out)
+}
+
+/// An emptied vector of members, as members of another lifetime: the parser's member names
+/// borrow from its input, the kept buffer's cannot. Collecting an empty `vec::IntoIter` into a
+/// vector of a type with the same layout reuses its allocation (std's in-place collection).
+fn relabel<'a, 'b>(mut v: Vec<(Cow<'a, str>, Range<usize>)>) -> Vec<(Cow<'b, str>, Range<usize>)> {
+    v.clear();
+    v.into_iter().map(|(name, range)| (Cow::Owned(name.into_owned()), range)).collect()
 }
 
 /// Why [`canonicalize_json`] refused its input.

@@ -1,5 +1,6 @@
 //! Running one step: acquire, run the action at most once, store or replay its result.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,7 +12,7 @@ use serde::de::DeserializeOwned;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::canonical::to_canonical_vec;
+use crate::canonical::with_canonical;
 use crate::detach::poll_once;
 use crate::error::Error;
 use crate::key::{Fingerprint, Key, ShortKey};
@@ -198,8 +199,9 @@ impl RunContext {
         &self.store
     }
 
-    /// Starts describing a call of the step `name`.
-    pub fn step(&self, name: impl Into<String>) -> Step<'_> {
+    /// Starts describing a call of the step `name` (a `&str`, borrowed for the call, or a
+    /// `String`).
+    pub fn step<'c>(&'c self, name: impl Into<Cow<'c, str>>) -> Step<'c> {
         Step { ctx: self, name: name.into(), options: self.defaults.clone(), identity: None }
     }
 }
@@ -209,7 +211,7 @@ impl RunContext {
 #[must_use = "a step does nothing until `run` is awaited"]
 pub struct Step<'c> {
     ctx: &'c RunContext,
-    name: String,
+    name: Cow<'c, str>,
     options: StepOptions,
     identity: Option<Result<Fingerprint, crate::canonical::CanonicalError>>,
 }
@@ -274,8 +276,8 @@ impl Step<'_> {
 
     /// The key and fingerprint this call would use for `payload`.
     pub fn key_for<P: Serialize + ?Sized>(&self, payload: &P) -> Result<(Key, Fingerprint), Error> {
-        let payload_err = |source| Error::Payload { step: self.name.clone(), source };
-        let fingerprint = Fingerprint::of_canonical(&to_canonical_vec(payload).map_err(payload_err)?);
+        let payload_err = |source| Error::Payload { step: self.name.to_string(), source };
+        let fingerprint = with_canonical(payload, Fingerprint::of_canonical).map_err(payload_err)?;
         let identity = match &self.identity {
             None => fingerprint,
             Some(Ok(id)) => *id,
@@ -337,7 +339,7 @@ impl Step<'_> {
     {
         self.options.validate()?;
         let (key, fingerprint) = self.key_for(payload)?;
-        let step = self.name.as_str();
+        let step: &str = &self.name;
         let opts = &self.options;
         let short = key.short_key();
 
@@ -459,7 +461,7 @@ impl Step<'_> {
 
     async fn acquire(&self, key: &Key, fingerprint: &Fingerprint, short: ShortKey) -> Result<Acquired, Error> {
         let opts = &self.options;
-        let step = self.name.as_str();
+        let step: &str = &self.name;
         let started = Instant::now();
         let mut backoff = Duration::from_millis(10);
         loop {
@@ -519,7 +521,7 @@ impl Step<'_> {
         if !opts.heartbeat {
             return action.await;
         }
-        let step = self.name.as_str();
+        let step: &str = &self.name;
         let period = (opts.lease / 3).max(Duration::from_millis(1));
         tokio::pin!(action);
         // An action that is done at its first poll needs no timer.

@@ -27,7 +27,7 @@ use std::fmt;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use crate::canonical::{CanonicalError, to_canonical_vec};
+use crate::canonical::{CanonicalError, with_canonical};
 
 /// Domain separation for every hash this crate makes; bump it if the framing ever changes.
 const NAMESPACE: &[u8] = b"idempotent/v1";
@@ -72,8 +72,18 @@ fn field(h: &mut Sha256, bytes: &[u8]) {
 }
 
 /// The store key of one operation: a sha256 digest.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Key([u8; 32]);
+
+/// Hashes the first 8 bytes only: a key is a SHA-256 digest, so they are as good as the whole,
+/// and a keyed hasher (std's `RandomState`) still keeps their buckets unpredictable to clients.
+impl std::hash::Hash for Key {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let mut head = [0; 8];
+        head.copy_from_slice(&self.0[..8]);
+        state.write_u64(u64::from_le_bytes(head));
+    }
+}
 
 impl Key {
     /// Derives the key from a scope and the identity payload (hashed as canonical JSON).
@@ -201,7 +211,7 @@ pub struct Fingerprint([u8; 32]);
 impl Fingerprint {
     /// Fingerprints a payload through its canonical JSON.
     pub fn of<T: Serialize + ?Sized>(payload: &T) -> Result<Fingerprint, CanonicalError> {
-        Ok(Fingerprint::of_canonical(&to_canonical_vec(payload)?))
+        with_canonical(payload, Fingerprint::of_canonical)
     }
 
     /// Fingerprints bytes that are already canonical (or opaque).

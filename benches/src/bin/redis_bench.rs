@@ -83,9 +83,13 @@ impl Path {
 
 struct Env {
     ctx: RunContext,
+    /// The payload the rows through the executor borrow (with a sequence number of their own).
+    payload: Refund,
     store: RedisStore,
     /// The keys of the replay rows' payloads, for the rows that call the store directly.
     replay_keys: Vec<(Key, Fingerprint)>,
+    /// The keys the replay floors read, built once like the replay rows' payloads.
+    floor_keys: Vec<String>,
     raw: RawRedis,
     seq: AtomicU64,
     set_script: Script,
@@ -107,7 +111,7 @@ async fn run(env: &Arc<Env>, path: Path, concurrency: usize, duration: Duration)
         async move {
             match path {
                 Path::OursFirst { heartbeat } => {
-                    let payload = Refund::new(env.seq.fetch_add(1, Ordering::Relaxed));
+                    let payload = env.payload.with_seq(env.seq.fetch_add(1, Ordering::Relaxed));
                     let r: RefundResult = env
                         .ctx
                         .step("issue_refund")
@@ -118,7 +122,7 @@ async fn run(env: &Arc<Env>, path: Path, concurrency: usize, duration: Duration)
                     black_box(r);
                 }
                 Path::OursReplay => {
-                    let payload = Refund::new(replay_index(task, i));
+                    let payload = env.payload.with_seq(replay_index(task, i));
                     let r: RefundResult = env
                         .ctx
                         .step("replayed_refund")
@@ -173,7 +177,7 @@ async fn run(env: &Arc<Env>, path: Path, concurrency: usize, duration: Duration)
                 }
                 Path::FloorGet => {
                     let v: Value = redis::cmd("GET")
-                        .arg(format!("floor:replay:{}", replay_index(task, i)))
+                        .arg(&env.floor_keys[replay_index(task, i) as usize])
                         .query_async(&mut env.raw.conn())
                         .await
                         .expect("GET");
@@ -182,7 +186,7 @@ async fn run(env: &Arc<Env>, path: Path, concurrency: usize, duration: Duration)
                 Path::FloorEvalGet => {
                     let v: Value = env
                         .get_script
-                        .key(format!("floor:replay:{}", replay_index(task, i)))
+                        .key(&env.floor_keys[replay_index(task, i) as usize])
                         .invoke_async(&mut env.raw.conn())
                         .await
                         .expect("EVALSHA");
@@ -262,8 +266,10 @@ fn main() {
         serde_json::to_writer(&mut stored, &RefundResult::sample()).unwrap();
         let env = Arc::new(Env {
             ctx,
+            payload: Refund::new(0),
             store,
             replay_keys,
+            floor_keys: (0..REPLAY_KEYS).map(|n| format!("floor:replay:{n}")).collect(),
             raw,
             seq: AtomicU64::new(0),
             set_script: Script::new("return redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])"),
@@ -275,12 +281,14 @@ fn main() {
             let r: RefundResult = env
                 .ctx
                 .step("replayed_refund")
-                .run(&Refund::new(n), |_| async { Ok::<_, Error>(RefundResult::sample()) })
+                // The borrowed view: the same key as `Refund::new(n)` (the store-only replay row,
+                // keyed by those, asserts that it finds these records).
+                .run(&env.payload.with_seq(n), |_| async { Ok::<_, Error>(RefundResult::sample()) })
                 .await
                 .unwrap();
             black_box(r);
             let _: () = redis::cmd("SET")
-                .arg(format!("floor:replay:{n}"))
+                .arg(&env.floor_keys[n as usize])
                 .arg(&env.stored)
                 .query_async(&mut env.raw.conn())
                 .await

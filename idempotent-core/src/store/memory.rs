@@ -15,14 +15,18 @@ use crate::key::{Fingerprint, Key};
 use crate::record::{Acquire, Lease, Token, Transition};
 
 const SHARDS: usize = 32;
-/// Every this many writes a shard drops its expired records.
-const SWEEP_EVERY: u32 = 1024;
+/// A shard drops its expired records after this many writes, or after a quarter of its size in
+/// writes if that is more (so a sweep, which reads every record of the shard, costs a bounded
+/// number of records per write however large the store grows), and only when one of its
+/// records has expired.
+const SWEEP_EVERY: usize = 1024;
 
 /// An in-process store: the default for one process, and for tests.
 ///
 /// Records live in a sharded hash map and expire like Redis keys: a running record after
 /// `max(lease, retention)`, a done record after its retention. Expired records are swept as the
-/// store is written to, so memory stays bounded by the live records; [`MemoryStore::with_capacity`]
+/// store is written to, at a constant cost per write, so memory stays within a constant factor
+/// of the live records (plus 1 024 per shard); [`MemoryStore::with_capacity`]
 /// also bounds their number (a full store refuses new keys rather than evicting live ones, which
 /// would let an operation run twice).
 ///
@@ -65,7 +69,17 @@ impl Default for Inner {
 #[derive(Default)]
 struct Shard {
     map: HashMap<Key, Record>,
-    writes: u32,
+    /// Writes since the last sweep.
+    writes: usize,
+    /// No record of the shard expires before this (`None`: the shard holds none).
+    next_expiry: Option<Instant>,
+}
+
+impl Shard {
+    /// Notes that a record of this shard now expires at `expires`.
+    fn expires_at(&mut self, expires: Instant) {
+        self.next_expiry = Some(self.next_expiry.map_or(expires, |t| t.min(expires)));
+    }
 }
 
 struct Record {
@@ -131,17 +145,28 @@ impl MemoryStore {
     }
 
     fn sweep_shard(&self, shard: &mut Shard, now: Instant) {
-        let before = shard.map.len();
-        shard.map.retain(|_, r| r.expires > now);
-        self.inner.len.fetch_sub(before - shard.map.len(), Ordering::Relaxed);
         shard.writes = 0;
+        if shard.next_expiry.is_none_or(|t| t > now) {
+            return;
+        }
+        let before = shard.map.len();
+        let mut next: Option<Instant> = None;
+        shard.map.retain(|_, r| {
+            let keep = r.expires > now;
+            if keep {
+                next = Some(next.map_or(r.expires, |t| t.min(r.expires)));
+            }
+            keep
+        });
+        shard.next_expiry = next;
+        self.inner.len.fetch_sub(before - shard.map.len(), Ordering::Relaxed);
     }
 
     fn acquire_now(&self, key: &Key, fp: &Fingerprint, lease: Duration, retention: Duration) -> Result<Acquire, Error> {
         let now = Instant::now();
         let mut shard = self.shard(key);
         shard.writes += 1;
-        if shard.writes >= SWEEP_EVERY {
+        if shard.writes >= SWEEP_EVERY.max(shard.map.len() / 4) {
             self.sweep_shard(&mut shard, now);
         }
         let (prev_attempt, recovered) = match shard.map.get(key) {
@@ -181,13 +206,15 @@ impl MemoryStore {
         let fence = self.inner.fence.fetch_add(1, Ordering::Relaxed) + 1;
         let token = Token::unique();
         let attempt = prev_attempt + 1;
+        let expires = later(now, lease.max(retention));
+        shard.expires_at(expires);
         shard.map.insert(
             *key,
             Record {
                 state: State::Running { token: token.clone(), lease_until: later(now, lease) },
                 fingerprint: *fp,
                 attempt,
-                expires: later(now, lease.max(retention)),
+                expires,
             },
         );
         Ok(Acquire::Acquired(Lease { token, fence, attempt, recovered }))
@@ -207,6 +234,8 @@ impl MemoryStore {
         match shard.map.get_mut(key) {
             Some(r) if r.expires > now && matches!(&r.state, State::Running { token: t, .. } if t == token) => {
                 f(r, now);
+                let expires = r.expires;
+                shard.expires_at(expires);
                 Transition::Ok
             }
             Some(r) if r.expires > now && already(&r.state) => Transition::Ok,
@@ -329,6 +358,47 @@ mod tests {
         };
         assert_eq!(store.renew(&key(1), &lease.token, Duration::MAX).await.unwrap(), Transition::Ok);
         assert_eq!(store.complete(&key(1), &lease.token, Bytes::new(), Duration::MAX).await.unwrap(), Transition::Ok);
+    }
+
+    /// A key in shard 0, told apart by `n`.
+    fn shard0_key(n: u32) -> Key {
+        let mut k = [0; 32];
+        k[1..5].copy_from_slice(&n.to_le_bytes());
+        Key::from_bytes(k)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn writes_sweep_expired_records_so_they_stay_bounded() {
+        let store = MemoryStore::new();
+        let ms = Duration::from_millis(1);
+        for i in 0u32..100_000 {
+            let mut k = [0; 32];
+            k[..4].copy_from_slice(&i.to_le_bytes());
+            assert!(matches!(store.acquire(&Key::from_bytes(k), &FP, ms, ms).await.unwrap(), Acquire::Acquired(_)));
+            if i % 100 == 99 {
+                tokio::time::advance(ms).await;
+            }
+        }
+        // About 100 records are live at any time; each shard sweeps after at most 1 024 writes.
+        assert!(store.len() <= SHARDS * (SWEEP_EVERY + 100), "{} records held", store.len());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_shortened_retention_is_swept_too() {
+        let store = MemoryStore::new();
+        let hour = Duration::from_secs(3600);
+        let Acquire::Acquired(lease) = store.acquire(&shard0_key(0), &FP, hour, hour).await.unwrap() else {
+            panic!("not acquired")
+        };
+        // Completing with a retention shorter than the lease moves the record's expiry closer.
+        let ms = Duration::from_millis(1);
+        assert_eq!(store.complete(&shard0_key(0), &lease.token, Bytes::new(), ms).await.unwrap(), Transition::Ok);
+        tokio::time::advance(2 * ms).await;
+        for n in 1..=SWEEP_EVERY as u32 {
+            store.acquire(&shard0_key(n), &FP, hour, hour).await.unwrap();
+        }
+        assert_eq!(store.len(), SWEEP_EVERY, "the expired record was swept by the shard's writes");
+        assert!(matches!(store.acquire(&shard0_key(0), &FP, hour, hour).await.unwrap(), Acquire::Acquired(_)));
     }
 
     #[tokio::test(start_paused = true)]

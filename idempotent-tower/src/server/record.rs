@@ -105,7 +105,16 @@ impl StoredResponse {
 
 /// The stored bytes of a response, from its parts (nothing is copied but into the output).
 pub(crate) fn encode(status: StatusCode, headers: &HeaderMap, body: &[u8], trailers: Option<&HeaderMap>) -> Bytes {
-    let mut out = BytesMut::with_capacity(64 + body.len());
+    // Sized exactly: a buffer filled to its capacity becomes `Bytes` without another allocation.
+    let len = MAGIC.len()
+        + 1
+        + 2
+        + fields_len(headers, true)
+        + 8
+        + body.len()
+        + 1
+        + trailers.map_or(0, |t| fields_len(t, false));
+    let mut out = BytesMut::with_capacity(len);
     out.put_slice(MAGIC);
     out.put_u8(VERSION);
     out.put_u16(status.as_u16());
@@ -119,7 +128,14 @@ pub(crate) fn encode(status: StatusCode, headers: &HeaderMap, body: &[u8], trail
             put_fields(&mut out, t, false);
         }
     }
+    debug_assert_eq!(out.len(), len, "encode's length");
     out.freeze()
+}
+
+/// The encoded length of `fields` (see `put_fields`).
+fn fields_len(fields: &HeaderMap, strip: bool) -> usize {
+    let each = fields.iter().filter(|(name, _)| !strip || !is_hop_by_hop(name, fields));
+    4 + each.map(|(name, value)| 2 + name.as_str().len() + 4 + value.len()).sum::<usize>()
 }
 
 fn put_fields(out: &mut BytesMut, fields: &HeaderMap, strip: bool) {

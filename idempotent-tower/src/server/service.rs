@@ -12,7 +12,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Request, Response};
 use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use idempotent_core::__private::{FinishOnDrop, poll_once};
-use idempotent_core::canonical::canonicalize_json;
+use idempotent_core::canonical::with_canonical_json;
 use idempotent_core::record::{Acquire, Lease, Transition};
 use idempotent_core::{Error, FailMode, Fingerprint, Key, OnInFlight, ShortKey};
 use tokio::time::Instant;
@@ -345,19 +345,19 @@ fn is_json(headers: &HeaderMap) -> bool {
 /// The fingerprint of an HTTP request: method, path, query and body (canonical JSON when the
 /// body is JSON, so that key order and whitespace do not count; the raw bytes otherwise).
 fn http_fingerprint(parts: &Parts, body: &[u8]) -> Fingerprint {
-    let canonical = if is_json(&parts.headers) { canonicalize_json(body).ok() } else { None };
-    let (form, payload): (&[u8], &[u8]) = match &canonical {
-        Some(c) => (b"json", c),
-        None => (b"raw", body),
+    let of = |form: &[u8], payload: &[u8]| {
+        Fingerprint::of_parts([
+            &b"http"[..],
+            parts.method.as_str().as_bytes(),
+            parts.uri.path().as_bytes(),
+            parts.uri.query().unwrap_or("").as_bytes(),
+            form,
+            payload,
+        ])
     };
-    Fingerprint::of_parts([
-        &b"http"[..],
-        parts.method.as_str().as_bytes(),
-        parts.uri.path().as_bytes(),
-        parts.uri.query().unwrap_or("").as_bytes(),
-        form,
-        payload,
-    ])
+    // Canonical JSON from the thread's reused buffer: it is only hashed.
+    let json = if is_json(&parts.headers) { with_canonical_json(body, |c| of(b"json", c)).ok() } else { None };
+    json.unwrap_or_else(|| of(b"raw", body))
 }
 
 enum Acquired {
