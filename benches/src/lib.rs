@@ -475,3 +475,19 @@ impl RawRedis {
         std::hint::black_box(stored);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_borrowed_refund_is_the_same_payload() {
+        use idempotent_core::canonical::to_canonical_vec;
+        let view = to_canonical_vec(&Refund::new(0).with_seq(5)).unwrap();
+        assert_eq!(view, to_canonical_vec(&Refund::new(5)).unwrap());
+        assert_eq!(
+            serde_json::to_vec(&Refund::new(0).with_seq(5)).unwrap(),
+            serde_json::to_vec(&Refund::new(5)).unwrap()
+        );
+    }
+}

@@ -193,9 +193,9 @@ impl Spare {
 /// Fractions and exponents are read as IEEE doubles and written in JCS form, as RFC 8785 says.
 pub fn canonicalize_json(input: &[u8]) -> Result<Vec<u8>, JsonError> {
     let mut spare = Spare::take();
-    let res = parse_with(input, Vec::with_capacity(input.len()), &mut spare);
+    let (out, res) = parse_with(input, Vec::new(), &mut spare);
     spare.give_back();
-    res
+    res.map(|()| out)
 }
 
 /// Hands the canonical form of the JSON document `input` (see [`canonicalize_json`]) to `f`,
@@ -211,22 +211,16 @@ pub fn canonicalize_json(input: &[u8]) -> Result<Vec<u8>, JsonError> {
 /// ```
 pub fn with_canonical_json<R>(input: &[u8], f: impl FnOnce(&[u8]) -> R) -> Result<R, JsonError> {
     let mut spare = Spare::take();
-    let mut out = std::mem::take(&mut spare.out);
-    out.clear();
-    let res = match parse_with(input, out, &mut spare) {
-        Ok(out) => {
-            let r = f(&out);
-            spare.out = out;
-            Ok(r)
-        }
-        Err(e) => Err(e),
-    };
+    let (out, res) = parse_with(input, std::mem::take(&mut spare.out), &mut spare);
+    let res = res.map(|()| f(&out));
+    spare.out = out;
     spare.give_back();
     res
 }
 
-/// Parses `input` into `out` (cleared first), with the spare buffers for reordering members.
-fn parse_with(input: &[u8], mut out: Vec<u8>, spare: &mut Spare) -> Result<Vec<u8>, JsonError> {
+/// Parses `input` into `out` (cleared first), with the spare buffers for reordering members;
+/// gives `out` back whatever the outcome, so its allocation can be kept.
+fn parse_with(input: &[u8], mut out: Vec<u8>, spare: &mut Spare) -> (Vec<u8>, Result<(), JsonError>) {
     out.clear();
     out.reserve(input.len());
     let mut p = JsonParser {
@@ -244,7 +238,7 @@ fn parse_with(input: &[u8], mut out: Vec<u8>, spare: &mut Spare) -> Result<Vec<u
     });
     spare.scratch = p.scratch;
     spare.members = relabel(p.members);
-    res.map(|()| p.out)
+    (p.out, res)
 }
 
 /// An emptied vector of members, as members of another lifetime: the parser's member names
@@ -1322,6 +1316,38 @@ mod tests {
         let err = to_canonical_vec(&m).unwrap_err();
         assert_eq!(err, CanonicalError::NonStringKey { kind: "integers" });
         assert!(err.to_string().contains("keys are integers"));
+    }
+
+    #[test]
+    fn relabeling_members_keeps_their_allocation() {
+        let mut members: Vec<Member> = Vec::with_capacity(32);
+        members.push((Cow::Borrowed("a"), 0..1));
+        let ptr = members.as_ptr() as usize;
+        let parser_members: Vec<(Cow<'_, str>, Range<usize>)> = relabel(members);
+        assert!(parser_members.is_empty());
+        assert_eq!(parser_members.capacity(), 32);
+        assert_eq!(parser_members.as_ptr() as usize, ptr, "the buffer is reused, not reallocated");
+    }
+
+    #[test]
+    fn reused_buffers_never_leak_into_the_next_result() {
+        let long =
+            serde_json::json!({"z": "a long value that fills the buffer", "y": [1, 2, 3], "x": {"b": 1, "a": 2}});
+        let short = serde_json::json!({"b": 1, "a": 0});
+        for _ in 0..3 {
+            assert_eq!(with_canonical(&long, <[u8]>::to_vec).unwrap(), to_canonical_vec(&long).unwrap());
+            assert_eq!(with_canonical(&short, <[u8]>::to_vec).unwrap(), br#"{"a":0,"b":1}"#);
+            // A failed parse in between leaves nothing behind either.
+            assert!(with_canonical_json(br#"{"b": 1, "b": 2}"#, |_| ()).is_err());
+            assert_eq!(with_canonical_json(br#"{"b":1,"a":0}"#, <[u8]>::to_vec).unwrap(), br#"{"a":0,"b":1}"#);
+        }
+        // A call nested inside another (here, from the closure) gets buffers of its own.
+        let nested = with_canonical(&long, |outer| {
+            let inner = with_canonical(&short, <[u8]>::to_vec).unwrap();
+            (outer.to_vec(), inner)
+        })
+        .unwrap();
+        assert_eq!(nested, (to_canonical_vec(&long).unwrap(), br#"{"a":0,"b":1}"#.to_vec()));
     }
 
     #[test]

@@ -151,6 +151,9 @@ impl Key {
     }
 
     /// Builds a key from a raw digest (for stores that read keys back).
+    ///
+    /// The bytes should be a digest: in-process maps hash a key by its first 8 bytes only, so
+    /// keys made up by hand that share them all land in one bucket.
     pub const fn from_bytes(bytes: [u8; 32]) -> Key {
         Key(bytes)
     }

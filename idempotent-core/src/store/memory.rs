@@ -1,6 +1,7 @@
 //! The embedded in-memory store.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -163,61 +164,75 @@ impl MemoryStore {
     }
 
     fn acquire_now(&self, key: &Key, fp: &Fingerprint, lease: Duration, retention: Duration) -> Result<Acquire, Error> {
-        let now = Instant::now();
-        let mut shard = self.shard(key);
-        shard.writes += 1;
-        if shard.writes >= SWEEP_EVERY.max(shard.map.len() / 4) {
-            self.sweep_shard(&mut shard, now);
+        if let Some(answer) = self.try_acquire(key, fp, lease, retention) {
+            return answer;
         }
-        let (prev_attempt, recovered) = match shard.map.get(key) {
-            Some(r) if r.expires > now => {
+        // Full: sweep every shard (none locked meanwhile), then look again: another caller may
+        // have inserted the key, or the sweep freed room.
+        self.sweep();
+        self.try_acquire(key, fp, lease, retention).unwrap_or_else(|| {
+            let capacity = self.inner.capacity.unwrap_or(usize::MAX);
+            Err(Error::Full { store: self.describe(), capacity })
+        })
+    }
+
+    /// Acquire's work under the shard's lock, looking the key up once; `None` when the key is
+    /// new and the store is full.
+    fn try_acquire(
+        &self,
+        key: &Key,
+        fp: &Fingerprint,
+        lease: Duration,
+        retention: Duration,
+    ) -> Option<Result<Acquire, Error>> {
+        let now = Instant::now();
+        let mut guard = self.shard(key);
+        guard.writes += 1;
+        if guard.writes >= SWEEP_EVERY.max(guard.map.len() / 4) {
+            self.sweep_shard(&mut guard, now);
+        }
+        let shard = &mut *guard;
+        let entry = shard.map.entry(*key);
+        let (prev_attempt, recovered) = match &entry {
+            Entry::Occupied(o) if o.get().expires > now => {
+                let r = o.get();
                 if r.fingerprint != *fp {
-                    return Ok(Acquire::Mismatch);
+                    return Some(Ok(Acquire::Mismatch));
                 }
                 match &r.state {
-                    State::Done { result, .. } => return Ok(Acquire::Replay(result.clone())),
+                    State::Done { result, .. } => return Some(Ok(Acquire::Replay(result.clone()))),
                     State::Running { lease_until, .. } if *lease_until > now => {
-                        return Ok(Acquire::InFlight { retry_after: *lease_until - now });
+                        return Some(Ok(Acquire::InFlight { retry_after: *lease_until - now }));
                     }
                     State::Running { .. } => (r.attempt, true),
                     State::Released { .. } => (r.attempt, false),
                 }
             }
-            Some(_) => (0, false),
-            None => {
-                if !self.reserve() {
-                    // Full: sweep every shard (this one's lock released first), then look again.
-                    drop(shard);
-                    self.sweep();
-                    shard = self.shard(key);
-                    if shard.map.contains_key(key) {
-                        // Another caller inserted the key meanwhile; answer as for a live record.
-                        drop(shard);
-                        return self.acquire_now(key, fp, lease, retention);
-                    }
-                    if !self.reserve() {
-                        let capacity = self.inner.capacity.unwrap_or(usize::MAX);
-                        return Err(Error::Full { store: self.describe(), capacity });
-                    }
-                }
-                (0, false)
-            }
+            // An expired record is replaced; it was counted already.
+            Entry::Occupied(_) => (0, false),
+            Entry::Vacant(_) if !self.reserve() => return None,
+            Entry::Vacant(_) => (0, false),
         };
         let fence = self.inner.fence.fetch_add(1, Ordering::Relaxed) + 1;
         let token = Token::unique();
         let attempt = prev_attempt + 1;
         let expires = later(now, lease.max(retention));
+        let record = Record {
+            state: State::Running { token: token.clone(), lease_until: later(now, lease) },
+            fingerprint: *fp,
+            attempt,
+            expires,
+        };
+        match entry {
+            Entry::Occupied(mut o) => {
+                o.insert(record);
+            }
+            Entry::Vacant(v) => {
+                v.insert(record);
+            }
+        }
         shard.expires_at(expires);
-        shard.map.insert(
-            *key,
-            Record {
-                state: State::Running { token: token.clone(), lease_until: later(now, lease) },
-                fingerprint: *fp,
-                attempt,
-                expires,
-            },
-        );
-        Ok(Acquire::Acquired(Lease { token, fence, attempt, recovered }))
+        Some(Ok(Acquire::Acquired(Lease { token, fence, attempt, recovered })))
     }
 
     /// Applies `f` to the record if `token` owns it. `already` says whether the record is in the

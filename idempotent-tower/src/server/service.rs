@@ -173,59 +173,111 @@ where
 {
     async move {
         let short = key.short_key();
-
-        let (data, trailers) = match read_body(&parts.headers, body, config.max_request_body).await {
-            Ok(read) => read,
-            Err(ReadError::TooLarge) => {
-                tracing::debug!(key = %short, limit = config.max_request_body, "idempotent.refused: request body too large");
-                return Ok(Refusal::BodyTooLarge { limit: config.max_request_body }.into_response(grpc));
-            }
-            Err(ReadError::Failed(error)) => {
-                tracing::debug!(key = %short, %error, "idempotent.refused: request body failed");
-                return Ok(Refusal::BodyUnreadable.into_response(grpc));
-            }
+        // Reading the body and taking the key run in a box of their own: their futures would
+        // otherwise add to this one's size for the whole request, and past glibc's 1 032-byte
+        // thread cache a box takes malloc's slow path (two boxes within it cost less).
+        // Matched in the statement that awaits it, with no suspension in the arms, so that the
+        // admission's room is not kept for the rest of this future.
+        let (data, trailers, lease) = match Box::pin(admit(&config, &parts, body, &key, grpc)).await {
+            Admission::Run { data, trailers, lease, acquired_at } => (data, trailers, Some((lease, acquired_at))),
+            Admission::FailOpen { data, trailers } => (data, trailers, None),
+            Admission::Respond(res) => return Ok(res),
         };
-        let fingerprint =
-            if grpc { grpc::fingerprint(parts.uri.path(), &data) } else { http_fingerprint(&parts, &data) };
-        let (lease, acquired_at) = match acquire(&config, &key, &fingerprint, short).await {
-            Acquired::Lease(lease, sent) => (lease, sent),
-            Acquired::Replay(bytes) => return Ok(replay(bytes, grpc, short)),
-            Acquired::Refuse(refusal) => return Ok(refusal.into_response(grpc)),
-            Acquired::FailOpen => {
+        let (lease, acquired_at) = match lease {
+            Some(taken) => taken,
+            None => {
                 let res = inner.call(service_request(parts, data, trailers, None)).await?;
                 return Ok(res.map(ResponseBody::stream));
             }
         };
-        tracing::debug!(key = %short, fence = lease.fence, attempt = lease.attempt, recovered = lease.recovered, "idempotent.acquired");
-        if lease.recovered {
-            tracing::info!(key = %short, fence = lease.fence, "idempotent.recovered: a previous attempt's lease ran out without a response");
-        }
-        let call = inner.call(service_request(parts, data, trailers, Some(&lease)));
-        let mut held = Held { valid_until: acquired_at + config.lease, lost: false, config, key, lease, short };
+        let marker = RequestLease { fence: lease.fence, attempt: lease.attempt, recovered: lease.recovered };
+        let held = Held { valid_until: acquired_at + config.lease, lost: false, config, key, lease, short };
+        let call = inner.call(service_request(parts, data, trailers, Some(marker)));
         // A statement of its own, so that the service's future is dropped before the key is
-        // released or the response stored.
-        let outcome = held.heartbeat(pin!(call)).await;
+        // released or the response stored. `held` goes in and comes back out by value: a
+        // borrowed local would keep its room in this future until the end.
+        let (held, outcome) = held.run(pin!(call)).await;
+        // Boxed, like the admission: this future then stays under glibc's thread cache limit.
+        Box::pin(settle(held, outcome, grpc)).await
+    }
+}
+
+/// After the service: stores its response, or gives the key up when it failed.
+///
+/// Storing must not depend on the client still waiting: hyper drops the request's future when
+/// the client goes away, and the record would then stay `running` until its lease passed, and
+/// the retry would run the request again. So the rest runs here, and moves to a task of its own
+/// if this future is dropped first. A body that is complete at once (the usual case) is read
+/// here, without a suspension (so nothing can drop this future meanwhile), so that the boxed
+/// rest is small.
+#[allow(clippy::manual_async_fn)]
+fn settle<B, E>(
+    held: Held,
+    outcome: Result<Response<B>, E>,
+    grpc: bool,
+) -> impl Future<Output = Result<Response<ResponseBody<B>>, E>>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    async move {
         let res = match outcome {
             Ok(res) => res,
             Err(e) => {
-                // Like storing a response (below): giving the key up must not depend on the
-                // client still waiting.
+                // Like storing a response: giving the key up must not depend on the client.
                 FinishOnDrop::new(async move { held.release("the service failed").await }.in_current_span(), drop)
                     .await;
                 return Err(e);
             }
         };
-        // The service has run. Storing its response must not depend on the client still
-        // waiting: hyper drops this future when the client goes away, and the record would then
-        // stay `running` until its lease passed, and the retry would run the request again. So
-        // the rest runs here, and moves to a task of its own if this future is dropped first.
-        // A body that is complete at once (the usual case) is read here, without a suspension
-        // (so nothing can drop this future meanwhile), so that the boxed rest is small.
         let limit = held.config.max_stored_response;
         match collect_at_once(res, limit).await {
             Ok(collected) => Ok(FinishOnDrop::new(held.store(collected, grpc).in_current_span(), drop).await),
             Err(collect) => Ok(FinishOnDrop::new(held.finish(collect, grpc).in_current_span(), drop).await),
         }
+    }
+}
+
+/// What [`admit`] decided for a request.
+enum Admission<B> {
+    /// Call the service under `lease`, taken by an acquire sent at `acquired_at`.
+    Run { data: Bytes, trailers: Option<HeaderMap>, lease: Lease, acquired_at: Instant },
+    /// Call the service unprotected: the store is down and the layer fails open.
+    FailOpen { data: Bytes, trailers: Option<HeaderMap> },
+    /// Answer without calling the service: a replay or a refusal.
+    Respond(Response<ResponseBody<B>>),
+}
+
+/// Reads the request body, fingerprints the request and takes its key.
+async fn admit<ReqBody, B>(config: &Config, parts: &Parts, body: ReqBody, key: &Key, grpc: bool) -> Admission<B>
+where
+    ReqBody: Body<Data = Bytes>,
+    ReqBody::Error: Into<BoxError>,
+{
+    let short = key.short_key();
+    let (data, trailers) = match read_body(&parts.headers, body, config.max_request_body).await {
+        Ok(read) => read,
+        Err(ReadError::TooLarge) => {
+            tracing::debug!(key = %short, limit = config.max_request_body, "idempotent.refused: request body too large");
+            return Admission::Respond(Refusal::BodyTooLarge { limit: config.max_request_body }.into_response(grpc));
+        }
+        Err(ReadError::Failed(error)) => {
+            tracing::debug!(key = %short, %error, "idempotent.refused: request body failed");
+            return Admission::Respond(Refusal::BodyUnreadable.into_response(grpc));
+        }
+    };
+    let fingerprint = if grpc { grpc::fingerprint(parts.uri.path(), &data) } else { http_fingerprint(parts, &data) };
+    match acquire(config, key, &fingerprint, short).await {
+        Acquired::Lease(lease, acquired_at) => {
+            tracing::debug!(key = %short, fence = lease.fence, attempt = lease.attempt, recovered = lease.recovered, "idempotent.acquired");
+            if lease.recovered {
+                tracing::info!(key = %short, fence = lease.fence, "idempotent.recovered: a previous attempt's lease ran out without a response");
+            }
+            Admission::Run { data, trailers, lease, acquired_at }
+        }
+        Acquired::Replay(bytes) => Admission::Respond(replay(bytes, grpc, short)),
+        Acquired::Refuse(refusal) => Admission::Respond(refusal.into_response(grpc)),
+        Acquired::FailOpen => Admission::FailOpen { data, trailers },
     }
 }
 
@@ -236,16 +288,12 @@ fn service_request<B>(
     parts: Parts,
     data: Bytes,
     trailers: Option<HeaderMap>,
-    lease: Option<&Lease>,
+    lease: Option<RequestLease>,
 ) -> Request<RequestBody<B>> {
     let mut req = Request::from_parts(parts, RequestBody::full(data, trailers));
     req.extensions_mut().insert(Handled);
     if let Some(lease) = lease {
-        req.extensions_mut().insert(RequestLease {
-            fence: lease.fence,
-            attempt: lease.attempt,
-            recovered: lease.recovered,
-        });
+        req.extensions_mut().insert(lease);
     }
     req
 }
@@ -479,6 +527,12 @@ impl Held {
         // The timers and the renewal live in a box of their own, allocated only for work that
         // has to wait: most of this future's size, kept out of every request's future.
         Box::pin(self.beat(work)).await
+    }
+
+    /// [`heartbeat`](Self::heartbeat), taking the lease by value and giving it back.
+    async fn run<F: Future>(mut self, work: Pin<&mut F>) -> (Self, F::Output) {
+        let out = self.heartbeat(work).await;
+        (self, out)
     }
 
     async fn beat<F: Future>(&mut self, mut work: Pin<&mut F>) -> F::Output {
