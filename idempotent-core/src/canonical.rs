@@ -1025,12 +1025,7 @@ impl<'a> JsonParser<'a> {
         let mut buf: Vec<u8> = Vec::new();
         loop {
             let run = self.i;
-            while let Some(&b) = self.s.get(self.i) {
-                if b == b'"' || b == b'\\' || b < 0x20 {
-                    break;
-                }
-                self.i += 1;
-            }
+            self.i += plain_len(&self.s[self.i..]);
             buf.extend_from_slice(&self.s[run..self.i]);
             match self.s.get(self.i) {
                 Some(b'"') => {

@@ -230,12 +230,6 @@ impl RedisServer {
         c.query(&mut self.connection()).unwrap_or_else(|e| panic!("{args:?} failed: {e}"))
     }
 
-    /// `calls` of each command since start (or the last `CONFIG RESETSTAT`), from `INFO commandstats`.
-    pub fn command_calls(&self) -> std::collections::BTreeMap<String, u64> {
-        let info: String = redis::cmd("INFO").arg("commandstats").query(&mut self.connection()).unwrap();
-        parse_commandstats(&info)
-    }
-
     /// Resets `INFO commandstats`.
     pub fn reset_stats(&self) {
         self.cmd(&["CONFIG", "RESETSTAT"]);
@@ -314,18 +308,6 @@ fn make_certificate(dir: &Path) {
     assert!(out.status.success(), "openssl failed: {}", String::from_utf8_lossy(&out.stderr));
 }
 
-/// Parses `cmdstat_evalsha:calls=2,usec=…` lines into command → calls.
-pub fn parse_commandstats(info: &str) -> std::collections::BTreeMap<String, u64> {
-    info.lines()
-        .filter_map(|line| {
-            let rest = line.strip_prefix("cmdstat_")?;
-            let (name, stats) = rest.split_once(':')?;
-            let calls = stats.split(',').find_map(|kv| kv.strip_prefix("calls="))?;
-            Some((name.to_owned(), calls.parse().ok()?))
-        })
-        .collect()
-}
-
 fn signal(pid: i32, sig: &str) {
     // `unsafe_code` is forbidden in the workspace, so signals go through the `kill` command.
     let status = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status().expect("run kill");
@@ -400,17 +382,6 @@ impl RedisCluster {
     /// The nodes' `redis://` URLs.
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
-    }
-
-    /// Sum of `calls` of each command across all nodes.
-    pub fn command_calls(&self) -> std::collections::BTreeMap<String, u64> {
-        let mut total = std::collections::BTreeMap::new();
-        for n in &self.nodes {
-            for (k, v) in n.command_calls() {
-                *total.entry(k).or_insert(0) += v;
-            }
-        }
-        total
     }
 }
 
