@@ -222,8 +222,15 @@ pub fn with_canonical_json<R>(input: &[u8], f: impl FnOnce(&[u8]) -> R) -> Resul
 /// gives `out` back whatever the outcome, so its allocation can be kept.
 fn parse_with(input: &[u8], mut out: Vec<u8>, spare: &mut Spare) -> (Vec<u8>, Result<(), JsonError>) {
     out.clear();
+    // JSON text is UTF-8 (RFC 8259): checked once here, so that the parser slices strings out
+    // of a `&str` at ASCII delimiters instead of checking each one.
+    let text = match std::str::from_utf8(input) {
+        Ok(text) => text,
+        Err(e) => return (out, Err(JsonError { offset: e.valid_up_to(), reason: "not valid UTF-8" })),
+    };
     out.reserve(input.len());
     let mut p = JsonParser {
+        text,
         s: input,
         i: 0,
         out,
@@ -841,6 +848,9 @@ fn plain_len(s: &[u8]) -> usize {
 
 /// A small JSON parser that writes the canonical form as it reads (see [`canonicalize_json`]).
 struct JsonParser<'a> {
+    /// The input, known to be UTF-8.
+    text: &'a str,
+    /// `text` as bytes.
     s: &'a [u8],
     i: usize,
     out: Vec<u8>,
@@ -998,18 +1008,19 @@ impl<'a> JsonParser<'a> {
         if s.get(end) != Some(&b'"') {
             return Ok(None);
         }
-        let Ok(run) = std::str::from_utf8(&s[first..end]) else {
-            self.i = end;
-            return Err(self.err("string is not valid UTF-8"));
-        };
+        // Both ends are next to ASCII quotes, so on character boundaries: `get` cannot fail.
+        let run = self.text.get(first..end).ok_or_else(|| self.err("string is not valid UTF-8"))?;
         self.i = end + 1;
         Ok(Some(run))
     }
 
     fn hex4(&mut self) -> Result<u16, JsonError> {
-        let digits = self.s.get(self.i..self.i + 4).ok_or_else(|| self.err("short \\u escape"))?;
-        let text = std::str::from_utf8(digits).map_err(|_| self.err("bad \\u escape"))?;
-        let v = u16::from_str_radix(text, 16).map_err(|_| self.err("bad \\u escape"))?;
+        if self.s.len() < self.i + 4 {
+            return Err(self.err("short \\u escape"));
+        }
+        // Four hex digits exactly (`from_str_radix` alone would also take a sign).
+        let digits = self.text.get(self.i..self.i + 4).filter(|d| d.bytes().all(|b| b.is_ascii_hexdigit()));
+        let v = digits.and_then(|d| u16::from_str_radix(d, 16).ok()).ok_or_else(|| self.err("bad \\u escape"))?;
         self.i += 4;
         Ok(v)
     }
@@ -1022,15 +1033,17 @@ impl<'a> JsonParser<'a> {
             return Ok(Cow::Borrowed(run));
         }
         self.i = first;
-        let mut buf: Vec<u8> = Vec::new();
+        let mut buf = String::new();
         loop {
             let run = self.i;
             self.i += plain_len(&self.s[self.i..]);
-            buf.extend_from_slice(&self.s[run..self.i]);
+            // From after a quote or an escape to a quote, a backslash or a control character (or
+            // the end): character boundaries, so `get` cannot fail.
+            buf.push_str(self.text.get(run..self.i).ok_or_else(|| self.err("string is not valid UTF-8"))?);
             match self.s.get(self.i) {
                 Some(b'"') => {
                     self.i += 1;
-                    return String::from_utf8(buf).map(Cow::Owned).map_err(|_| self.err("string is not valid UTF-8"));
+                    return Ok(Cow::Owned(buf));
                 }
                 Some(b'\\') => {
                     self.i += 1;
@@ -1064,7 +1077,7 @@ impl<'a> JsonParser<'a> {
                         }
                         _ => return Err(self.err("unknown escape in string")),
                     };
-                    buf.extend_from_slice(ch.encode_utf8(&mut [0; 4]).as_bytes());
+                    buf.push(ch);
                 }
                 Some(_) => return Err(self.err("control character in string")),
                 None => return Err(self.err("unterminated string")),
@@ -1118,7 +1131,7 @@ impl<'a> JsonParser<'a> {
             self.out.extend_from_slice(&self.s[int_start..int_end]);
             return Ok(());
         }
-        let text = std::str::from_utf8(&self.s[start..self.i]).map_err(|_| self.err("malformed number"))?;
+        let text = self.text.get(start..self.i).ok_or_else(|| self.err("malformed number"))?;
         let v: f64 = text.parse().map_err(|_| self.err("malformed number"))?;
         write_f64(&mut self.out, v).map_err(|_| self.err("number out of the range of a double"))
     }
@@ -1446,6 +1459,28 @@ mod tests {
         for bad in [&b"{"[..], b"[1,]", b"01", b"1.", b"\"\\ud800\"", b"nul", b"{\"a\" 1}", b"1 2", b"\"a\x01\""] {
             assert!(canonicalize_json(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
         }
+    }
+
+    #[test]
+    fn escapes_take_four_hex_digits_exactly() {
+        assert_eq!(canonicalize_json(br#""\u00e9\u0041""#).unwrap(), "\"\u{e9}A\"".as_bytes());
+        for bad in [&br#""\u+0e9""#[..], br#""\u-0e9""#, br#""\u 0e9""#, br#""\u0e""#, b"\"\\u00\xc3\xa9\""] {
+            let err = canonicalize_json(bad).unwrap_err();
+            assert!(err.reason.contains("\\u escape"), "{:?}: {err}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn input_that_is_not_utf8_is_refused_where_it_goes_wrong() {
+        for (bad, offset) in [(&b"{\"a\xff\":1}"[..], 3), (b"[\"ok\",\"\xc3\"]", 7), (b"[1,\xe9]", 3)] {
+            let err = canonicalize_json(bad).unwrap_err();
+            assert_eq!((err.offset, err.reason), (offset, "not valid UTF-8"), "{:?}", String::from_utf8_lossy(bad));
+        }
+        // Multi-byte text in names and values is kept as given.
+        assert_eq!(
+            canonicalize_json("{\"\u{e9}\":\"\u{1F600}\"}".as_bytes()).unwrap(),
+            "{\"\u{e9}\":\"\u{1F600}\"}".as_bytes()
+        );
     }
 
     proptest::proptest! {

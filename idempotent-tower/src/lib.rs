@@ -24,7 +24,7 @@ pub use retry::{Backoff, GrpcRetryPolicy, HttpRetryPolicy};
 pub mod __fuzz {
     /// Parses one `Idempotency-Key` header value (sf-string or bare form).
     pub fn parse_key(raw: &[u8]) -> Result<String, String> {
-        crate::server::key::parse_value(raw).map_err(|e| e.to_string())
+        crate::server::key::parse_value(raw).map(String::from).map_err(|e| e.to_string())
     }
 
     /// Decodes a stored response; when it decodes, re-encodes it and checks the round trip.

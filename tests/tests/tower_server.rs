@@ -963,4 +963,15 @@ async fn fail_open_calls_the_handler_when_the_store_is_unreachable() {
         // Unprotected: the handler is told it holds no lease.
         assert_eq!(reply.headers["x-fence"], "none");
     }
+    // A layer inside one that failed open stands aside too, rather than refusing the request
+    // the outer layer let through (this one fails closed).
+    let ledger = Ledger::new();
+    let router = Router::new()
+        .route("/refunds", post(refund).layer(IdempotencyLayer::new(store.clone())))
+        .with_state(ledger.clone())
+        .layer(IdempotencyLayer::new(store).fail_mode(FailMode::Open));
+    let nested = App::serve(router, ledger).await;
+    let reply = nested.h1(nested.post("/refunds", "k"), "{}").await;
+    assert_eq!((reply.status, &reply.headers["x-fence"]), (StatusCode::CREATED, &"none".parse().unwrap()));
+    assert_eq!(nested.ledger.calls(), 1);
 }

@@ -6,6 +6,8 @@
 //! that opens with `"` is always read as an sf-string, so a malformed quoted value is an error
 //! rather than a bare key with a stray quote in it.
 
+use std::borrow::Cow;
+
 use http::{HeaderMap, HeaderName};
 
 /// The longest key accepted, in bytes (the draft's common practice; Stripe uses the same bound).
@@ -39,7 +41,7 @@ impl std::fmt::Display for KeyError {
 }
 
 /// Reads the key from `headers[name]`: `Ok(None)` when absent.
-pub(crate) fn parse(headers: &HeaderMap, name: &HeaderName) -> Result<Option<String>, KeyError> {
+pub(crate) fn parse<'h>(headers: &'h HeaderMap, name: &HeaderName) -> Result<Option<Cow<'h, str>>, KeyError> {
     let mut values = headers.get_all(name).iter();
     let Some(value) = values.next() else {
         return Ok(None);
@@ -50,14 +52,15 @@ pub(crate) fn parse(headers: &HeaderMap, name: &HeaderName) -> Result<Option<Str
     parse_value(value.as_bytes()).map(Some)
 }
 
-/// Parses one header value (sf-string or bare form) into the key string.
-pub(crate) fn parse_value(raw: &[u8]) -> Result<String, KeyError> {
+/// Parses one header value (sf-string or bare form) into the key string, borrowed from the
+/// value in the bare form.
+pub(crate) fn parse_value(raw: &[u8]) -> Result<Cow<'_, str>, KeyError> {
     let trimmed = trim_ows(raw);
     let key = if trimmed.first() == Some(&b'"') {
         let item: sfv::Item =
             sfv::Parser::new(trimmed).parse().map_err(|e: sfv::Error| KeyError::BadString(e.to_string()))?;
         match item.bare_item {
-            sfv::BareItem::String(s) => s.as_str().to_owned(),
+            sfv::BareItem::String(s) => Cow::Owned(s.as_str().to_owned()),
             // Unreachable for input that opens with `"`, but never trust that to a panic.
             _ => return Err(KeyError::BadString("not a string".into())),
         }
@@ -66,7 +69,7 @@ pub(crate) fn parse_value(raw: &[u8]) -> Result<String, KeyError> {
             return Err(KeyError::NotPrintable);
         }
         // Only printable ASCII remains, which is UTF-8.
-        String::from_utf8(trimmed.to_vec()).map_err(|_| KeyError::NotPrintable)?
+        Cow::Borrowed(std::str::from_utf8(trimmed).map_err(|_| KeyError::NotPrintable)?)
     };
     if key.is_empty() {
         return Err(KeyError::Empty);
@@ -95,7 +98,7 @@ mod tests {
     fn one(v: &[u8]) -> Result<Option<String>, KeyError> {
         let mut h = HeaderMap::new();
         h.insert("idempotency-key", HeaderValue::from_bytes(v).unwrap());
-        parse(&h, &HeaderName::from_static("idempotency-key"))
+        parse(&h, &HeaderName::from_static("idempotency-key")).map(|k| k.map(Cow::into_owned))
     }
 
     #[test]

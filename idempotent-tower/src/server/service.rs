@@ -53,7 +53,9 @@ pub struct RequestLease {
     pub recovered: bool,
 }
 
-/// Marks a request that an `IdempotencyLayer` has taken the key for.
+/// Marks a request that an `IdempotencyLayer` passes on without a lease (it failed open). A
+/// request it passes on under a lease carries the [`RequestLease`] instead, which only this
+/// crate can make.
 #[derive(Debug, Clone, Copy)]
 struct Handled;
 
@@ -117,15 +119,22 @@ where
         let grpc = grpc::is_grpc(req.headers());
         // An outer IdempotencyLayer already holds the key for this request: taking it again
         // here would find the request in flight behind itself.
-        let nested = req.extensions().get::<Handled>().is_some();
+        let nested = req.extensions().get::<RequestLease>().is_some() || req.extensions().get::<Handled>().is_some();
         if nested || (!grpc && !config.methods.contains(req.method())) {
             return ResponseFuture::passthrough(self.inner.call(req.map(RequestBody::stream)));
         }
         let header = || config.header.as_str().to_owned();
-        let client_key = match key::parse(req.headers(), &config.header) {
-            Ok(Some(k)) => k,
+        let (parts, body) = req.into_parts();
+        // The key is derived here rather than in `handle`: the request's parts and the client's
+        // key then need not be held in the boxed future twice (as arguments and as locals).
+        let key = match key::parse(&parts.headers, &config.header) {
+            Ok(Some(client_key)) => {
+                let tenant = config.tenant.as_ref().and_then(|extract| extract(&parts));
+                Key::from_client_key(tenant.as_deref(), &config.scope, &client_key)
+            }
             Ok(None) if !config.require_key => {
-                return ResponseFuture::passthrough(self.inner.call(req.map(RequestBody::stream)));
+                let req = Request::from_parts(parts, RequestBody::stream(body));
+                return ResponseFuture::passthrough(self.inner.call(req));
             }
             Ok(None) => {
                 tracing::debug!(grpc, "idempotent.refused: no key");
@@ -139,11 +148,6 @@ where
         // Take the service that was driven to readiness and leave a clone in its place.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        // The key is derived here rather than in `handle`: the request's parts and the client's
-        // key then need not be held in the boxed future twice (as arguments and as locals).
-        let (parts, body) = req.into_parts();
-        let tenant = config.tenant.as_ref().and_then(|extract| extract(&parts));
-        let key = Key::from_client_key(tenant.as_deref(), &config.scope, &client_key);
         ResponseFuture::boxed(Box::pin(handle(inner, self.config.clone(), parts, body, key, grpc)))
     }
 }
@@ -291,9 +295,16 @@ fn service_request<B>(
     lease: Option<RequestLease>,
 ) -> Request<RequestBody<B>> {
     let mut req = Request::from_parts(parts, RequestBody::full(data, trailers));
-    req.extensions_mut().insert(Handled);
-    if let Some(lease) = lease {
-        req.extensions_mut().insert(lease);
+    // One extension either way (the lease marks the request too): each insert is a map
+    // operation per request.
+    let extensions = req.extensions_mut();
+    match lease {
+        Some(lease) => {
+            extensions.insert(lease);
+        }
+        None => {
+            extensions.insert(Handled);
+        }
     }
     req
 }
@@ -418,10 +429,12 @@ enum Acquired {
 
 async fn acquire(config: &Config, key: &Key, fingerprint: &Fingerprint, short: ShortKey) -> Acquired {
     let header = || config.header.as_str().to_owned();
-    let started = Instant::now();
+    // When the first acquire was sent: the wait for a request in flight counts from there.
+    let mut started = None;
     let mut backoff = Duration::from_millis(10);
     loop {
         let sent = Instant::now();
+        let started = *started.get_or_insert(sent);
         match config.store.acquire(key, fingerprint, config.lease, config.retention).await {
             Ok(Acquire::Acquired(lease)) => return Acquired::Lease(lease, sent),
             Ok(Acquire::Replay(bytes)) => return Acquired::Replay(bytes),
