@@ -891,7 +891,7 @@ impl<'a> JsonParser<'a> {
             Some(b'{') => self.object(depth),
             Some(b'[') => self.array(depth),
             Some(b'"') => {
-                // A string without escapes needs no `&str`: it is checked and copied as is.
+                // A string without escapes is copied as is (the input was checked for UTF-8).
                 if let Some(run) = self.plain_string()? {
                     self.write_plain(run);
                 } else {

@@ -53,9 +53,11 @@ pub struct RequestLease {
     pub recovered: bool,
 }
 
-/// Marks a request that an `IdempotencyLayer` passes on without a lease (it failed open). A
-/// request it passes on under a lease carries the [`RequestLease`] instead, which only this
-/// crate can make.
+/// Marks a request that an `IdempotencyLayer` has handled: it took the key, or let the request
+/// through unprotected because the store was down and it fails open.
+///
+/// A private type rather than the [`RequestLease`]: a handler may copy its lease onto a request
+/// of its own to another protected service, whose layer must still protect that request.
 #[derive(Debug, Clone, Copy)]
 struct Handled;
 
@@ -119,7 +121,7 @@ where
         let grpc = grpc::is_grpc(req.headers());
         // An outer IdempotencyLayer already holds the key for this request: taking it again
         // here would find the request in flight behind itself.
-        let nested = req.extensions().get::<RequestLease>().is_some() || req.extensions().get::<Handled>().is_some();
+        let nested = req.extensions().get::<Handled>().is_some();
         if nested || (!grpc && !config.methods.contains(req.method())) {
             return ResponseFuture::passthrough(self.inner.call(req.map(RequestBody::stream)));
         }
@@ -295,16 +297,9 @@ fn service_request<B>(
     lease: Option<RequestLease>,
 ) -> Request<RequestBody<B>> {
     let mut req = Request::from_parts(parts, RequestBody::full(data, trailers));
-    // One extension either way (the lease marks the request too): each insert is a map
-    // operation per request.
-    let extensions = req.extensions_mut();
-    match lease {
-        Some(lease) => {
-            extensions.insert(lease);
-        }
-        None => {
-            extensions.insert(Handled);
-        }
+    req.extensions_mut().insert(Handled);
+    if let Some(lease) = lease {
+        req.extensions_mut().insert(lease);
     }
     req
 }
@@ -888,5 +883,37 @@ mod tests {
         assert_ne!(base, http_fingerprint(&parts("POST", "/r?a=2", None), b"x"));
         assert_ne!(base, http_fingerprint(&parts("POST", "/r", None), b"x"));
         assert_eq!(base, http_fingerprint(&parts("POST", "http://other.example/r?a=1", None), b"x"));
+    }
+
+    #[tokio::test]
+    async fn a_copied_lease_does_not_turn_another_layer_off() {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        use tower::{Layer, ServiceExt, service_fn};
+
+        // A handler may pass its lease on, on a request of its own to another protected
+        // service: that service's layer must still protect the request.
+        let runs = Arc::new(AtomicU32::new(0));
+        let counted = runs.clone();
+        let svc = super::super::IdempotencyLayer::new(idempotent_core::MemoryStore::new()).layer(service_fn(
+            move |_req: Request<RequestBody<http_body_util::Empty<Bytes>>>| {
+                let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
+                async move {
+                    Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Full::new(Bytes::from(
+                        n.to_string(),
+                    ))))
+                }
+            },
+        ));
+        for replayed in [false, true] {
+            let mut req = Request::post("/inner")
+                .header("idempotency-key", "k")
+                .body(http_body_util::Empty::<Bytes>::new())
+                .unwrap();
+            req.extensions_mut().insert(RequestLease { fence: 7, attempt: 1, recovered: false });
+            let res = svc.clone().oneshot(req).await.unwrap();
+            assert_eq!(res.headers().contains_key(IDEMPOTENT_REPLAYED), replayed);
+            assert_eq!(res.into_body().collect().await.unwrap().to_bytes(), "1");
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
     }
 }
