@@ -79,8 +79,13 @@ struct Shard {
 impl Shard {
     /// Notes that a record of this shard now expires at `expires`.
     fn expires_at(&mut self, expires: Instant) {
-        self.next_expiry = Some(self.next_expiry.map_or(expires, |t| t.min(expires)));
+        self.next_expiry = Some(earliest(self.next_expiry, expires));
     }
+}
+
+/// The earlier of `t` (if any) and `u`.
+fn earliest(t: Option<Instant>, u: Instant) -> Instant {
+    t.map_or(u, |t| t.min(u))
 }
 
 struct Record {
@@ -155,7 +160,7 @@ impl MemoryStore {
         shard.map.retain(|_, r| {
             let keep = r.expires > now;
             if keep {
-                next = Some(next.map_or(r.expires, |t| t.min(r.expires)));
+                next = Some(earliest(next, r.expires));
             }
             keep
         });

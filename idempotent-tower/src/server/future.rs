@@ -6,9 +6,9 @@
 //! own, and the inner service under the lease heartbeat in between; written by hand that would
 //! be a state machine of a dozen states and pin projections, for allocations that cost little
 //! next to the store round trip they wait on (each box stays under glibc's 1 032-byte
-//! per-thread cache, see BENCHMARKS.md). Once the inner service has answered, the rest (reading the response body, complete or
-//! release) moves to a task of its own if this future is dropped (the client went away), so
-//! that the key is not left held until its lease passes.
+//! per-thread cache, see BENCHMARKS.md). Once the inner service has answered, the rest (reading
+//! the response body, complete or release) moves to a task of its own if this future is dropped
+//! (the client went away), so that the key is not left held until its lease passes.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -132,10 +132,14 @@ pub(crate) fn encode(status: StatusCode, headers: &HeaderMap, body: &[u8], trail
     out.freeze()
 }
 
+/// The fields that are stored: all of them, or (`strip`) all but the hop-by-hop ones.
+fn stored_fields(fields: &HeaderMap, strip: bool) -> impl Iterator<Item = (&HeaderName, &HeaderValue)> {
+    fields.iter().filter(move |(name, _)| !strip || !is_hop_by_hop(name, fields))
+}
+
 /// The encoded length of `fields` (see `put_fields`).
 fn fields_len(fields: &HeaderMap, strip: bool) -> usize {
-    let each = fields.iter().filter(|(name, _)| !strip || !is_hop_by_hop(name, fields));
-    4 + each.map(|(name, value)| 2 + name.as_str().len() + 4 + value.len()).sum::<usize>()
+    4 + stored_fields(fields, strip).map(|(name, value)| 2 + name.as_str().len() + 4 + value.len()).sum::<usize>()
 }
 
 fn put_fields(out: &mut BytesMut, fields: &HeaderMap, strip: bool) {
@@ -143,7 +147,7 @@ fn put_fields(out: &mut BytesMut, fields: &HeaderMap, strip: bool) {
     let count_at = out.len();
     out.put_u32(0);
     let mut count: u32 = 0;
-    for (name, value) in fields.iter().filter(|(name, _)| !strip || !is_hop_by_hop(name, fields)) {
+    for (name, value) in stored_fields(fields, strip) {
         count += 1;
         // `http` bounds names well below u16::MAX and values below u32::MAX.
         out.put_u16(name.as_str().len() as u16);

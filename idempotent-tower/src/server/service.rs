@@ -894,7 +894,7 @@ mod tests {
         // service: that service's layer must still protect the request.
         let runs = Arc::new(AtomicU32::new(0));
         let counted = runs.clone();
-        let svc = super::super::IdempotencyLayer::new(idempotent_core::MemoryStore::new()).layer(service_fn(
+        let svc = crate::IdempotencyLayer::new(idempotent_core::MemoryStore::new()).layer(service_fn(
             move |_req: Request<RequestBody<http_body_util::Empty<Bytes>>>| {
                 let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
                 async move {
