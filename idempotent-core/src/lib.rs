@@ -68,6 +68,7 @@
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod backoff;
 pub mod canonical;
 mod detach;
 mod error;
@@ -76,6 +77,7 @@ mod key;
 pub mod record;
 pub mod store;
 
+pub use backoff::Backoff;
 pub use error::{BoxError, Error};
 pub use executor::{
     Attempt, DEFAULT_LEASE, DEFAULT_MAX_RESULT_BYTES, DEFAULT_TTL, DEFAULT_WAIT, FailMode, MAX_LEASE, MAX_TTL,

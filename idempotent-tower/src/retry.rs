@@ -110,65 +110,9 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Status
 use tower::retry::Policy;
 use tower::retry::budget::{Budget, TpsBudget};
 
+pub use idempotent_core::Backoff;
+
 use crate::client::{IDEMPOTENCY_KEY, key_digest};
-
-/// Exponential backoff with full jitter: before retry number `n` (0-based), a delay drawn
-/// uniformly from `0..=min(cap, base × 2^n)`.
-///
-/// ```
-/// use std::time::Duration;
-/// use idempotent_tower::retry::Backoff;
-///
-/// let backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(1)).max_attempts(6);
-/// assert_eq!(backoff.ceiling(0), Duration::from_millis(100));
-/// assert_eq!(backoff.ceiling(3), Duration::from_millis(800));
-/// assert_eq!(backoff.ceiling(4), Duration::from_secs(1)); // capped
-/// assert_eq!(backoff.attempts(), 6);
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
-    base: Duration,
-    cap: Duration,
-    max_attempts: u32,
-}
-
-impl Backoff {
-    /// Backoff from `base`, doubling per retry, never above `cap`; 4 attempts in all.
-    pub const fn new(base: Duration, cap: Duration) -> Self {
-        Backoff { base, cap, max_attempts: 4 }
-    }
-
-    /// How many attempts a request gets in all, the first included (at least 1: 1 means no
-    /// retries).
-    pub const fn max_attempts(mut self, attempts: u32) -> Self {
-        self.max_attempts = if attempts == 0 { 1 } else { attempts };
-        self
-    }
-
-    /// The number of attempts set with [`max_attempts`](Self::max_attempts).
-    pub const fn attempts(&self) -> u32 {
-        self.max_attempts
-    }
-
-    /// The longest delay before retry number `retry` (0-based): `min(cap, base × 2^retry)`.
-    pub fn ceiling(&self, retry: u32) -> Duration {
-        let factor = 1u32.checked_shl(retry).unwrap_or(u32::MAX);
-        self.base.checked_mul(factor).unwrap_or(self.cap).min(self.cap)
-    }
-
-    /// A delay drawn uniformly from `0..=ceiling(retry)`.
-    pub(crate) fn delay(&self, retry: u32, rng: &mut fastrand::Rng) -> Duration {
-        let ceiling = u64::try_from(self.ceiling(retry).as_nanos()).unwrap_or(u64::MAX);
-        Duration::from_nanos(rng.u64(0..=ceiling))
-    }
-}
-
-impl Default for Backoff {
-    /// 100 ms base, 10 s cap, 4 attempts.
-    fn default() -> Self {
-        Backoff::new(Duration::from_millis(100), Duration::from_secs(10))
-    }
-}
 
 /// The bounds of the jitter added to a server-requested wait.
 const RETRY_AFTER_JITTER: (Duration, Duration) = (Duration::from_millis(50), Duration::from_millis(250));
@@ -291,7 +235,7 @@ impl Common {
     ) -> Option<tokio::time::Sleep> {
         let attempt = self.retries + 1;
         let key = key.map_or_else(|| "-".to_owned(), key_digest);
-        if attempt >= self.backoff.max_attempts {
+        if attempt >= self.backoff.attempts() {
             tracing::warn!(attempt, %reason, %key, "idempotent.give_up: attempts exhausted");
             return None;
         }
@@ -309,7 +253,7 @@ impl Common {
             let mut rng = self.rng.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             match wait {
                 Some(wait) => wait.saturating_add(retry_after_jitter(wait, &mut rng)),
-                None => self.backoff.delay(self.retries, &mut rng),
+                None => self.backoff.delay(self.retries, rng.u64(..)),
             }
         };
         self.retries += 1;
