@@ -68,22 +68,25 @@
 #![warn(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod attempt;
 mod backoff;
 pub mod canonical;
-mod detach;
 mod error;
 mod executor;
 mod key;
+pub mod lease;
 pub mod record;
 pub mod store;
 
+pub use attempt::{Attempt, current_attempt};
 pub use backoff::Backoff;
 pub use error::{BoxError, Error};
-pub use executor::{
-    Attempt, DEFAULT_LEASE, DEFAULT_MAX_RESULT_BYTES, DEFAULT_TTL, DEFAULT_WAIT, FailMode, MAX_LEASE, MAX_TTL,
-    OnInFlight, RunContext, Step, StepOptions, current_attempt,
-};
+pub use executor::{DEFAULT_MAX_RESULT_BYTES, RunContext, Step, StepOptions};
 pub use key::{Fingerprint, Key, KeyScope, ShortKey};
+pub use lease::{
+    DEFAULT_LEASE, DEFAULT_RETENTION, DEFAULT_WAIT, FailMode, MAX_LEASE, MAX_RETENTION, MIN_LEASE, MIN_RETENTION,
+    OnInFlight, Terms,
+};
 pub use store::{IntoSharedStore, MemoryStore, SharedStore, Store};
 #[cfg(feature = "redis")]
 pub use store::{Preflight, RedisStore, RedisStoreBuilder};
@@ -98,13 +101,11 @@ pub use deadpool_redis::redis;
 #[cfg(feature = "macros")]
 pub use idempotent_macros::idempotent;
 
-/// Items the `#[idempotent]` macro expands to, and helpers `idempotent-tower` shares with the
-/// executor. Not public API: may change in any release.
+/// Items the `#[idempotent]` macro expands to. Not public API: may change in any release.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::detach::{FinishOnDrop, poll_once};
-    pub use crate::error::Error;
-    pub use crate::executor::{Attempt, DEFAULT_WAIT, FailMode, OnInFlight, RunContext, Step, current_attempt};
+    pub use crate::executor::RunContext;
+    pub use crate::lease::{DEFAULT_WAIT, OnInFlight};
     pub use serde;
     pub use std::time::Duration;
 

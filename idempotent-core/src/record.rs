@@ -4,11 +4,11 @@
 //!
 //! | call | from | to | answer |
 //! |---|---|---|---|
-//! | acquire | absent / `released` / `running` with lease passed | `running`, new owner token, fence grows | [`Acquire::Acquired`] |
+//! | acquire | absent / `released` / `running` with lease passed | `running`, new owner token, fence grows | [`Acquire::Acquired`] with a [`Grant`] |
 //! | acquire | `running`, lease live | — | [`Acquire::InFlight`] |
 //! | acquire | `done` | — | [`Acquire::Replay`] |
 //! | acquire, fingerprint differs | any stored | — | [`Acquire::Mismatch`] |
-//! | complete | `running` with our token | `done`, retention TTL | [`Transition`] |
+//! | complete | `running` with our token | `done`, kept for the retention | [`Transition`] |
 //! | release | `running` with our token | `released` (fence kept) | [`Transition`] |
 //! | renew | `running` with our token | lease moved | [`Transition`] |
 //!
@@ -20,6 +20,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+
+use crate::attempt::Attempt;
 
 /// The owner token of one acquisition: only its holder can complete, release or renew.
 #[derive(Clone, PartialEq, Eq, Hash)]
@@ -64,17 +66,15 @@ impl fmt::Debug for Token {
     }
 }
 
-/// What a successful acquisition hands the caller.
+/// What a successful acquisition hands the caller: the owner token, and the attempt it runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Lease {
+pub struct Grant {
     /// Proves ownership to complete, release and renew.
     pub token: Token,
-    /// The fencing token: grows with every acquisition of the key, even across the record's loss.
-    pub fence: u64,
-    /// 1 for the first attempt, then one more for every acquisition.
-    pub attempt: u32,
-    /// A previous attempt's lease ran out without an outcome (it crashed, hung or was cancelled).
-    pub recovered: bool,
+    /// The attempt: its fence (grows with every acquisition of the key, even across the record's
+    /// loss), its number (1 for the first acquisition, then one more for each) and whether a
+    /// previous attempt's lease ran out without an outcome.
+    pub attempt: Attempt,
 }
 
 /// The answer to an acquire.
@@ -82,7 +82,7 @@ pub struct Lease {
 #[non_exhaustive]
 pub enum Acquire {
     /// The caller now owns the key and should run the action.
-    Acquired(Lease),
+    Acquired(Grant),
     /// The operation is done; here is its stored result.
     Replay(Bytes),
     /// Another caller holds a live lease.

@@ -171,7 +171,7 @@ pub(crate) fn expand(args: Args, item: ItemFn) -> syn::Result<TokenStream> {
     let version = args.version.map(|v| quote!(.version(#v)));
     let ttl = args.ttl.as_ref().map(|s| {
         let secs = s.secs;
-        quote!(.ttl(#p::Duration::from_secs(#secs)))
+        quote!(.retention(#p::Duration::from_secs(#secs)))
     });
     let lease = args.lease.as_ref().map(|s| {
         let secs = s.secs;

@@ -11,9 +11,10 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::{BoxFuture, Store};
+use crate::attempt::Attempt;
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
-use crate::record::{Acquire, Lease, Token, Transition};
+use crate::record::{Acquire, Grant, Token, Transition};
 
 const SHARDS: usize = 32;
 /// A shard drops its expired records after this many writes, or after a quarter of its size in
@@ -237,7 +238,7 @@ impl MemoryStore {
             }
         }
         shard.expires_at(expires);
-        Some(Ok(Acquire::Acquired(Lease { token, fence, attempt, recovered })))
+        Some(Ok(Acquire::Acquired(Grant { token, attempt: Attempt::new(fence, attempt, recovered) })))
     }
 
     /// Applies `f` to the record if `token` owns it. `already` says whether the record is in the

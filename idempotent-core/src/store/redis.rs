@@ -11,9 +11,10 @@ use deadpool_redis::redis::{self, Script, Value};
 use deadpool_redis::{Runtime, cluster};
 
 use super::{BoxFuture, Store};
+use crate::attempt::Attempt;
 use crate::error::{BoxError, Error};
 use crate::key::{Fingerprint, Key};
-use crate::record::{Acquire, Lease, Token, Transition};
+use crate::record::{Acquire, Grant, Token, Transition};
 
 const DEFAULT_PREFIX: &str = "idem:";
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -709,7 +710,10 @@ impl RedisStore {
             let record = Arg::New { fp: &fp, token, threshold: ttl - lease, fence };
             match self.set_get(key, record, ttl).await {
                 Ok(Value::Nil) => {
-                    return Ok(Acquire::Acquired(Lease { token: token.clone(), fence, attempt: 1, recovered: false }));
+                    return Ok(Acquire::Acquired(Grant {
+                        token: token.clone(),
+                        attempt: Attempt::new(fence, 1, false),
+                    }));
                 }
                 Ok(Value::BulkString(record)) => {
                     if let Some(answer) = self.read_record(key, record, &fp, token)? {
@@ -749,12 +753,9 @@ impl RedisStore {
                 else {
                     return Err(Self::corrupt(key, "malformed acquire reply"));
                 };
-                Ok(Acquire::Acquired(Lease {
-                    token: token.clone(),
-                    fence: u64::try_from(fence).map_err(|_| Self::corrupt(key, "negative fence"))?,
-                    attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
-                    recovered: recovered == 1,
-                }))
+                let fence = u64::try_from(fence).map_err(|_| Self::corrupt(key, "negative fence"))?;
+                let attempt = Attempt::new(fence, u32::try_from(attempt).unwrap_or(u32::MAX), recovered == 1);
+                Ok(Acquire::Acquired(Grant { token: token.clone(), attempt }))
             }
             (Some(3), 2) => {
                 let ms = int(items.get(1)).unwrap_or(0).max(0) as u64;
@@ -793,12 +794,8 @@ impl RedisStore {
                     return Err(Self::corrupt(key, "the record has a fence beyond 2^53"));
                 }
                 if record[65..97] == *token.as_str().as_bytes() && record[0] != b'X' {
-                    return Ok(Some(Acquire::Acquired(Lease {
-                        token: token.clone(),
-                        fence,
-                        attempt: u32::try_from(attempt).unwrap_or(u32::MAX),
-                        recovered: record[142] == b'1',
-                    })));
+                    let attempt = Attempt::new(fence, u32::try_from(attempt).unwrap_or(u32::MAX), record[142] == b'1');
+                    return Ok(Some(Acquire::Acquired(Grant { token: token.clone(), attempt })));
                 }
                 if record[1..65] != fp[..] {
                     return Ok(Some(Acquire::Mismatch));

@@ -1,0 +1,190 @@
+//! [`Attempt`]: what the code that performs the side effect knows about its attempt.
+//!
+//! One type for every caller: a step's action gets it as its argument, an HTTP or gRPC handler
+//! behind `idempotent-tower`'s layer finds it in the request's extensions, and a store hands
+//! one out with every acquisition ([`record::Grant`](crate::record::Grant)).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use tokio::sync::Notify;
+
+/// What the action (or handler) knows about its attempt: the fence, the attempt number,
+/// whether it recovers from an attempt that ran out, and whether its lease is still held.
+///
+/// Pass [`fence`](Self::fence) to downstream systems that can reject a stale writer (a database
+/// row's version, a payment provider's own idempotency key suffix). Cheap to clone: clones share
+/// the lease-lost signal.
+#[derive(Clone)]
+pub struct Attempt {
+    fence: u64,
+    number: u32,
+    recovered: bool,
+    lease: LeaseState,
+}
+
+#[derive(Clone)]
+enum LeaseState {
+    /// As a store hands it out: nothing watches the lease yet.
+    Unwatched,
+    /// Watched by a heartbeat, which raises the signal when the lease is lost.
+    Watched(Arc<LeaseSignal>),
+    /// No lease at all: the store was unreachable and the call fails open.
+    Unprotected,
+}
+
+impl Attempt {
+    /// The attempt a store grants: `fence` (grows with every acquisition of the key), `number`
+    /// (1 for the first acquisition, then one more for each) and `recovered` (a previous
+    /// attempt's lease ran out without an outcome).
+    pub fn new(fence: u64, number: u32, recovered: bool) -> Attempt {
+        Attempt { fence, number, recovered, lease: LeaseState::Unwatched }
+    }
+
+    /// The attempt of a call that runs without protection: the store was unreachable and the
+    /// call fails open. Its fence is 0, lower than any a store hands out.
+    pub fn unprotected() -> Attempt {
+        Attempt { fence: 0, number: 1, recovered: false, lease: LeaseState::Unprotected }
+    }
+
+    /// The same attempt, watched: [`lease_lost`](Self::lease_lost) and [`lost`](Self::lost)
+    /// follow `signal`.
+    pub(crate) fn watched(mut self, signal: Arc<LeaseSignal>) -> Attempt {
+        self.lease = LeaseState::Watched(signal);
+        self
+    }
+
+    /// The fencing token: higher for every later attempt at the same operation.
+    pub fn fence(&self) -> u64 {
+        self.fence
+    }
+
+    /// 1 for the first attempt at this operation, then one more for each.
+    pub fn number(&self) -> u32 {
+        self.number
+    }
+
+    /// Whether a previous attempt's lease ran out without an outcome (it crashed or was cancelled,
+    /// and its side effect may or may not have happened).
+    pub fn recovered(&self) -> bool {
+        self.recovered
+    }
+
+    /// Whether the action runs without protection because the store was unreachable and the
+    /// call fails open.
+    pub fn is_unprotected(&self) -> bool {
+        matches!(self.lease, LeaseState::Unprotected)
+    }
+
+    /// Whether the lease was lost: another attempt may have taken over, and this one's outcome
+    /// will not be stored. Long actions should check it before each side effect.
+    pub fn lease_lost(&self) -> bool {
+        match &self.lease {
+            LeaseState::Watched(signal) => signal.is_lost(),
+            LeaseState::Unwatched | LeaseState::Unprotected => false,
+        }
+    }
+
+    /// Completes when the lease is lost (never, if it is not). Race it against the work with
+    /// `tokio::select!` to stop early.
+    pub async fn lost(&self) {
+        let LeaseState::Watched(signal) = &self.lease else {
+            return std::future::pending().await;
+        };
+        loop {
+            let notified = signal.notify.notified();
+            if signal.is_lost() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// Attempts are equal when their fence, number, recovered flag and protection are; whether a
+/// lease is watched does not count.
+impl PartialEq for Attempt {
+    fn eq(&self, other: &Self) -> bool {
+        (self.fence, self.number, self.recovered, self.is_unprotected())
+            == (other.fence, other.number, other.recovered, other.is_unprotected())
+    }
+}
+
+impl Eq for Attempt {}
+
+impl std::fmt::Debug for Attempt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Attempt")
+            .field("fence", &self.fence)
+            .field("number", &self.number)
+            .field("recovered", &self.recovered)
+            .field("unprotected", &self.is_unprotected())
+            .field("lease_lost", &self.lease_lost())
+            .finish()
+    }
+}
+
+/// Raised once when a lease is lost; shared by the heartbeat and every clone of the attempt.
+#[derive(Default)]
+pub(crate) struct LeaseSignal {
+    lost: AtomicBool,
+    notify: Notify,
+}
+
+impl LeaseSignal {
+    pub(crate) fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn mark_lost(&self) {
+        self.lost.store(true, Ordering::Release);
+        self.notify.notify_waiters();
+    }
+}
+
+tokio::task_local! {
+    pub(crate) static CURRENT_ATTEMPT: Attempt;
+}
+
+/// The [`Attempt`] of the step action being run by the current task, if any.
+///
+/// The executor makes the attempt available for the whole action, so code deep inside it (or a
+/// function annotated with `#[idempotent]`, whose body has no `Attempt` parameter) can read the
+/// fence or check whether the lease was lost.
+///
+/// ```
+/// use idempotent_core::{MemoryStore, RunContext, current_attempt};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idempotent_core::Error> {
+/// assert!(current_attempt().is_none());
+/// let ctx = RunContext::new(MemoryStore::new(), "run");
+/// let fence: u64 = ctx.step("s").run(&(), |_| async {
+///     Ok::<_, idempotent_core::Error>(current_attempt().expect("inside a step").fence())
+/// }).await?;
+/// assert!(fence > 0);
+/// # Ok(()) }
+/// ```
+pub fn current_attempt() -> Option<Attempt> {
+    CURRENT_ATTEMPT.try_with(Attempt::clone).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_watched_attempt_follows_its_signal_in_every_clone() {
+        let signal = Arc::new(LeaseSignal::default());
+        let attempt = Attempt::new(7, 2, true).watched(signal.clone());
+        let clone = attempt.clone();
+        assert!(!attempt.lease_lost());
+        let waiter = tokio::spawn(async move { clone.lost().await });
+        signal.mark_lost();
+        waiter.await.unwrap();
+        assert!(attempt.lease_lost());
+        assert_eq!(attempt, Attempt::new(7, 2, true), "watching does not change what the attempt is");
+        assert!(!Attempt::new(7, 2, true).lease_lost());
+        assert!(Attempt::unprotected().is_unprotected());
+        assert_ne!(Attempt::unprotected(), Attempt::new(0, 1, false));
+    }
+}

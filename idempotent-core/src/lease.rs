@@ -1,0 +1,612 @@
+//! The lease lifecycle, written once for every caller: the executor ([`RunContext::step`]) and
+//! `idempotent-tower`'s HTTP/gRPC layer both drive it.
+//!
+//! 1. [`acquire`] takes the key, or reports a replay, a mismatch or another attempt in flight,
+//!    waiting for that attempt when the [`Terms`] say so.
+//! 2. [`Lease::run`] drives the work while renewing the lease every third of it; when the store
+//!    says another attempt took over, or no renewal reached the store for a whole lease, the
+//!    lease counts as lost and the work's [`Attempt`] is told.
+//! 3. [`Lease::complete`] stores the outcome, [`Lease::release`] gives the key up. Both go on in
+//!    a task of their own when the caller is dropped before the store answered (a timeout
+//!    around the step, an HTTP client that went away), so that an outcome is not stranded and
+//!    the key left to run again. A lease known to be lost stores nothing and releases nothing:
+//!    this attempt cannot vouch for its outcome, and a retry runs the operation again.
+//!
+//! The bounds on a lease and on retention are defined here, and [`Terms::check`] is the one
+//! place that enforces them.
+//!
+//! [`RunContext::step`]: crate::RunContext::step
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use tokio::time::Instant;
+
+use crate::attempt::{Attempt, LeaseSignal};
+use crate::backoff::Backoff;
+use crate::error::Error;
+use crate::key::{Fingerprint, Key};
+use crate::record::{Acquire, Grant, Token, Transition};
+use crate::store::SharedStore;
+
+/// Default lease: how long a crashed worker blocks its key.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+/// Default retention: how long an outcome is kept and replayed.
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+/// Default bound on waiting for another caller's attempt under [`OnInFlight::Wait`].
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
+
+/// The shortest lease: a shorter one would run out as it is taken.
+pub const MIN_LEASE: Duration = Duration::from_millis(1);
+/// The longest lease: one day (the heartbeat renews it for longer work).
+pub const MAX_LEASE: Duration = Duration::from_secs(24 * 60 * 60);
+/// The shortest retention.
+pub const MIN_RETENTION: Duration = Duration::from_millis(1);
+/// The longest retention: ten years (3650 days). Stores turn it into a deadline, which must stay
+/// representable (an `Instant`, and a Redis expiry in milliseconds written as digits).
+pub const MAX_RETENTION: Duration = Duration::from_secs(3650 * 24 * 60 * 60);
+
+/// How waits for an attempt in flight are spaced: 10 ms, doubling up to 500 ms, never past the
+/// holder's own lease deadline.
+const IN_FLIGHT_POLL: Backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
+
+/// What a call does when another attempt at the same operation is still running.
+///
+/// The executor waits by default ([`RunContext`](crate::RunContext)'s steps are retried by a
+/// caller that wants the result, and the first attempt usually finishes soon);
+/// `idempotent-tower`'s layer rejects by default (an HTTP client has its own retry policy, and
+/// a server should not hold a connection open for the length of another request).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnInFlight {
+    /// Fail at once with [`Error::InFlight`] (HTTP: 409), which carries a retry-after.
+    Reject,
+    /// Poll with backoff until the other attempt's outcome appears (and return it) or its lease
+    /// passes or it gives the key up (and take over), failing as [`Reject`](Self::Reject) does
+    /// after `timeout`.
+    Wait {
+        /// The longest the call waits.
+        timeout: Duration,
+    },
+}
+
+impl Default for OnInFlight {
+    fn default() -> Self {
+        OnInFlight::Wait { timeout: DEFAULT_WAIT }
+    }
+}
+
+/// What a call does when the store cannot be reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum FailMode {
+    /// Do not run the work; return the store error (HTTP: 503). The safe default.
+    #[default]
+    Closed,
+    /// Run the work without protection (its [`Attempt::is_unprotected`] is true) and log a
+    /// warning. Only for work where a duplicate costs less than an outage.
+    Open,
+}
+
+/// How one operation takes and holds its key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Terms {
+    /// How long an attempt holds the key without renewing ([`MIN_LEASE`] ..= [`MAX_LEASE`]).
+    /// Keep it at least three times the store's command timeout: the heartbeat renews every
+    /// third of the lease, and a renewal that takes as long as the timeout must still land
+    /// inside the lease.
+    pub lease: Duration,
+    /// How long an outcome is kept and replayed ([`MIN_RETENTION`] ..= [`MAX_RETENTION`]).
+    pub retention: Duration,
+    /// Renew the lease while the work runs (every third of the lease).
+    pub heartbeat: bool,
+    /// What to do when another attempt is running.
+    pub on_in_flight: OnInFlight,
+}
+
+impl Default for Terms {
+    /// [`DEFAULT_LEASE`], [`DEFAULT_RETENTION`], heartbeat on, and [`OnInFlight::default`].
+    fn default() -> Self {
+        Terms {
+            lease: DEFAULT_LEASE,
+            retention: DEFAULT_RETENTION,
+            heartbeat: true,
+            on_in_flight: OnInFlight::default(),
+        }
+    }
+}
+
+impl Terms {
+    /// Sets the lease.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// Sets the retention.
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// Sets what to do when another attempt is running.
+    pub fn on_in_flight(mut self, policy: OnInFlight) -> Self {
+        self.on_in_flight = policy;
+        self
+    }
+
+    /// Turns renewal while the work runs on or off.
+    pub fn heartbeat(mut self, on: bool) -> Self {
+        self.heartbeat = on;
+        self
+    }
+
+    /// Checks the lease and the retention against their bounds: an [`Error::Config`] that names
+    /// the value, the bounds and what to do, or `Ok`.
+    pub fn check(&self) -> Result<(), Error> {
+        if !(MIN_LEASE..=MAX_LEASE).contains(&self.lease) {
+            return Err(Error::Config(format!(
+                "lease {:?} is out of range: use between {MIN_LEASE:?} and {MAX_LEASE:?} (the heartbeat renews it \
+                 while the work runs), and well above the store's command timeout",
+                self.lease
+            )));
+        }
+        if !(MIN_RETENTION..=MAX_RETENTION).contains(&self.retention) {
+            return Err(Error::Config(format!(
+                "retention {:?} is out of range: use between {MIN_RETENTION:?} and {MAX_RETENTION:?} (3650 days)",
+                self.retention
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What [`acquire`] found.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Taken {
+    /// The key is this caller's: run the work under the lease.
+    Lease(Lease),
+    /// The operation is done; here is its stored outcome.
+    Replay(Bytes),
+    /// Another attempt holds a live lease (and the terms say not to wait, or the wait ran out).
+    InFlight {
+        /// Until that attempt's lease runs out, at the latest.
+        retry_after: Duration,
+    },
+    /// The key is stored with another fingerprint.
+    Mismatch,
+}
+
+/// Takes the key in `store`, waiting for an attempt in flight as `terms.on_in_flight` says.
+///
+/// Errors are the store's ([`Error::is_store_failure`] for an unreachable store) or a record
+/// that cannot be read ([`Error::Corrupt`]); nothing ran and, on a store failure, the store
+/// itself frees whatever its acquire may have taken. The terms are not checked here: call
+/// [`Terms::check`] first.
+pub async fn acquire(store: &SharedStore, key: &Key, fingerprint: &Fingerprint, terms: &Terms) -> Result<Taken, Error> {
+    // The wait counts from the first acquire's own clock read, and a lease from the acquire that
+    // took it: the store started counting no earlier.
+    let mut started = None;
+    let mut polls = 0;
+    loop {
+        let sent = Instant::now();
+        let started = *started.get_or_insert(sent);
+        match store.acquire(key, fingerprint, terms.lease, terms.retention).await? {
+            Acquire::Acquired(grant) => return Ok(Taken::Lease(Lease::new(store.clone(), *key, grant, terms, sent))),
+            Acquire::Replay(bytes) => return Ok(Taken::Replay(bytes)),
+            Acquire::Mismatch => return Ok(Taken::Mismatch),
+            Acquire::InFlight { retry_after } => {
+                let OnInFlight::Wait { timeout } = terms.on_in_flight else {
+                    tracing::debug!(key = %key.short_key(), ?retry_after, "idempotent.in_flight: rejected");
+                    return Ok(Taken::InFlight { retry_after });
+                };
+                let waited = started.elapsed();
+                if waited >= timeout {
+                    tracing::debug!(key = %key.short_key(), ?waited, "idempotent.in_flight: gave up waiting");
+                    return Ok(Taken::InFlight { retry_after });
+                }
+                tracing::trace!(key = %key.short_key(), ?retry_after, "idempotent.in_flight: waiting");
+                let nap = IN_FLIGHT_POLL.ceiling(polls).min(retry_after.max(Duration::from_millis(1)));
+                polls = polls.saturating_add(1);
+                // Boxed: a timer is most of this future's size, and only waiting calls need one.
+                Box::pin(tokio::time::sleep(nap.min(timeout - waited))).await;
+            }
+        }
+    }
+}
+
+/// A lease this caller holds on a key: the owner token, the [`Attempt`] it runs, and what this
+/// process knows about how long it holds.
+///
+/// Made by [`acquire`]; consumed by [`complete`](Self::complete) or
+/// [`release`](Self::release). Dropped without either, the key stays held until the lease runs
+/// out (and the next attempt is [`recovered`](Attempt::recovered)).
+pub struct Lease {
+    store: SharedStore,
+    key: Key,
+    token: Token,
+    attempt: Attempt,
+    signal: Arc<LeaseSignal>,
+    lease: Duration,
+    retention: Duration,
+    heartbeat: bool,
+    /// Until when the lease is known to hold: `lease` after the acquire or the last successful
+    /// renewal was *sent*. The store started counting no earlier, so its deadline is no sooner.
+    valid_until: Instant,
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lease")
+            .field("store", &self.store.describe())
+            .field("key", &self.key.short_key())
+            .field("token", &self.token)
+            .field("attempt", &self.attempt)
+            .field("lease", &self.lease)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What ended one wait of the heartbeat.
+enum Beat<T> {
+    Done(T),
+    Renewed(Result<Transition, Error>, Instant),
+    Expired,
+}
+
+impl Lease {
+    fn new(store: SharedStore, key: Key, grant: Grant, terms: &Terms, sent: Instant) -> Lease {
+        let signal = Arc::new(LeaseSignal::default());
+        let attempt = grant.attempt.watched(signal.clone());
+        let short = key.short_key();
+        tracing::debug!(key = %short, fence = attempt.fence(), attempt = attempt.number(), recovered = attempt.recovered(), "idempotent.acquired");
+        if attempt.recovered() {
+            tracing::info!(key = %short, fence = attempt.fence(), attempt = attempt.number(), "idempotent.recovered: a previous attempt's lease ran out without an outcome");
+        }
+        Lease {
+            store,
+            key,
+            token: grant.token,
+            attempt,
+            signal,
+            lease: terms.lease,
+            retention: terms.retention,
+            heartbeat: terms.heartbeat,
+            valid_until: sent + terms.lease,
+        }
+    }
+
+    /// The attempt this lease runs: hand it to the work (a clone follows the lease's loss).
+    pub fn attempt(&self) -> &Attempt {
+        &self.attempt
+    }
+
+    /// The key held.
+    pub fn key(&self) -> &Key {
+        &self.key
+    }
+
+    /// Whether the lease is lost, or may be (see [`Attempt::lease_lost`]).
+    pub fn is_lost(&self) -> bool {
+        self.signal.is_lost()
+    }
+
+    /// Drives `work` to its end, renewing the lease every third of it (when the terms have the
+    /// heartbeat on). A renewal never delays the work: both are polled together, and the work
+    /// wins a tie. Work that is done at its first poll costs no timer.
+    ///
+    /// `work` is pinned by the caller, so that it is not kept twice in this future.
+    pub async fn run<F: Future>(&mut self, mut work: Pin<&mut F>) -> F::Output {
+        match self.first_poll(work.as_mut()).await {
+            Some(out) => out,
+            None => self.beat(work).await,
+        }
+    }
+
+    /// [`run`](Self::run), with the heartbeat's timers and renewal in a box of their own,
+    /// allocated only when the work is not done at its first poll: for callers whose own
+    /// future is allocated per call and should stay small (see BENCHMARKS.md, "Allocator and
+    /// future-size notes").
+    pub async fn run_boxed<F: Future>(&mut self, mut work: Pin<&mut F>) -> F::Output {
+        match self.first_poll(work.as_mut()).await {
+            Some(out) => out,
+            None => Box::pin(self.beat(work)).await,
+        }
+    }
+
+    /// The work's output if it is done at its first poll (or the heartbeat is off).
+    async fn first_poll<F: Future>(&mut self, work: Pin<&mut F>) -> Option<F::Output> {
+        if !self.heartbeat {
+            return Some(work.await);
+        }
+        poll_once(work).await
+    }
+
+    async fn beat<F: Future>(&mut self, mut work: Pin<&mut F>) -> F::Output {
+        let period = (self.lease / 3).max(Duration::from_millis(1));
+        loop {
+            if self.signal.is_lost() {
+                return work.await;
+            }
+            let next = (Instant::now() + period).min(self.valid_until);
+            if let Ok(out) = tokio::time::timeout_at(next, work.as_mut()).await {
+                return out;
+            }
+            if Instant::now() >= self.valid_until {
+                self.expired();
+                continue;
+            }
+            let beat = {
+                let sent = Instant::now();
+                let renew = self.store.renew(&self.key, &self.token, self.lease);
+                tokio::select! {
+                    biased;
+                    out = work.as_mut() => Beat::Done(out),
+                    answer = renew => Beat::Renewed(answer, sent),
+                    () = tokio::time::sleep_until(self.valid_until) => Beat::Expired,
+                }
+            };
+            let short = self.key.short_key();
+            match beat {
+                Beat::Done(out) => return out,
+                Beat::Renewed(Ok(Transition::Ok), sent) => {
+                    self.valid_until = sent + self.lease;
+                    tracing::trace!(key = %short, "idempotent.renewed");
+                }
+                Beat::Renewed(Ok(Transition::LeaseLost), _) => {
+                    tracing::warn!(key = %short, fence = self.attempt.fence(), "idempotent.lease_lost: another attempt took over while this one was running");
+                    self.signal.mark_lost();
+                }
+                // The lease may still be ours until `valid_until`: keep trying.
+                Beat::Renewed(Err(e), _) => {
+                    tracing::warn!(key = %short, error = %e, "idempotent.store_error: lease renewal failed")
+                }
+                Beat::Expired => self.expired(),
+            }
+        }
+    }
+
+    fn expired(&self) {
+        if !self.signal.is_lost() {
+            tracing::warn!(key = %self.key.short_key(), fence = self.attempt.fence(), "idempotent.lease_lost: no renewal reached the store within the lease; another attempt may take over");
+            self.signal.mark_lost();
+        }
+    }
+
+    /// Marks the lease lost if it ran out since the heartbeat last looked (the work may have
+    /// ended between two beats).
+    fn check_deadline(&self) {
+        if self.heartbeat && Instant::now() >= self.valid_until {
+            self.expired();
+        }
+    }
+
+    /// Stores `outcome` as the operation's result, kept for the retention.
+    ///
+    /// [`Transition::LeaseLost`] when the lease is lost: another attempt took over, or may have
+    /// (no renewal reached the store for a whole lease), so nothing is stored. If this future is
+    /// dropped before the store answered, the call goes on in a task of its own.
+    pub fn complete(self, outcome: Bytes) -> impl Future<Output = Result<Transition, Error>> + Send + 'static {
+        self.settle(Some(outcome))
+    }
+
+    /// Gives the key up without an outcome (the fence is kept), so that a retry runs the work
+    /// again. Nothing is sent when the lease is lost: it ran out, or another attempt holds the
+    /// key. If this future is dropped before the store answered, the call goes on in a task of
+    /// its own.
+    pub fn release(self) -> impl Future<Output = Result<Transition, Error>> + Send + 'static {
+        self.settle(None)
+    }
+
+    fn settle(self, outcome: Option<Bytes>) -> impl Future<Output = Result<Transition, Error>> + Send + 'static {
+        self.check_deadline();
+        let lost = self.signal.is_lost();
+        let Lease { store, key, token, attempt, retention, .. } = self;
+        let call = async move {
+            let short = key.short_key();
+            if lost {
+                match outcome {
+                    Some(_) => {
+                        tracing::warn!(key = %short, fence = attempt.fence(), "idempotent.not_stored: the lease was lost while the work ran")
+                    }
+                    None => tracing::debug!(key = %short, "idempotent.lease_lost: nothing to release"),
+                }
+                return Ok(Transition::LeaseLost);
+            }
+            let stored = outcome.is_some();
+            let answer = match outcome {
+                Some(bytes) => store.complete(&key, &token, bytes, retention).await,
+                None => store.release(&key, &token).await,
+            };
+            match (&answer, stored) {
+                (Ok(Transition::Ok), true) => {
+                    tracing::debug!(key = %short, fence = attempt.fence(), "idempotent.stored")
+                }
+                (Ok(Transition::Ok), false) => tracing::debug!(key = %short, "idempotent.released"),
+                (Ok(Transition::LeaseLost), true) => {
+                    tracing::warn!(key = %short, fence = attempt.fence(), "idempotent.lease_lost: the outcome was not stored; another attempt took over the key")
+                }
+                (Ok(Transition::LeaseLost), false) => {
+                    tracing::warn!(key = %short, fence = attempt.fence(), "idempotent.lease_lost: released after losing the lease")
+                }
+                (Err(e), true) => {
+                    tracing::error!(key = %short, error = %e, "idempotent.store_error: the work ran but its outcome was not stored; the key stays taken until its lease runs out")
+                }
+                (Err(e), false) => {
+                    tracing::warn!(key = %short, error = %e, "idempotent.store_error: could not release; the key frees itself when the lease runs out")
+                }
+            }
+            answer
+        };
+        FinishOnDrop::new(tracing::Instrument::in_current_span(call))
+    }
+}
+
+/// Runs a future in place; if dropped before the future ends, hands it to a task of its own so
+/// that it still runs to the end (its output is then dropped).
+///
+/// Storing an outcome must not depend on the caller still waiting. This costs less than
+/// spawning up front (no task, no wake-up across threads) in the usual case where the caller is
+/// still there: one box, so that the future can move to a task after it was first polled.
+#[must_use = "futures do nothing unless polled"]
+pub struct FinishOnDrop<F: Future + Send + 'static> {
+    future: Option<Pin<Box<F>>>,
+}
+
+impl<F: Future + Send + 'static> FinishOnDrop<F> {
+    /// Wraps `future`.
+    pub fn new(future: F) -> Self {
+        FinishOnDrop { future: Some(Box::pin(future)) }
+    }
+}
+
+impl<F: Future + Send + 'static> std::fmt::Debug for FinishOnDrop<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FinishOnDrop").field("finished", &self.future.is_none()).finish()
+    }
+}
+
+// Nothing is pinned in place: the future is boxed.
+impl<F: Future + Send + 'static> Unpin for FinishOnDrop<F> {}
+
+impl<F: Future + Send + 'static> Future for FinishOnDrop<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        // Taken out while polled: a future that panics is dropped with the unwinding, not
+        // handed to a task that would poll it again.
+        let Some(mut future) = self.future.take() else {
+            panic!("FinishOnDrop polled after it completed");
+        };
+        match future.as_mut().poll(cx) {
+            Poll::Ready(out) => Poll::Ready(out),
+            Poll::Pending => {
+                self.future = Some(future);
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl<F: Future + Send + 'static> Drop for FinishOnDrop<F> {
+    fn drop(&mut self) {
+        let Some(future) = self.future.take() else { return };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(async move { drop(future.await) })),
+            Err(_) => tracing::warn!(
+                "idempotent.store_error: dropped outside a tokio runtime before the outcome was stored; the key frees itself when the lease runs out"
+            ),
+        }
+    }
+}
+
+/// Polls `future` once: its output if it is ready, `None` if it is pending (it has then
+/// registered the task for a wake-up, as any poll does).
+///
+/// The heartbeat uses it to skip its timer for work that is done at once: tokio takes its
+/// timer driver's lock to drop even a timer that was never polled.
+async fn poll_once<F: Future>(mut future: Pin<&mut F>) -> Option<F::Output> {
+    std::future::poll_fn(|cx| {
+        Poll::Ready(match future.as_mut().poll(cx) {
+            Poll::Ready(out) => Some(out),
+            Poll::Pending => None,
+        })
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn terms_out_of_bounds_are_config_errors_that_name_the_bound() {
+        let ok = Terms::default();
+        assert!(ok.check().is_ok());
+        assert!(ok.lease(MIN_LEASE).retention(MAX_RETENTION).check().is_ok());
+        assert!(ok.lease(MAX_LEASE).retention(MIN_RETENTION).check().is_ok());
+        for (terms, word) in [
+            (ok.lease(Duration::ZERO), "lease"),
+            (ok.lease(MAX_LEASE + Duration::from_nanos(1)), "lease"),
+            (ok.retention(Duration::from_micros(999)), "retention"),
+            (ok.retention(Duration::MAX), "retention"),
+        ] {
+            let Err(Error::Config(message)) = terms.check() else { panic!("{terms:?} passed the check") };
+            assert!(message.starts_with(word), "{message}");
+            assert!(message.contains("out of range: use between"), "{message}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_dropped_completion_still_reaches_the_store() {
+        use crate::store::{IntoSharedStore, MemoryStore, Store};
+        // A store whose complete waits for a permit, so that the caller can be dropped while
+        // the call is under way.
+        struct Gated(MemoryStore, Arc<tokio::sync::Semaphore>);
+        impl Store for Gated {
+            fn acquire<'a>(
+                &'a self,
+                key: &'a Key,
+                fp: &'a Fingerprint,
+                lease: Duration,
+                retention: Duration,
+            ) -> crate::store::BoxFuture<'a, Result<Acquire, Error>> {
+                self.0.acquire(key, fp, lease, retention)
+            }
+            fn complete<'a>(
+                &'a self,
+                key: &'a Key,
+                token: &'a Token,
+                result: Bytes,
+                retention: Duration,
+            ) -> crate::store::BoxFuture<'a, Result<Transition, Error>> {
+                Box::pin(async move {
+                    let _permit = self.1.acquire().await.unwrap();
+                    self.0.complete(key, token, result, retention).await
+                })
+            }
+            fn release<'a>(
+                &'a self,
+                key: &'a Key,
+                token: &'a Token,
+            ) -> crate::store::BoxFuture<'a, Result<Transition, Error>> {
+                self.0.release(key, token)
+            }
+            fn renew<'a>(
+                &'a self,
+                key: &'a Key,
+                token: &'a Token,
+                lease: Duration,
+            ) -> crate::store::BoxFuture<'a, Result<Transition, Error>> {
+                self.0.renew(key, token, lease)
+            }
+            fn describe(&self) -> String {
+                "gated".into()
+            }
+        }
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let store = Gated(MemoryStore::new(), gate.clone()).into_shared();
+        let (key, fp) = (Key::from_bytes([7; 32]), Fingerprint::of(&1).unwrap());
+        let Taken::Lease(lease) = acquire(&store, &key, &fp, &Terms::default()).await.unwrap() else {
+            panic!("the key was free")
+        };
+        let mut completing = Box::pin(lease.complete(Bytes::from_static(b"done")));
+        assert!(poll_once(completing.as_mut()).await.is_none(), "the gate holds the completion");
+        drop(completing);
+        gate.add_permits(1);
+        // The completion finishes in its own task: the next acquire replays, once it has.
+        loop {
+            match acquire(&store, &key, &fp, &Terms::default()).await.unwrap() {
+                Taken::Replay(bytes) => break assert_eq!(bytes, "done"),
+                Taken::InFlight { .. } => tokio::task::yield_now().await,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+}
