@@ -13,7 +13,7 @@ pub mod retry;
 pub mod server;
 
 // server re-exports
-pub use server::{Idempotency, IdempotencyLayer, RequestLease};
+pub use server::{Attempt, Idempotency, IdempotencyLayer};
 // client re-exports
 pub use client::{IdempotencyKey, IdempotencyKeyLayer};
 // retry re-exports

@@ -25,15 +25,33 @@ use super::key::KeyError;
 /// Why the layer answered instead of the service.
 #[derive(Debug)]
 pub(crate) enum Refusal {
-    MissingKey { header: String },
-    InvalidKey { header: String, error: KeyError },
-    BodyTooLarge { limit: usize },
+    MissingKey {
+        header: String,
+    },
+    InvalidKey {
+        header: String,
+        error: KeyError,
+    },
+    BodyTooLarge {
+        limit: usize,
+    },
     BodyUnreadable,
-    Mismatch { header: String },
-    InFlight { header: String, retry_after: Duration },
-    StoreUnavailable { retry_after: Duration },
+    Mismatch {
+        header: String,
+    },
+    InFlight {
+        header: String,
+        retry_after: Duration,
+    },
+    StoreUnavailable {
+        retry_after: Duration,
+    },
     StoreError,
     Corrupt,
+    /// The layer's own configuration is invalid (a lease or retention out of bounds).
+    Misconfigured {
+        reason: String,
+    },
 }
 
 impl Refusal {
@@ -46,7 +64,7 @@ impl Refusal {
             Refusal::Mismatch { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             Refusal::InFlight { .. } => StatusCode::CONFLICT,
             Refusal::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            Refusal::StoreError | Refusal::Corrupt => StatusCode::INTERNAL_SERVER_ERROR,
+            Refusal::StoreError | Refusal::Corrupt | Refusal::Misconfigured { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
@@ -57,7 +75,7 @@ impl Refusal {
             Refusal::Mismatch { .. } => Code::FailedPrecondition,
             Refusal::InFlight { .. } => Code::Aborted,
             Refusal::StoreUnavailable { .. } => Code::Unavailable,
-            Refusal::StoreError | Refusal::Corrupt => Code::Internal,
+            Refusal::StoreError | Refusal::Corrupt | Refusal::Misconfigured { .. } => Code::Internal,
         }
     }
 
@@ -72,6 +90,7 @@ impl Refusal {
             Refusal::StoreUnavailable { .. } => ("store-unavailable", "Idempotency store unavailable"),
             Refusal::StoreError => ("store-error", "Idempotency store error"),
             Refusal::Corrupt => ("record-corrupt", "Stored response unreadable"),
+            Refusal::Misconfigured { .. } => ("misconfigured", "Idempotency layer misconfigured"),
         }
     }
 
@@ -118,6 +137,10 @@ impl Refusal {
                 "A response was stored for this key but cannot be read back, so it is not replayed and \
                  the {request} was not processed again. Contact the service operator; do not retry with \
                  this key."
+            ),
+            Refusal::Misconfigured { reason } => format!(
+                "The service's idempotency layer is misconfigured ({reason}), so the {request} was not \
+                 processed. Contact the service operator."
             ),
         }
     }
