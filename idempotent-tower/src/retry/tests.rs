@@ -6,14 +6,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use http::{HeaderValue, Method, Request, Response};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response};
 use http_body_util::Full;
 use tokio::time::Instant;
 use tower::retry::budget::{Budget, TpsBudget};
 use tower::retry::{Policy, RetryLayer};
 use tower::{ServiceBuilder, ServiceExt, service_fn};
 
-use super::*;
+use super::{Backoff, GrpcCode, GrpcRetryPolicy, HttpRetryPolicy, retry_after, retry_after_jitter};
+use crate::header::key_digest;
 
 /// An error from the scripted service.
 #[derive(Debug, Clone, PartialEq)]
