@@ -9,8 +9,8 @@ use tower::Layer;
 use super::policy::{DefaultStorePolicy, StorePolicy};
 use super::service::Idempotency;
 
-/// The default key header, `Idempotency-Key`.
-pub const DEFAULT_KEY_HEADER: HeaderName = HeaderName::from_static("idempotency-key");
+/// The default key header, `Idempotency-Key`: the one the client layer and the retry policies use.
+pub use crate::IDEMPOTENCY_KEY as DEFAULT_KEY_HEADER;
 /// The default cap on a request body read for fingerprinting: 2 MiB (axum's default body limit).
 pub const DEFAULT_MAX_REQUEST_BODY: usize = 2 * 1024 * 1024;
 /// The default cap on a response body that is stored: 1 MiB.

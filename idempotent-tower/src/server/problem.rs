@@ -19,8 +19,9 @@ use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Response, StatusCode};
 
 use super::body::ResponseBody;
-use super::grpc::{self, Code};
+use super::grpc;
 use super::key::KeyError;
+use crate::GrpcCode;
 
 /// Why the layer answered instead of the service.
 #[derive(Debug)]
@@ -68,14 +69,16 @@ impl Refusal {
         }
     }
 
-    fn code(&self) -> Code {
+    fn code(&self) -> GrpcCode {
         match self {
-            Refusal::MissingKey { .. } | Refusal::InvalidKey { .. } | Refusal::BodyUnreadable => Code::InvalidArgument,
-            Refusal::BodyTooLarge { .. } => Code::ResourceExhausted,
-            Refusal::Mismatch { .. } => Code::FailedPrecondition,
-            Refusal::InFlight { .. } => Code::Aborted,
-            Refusal::StoreUnavailable { .. } => Code::Unavailable,
-            Refusal::StoreError | Refusal::Corrupt | Refusal::Misconfigured { .. } => Code::Internal,
+            Refusal::MissingKey { .. } | Refusal::InvalidKey { .. } | Refusal::BodyUnreadable => {
+                GrpcCode::INVALID_ARGUMENT
+            }
+            Refusal::BodyTooLarge { .. } => GrpcCode::RESOURCE_EXHAUSTED,
+            Refusal::Mismatch { .. } => GrpcCode::FAILED_PRECONDITION,
+            Refusal::InFlight { .. } => GrpcCode::ABORTED,
+            Refusal::StoreUnavailable { .. } => GrpcCode::UNAVAILABLE,
+            Refusal::StoreError | Refusal::Corrupt | Refusal::Misconfigured { .. } => GrpcCode::INTERNAL,
         }
     }
 
