@@ -396,17 +396,17 @@ impl Lease {
     /// if no other attempt has taken the key since. If this future is dropped before the store
     /// answered, the call goes on in a task of its own.
     pub fn complete(self, outcome: Bytes) -> impl Future<Output = Result<Transition, Error>> + Send + 'static {
-        self.settle(Some(outcome))
+        self.end(Some(outcome))
     }
 
     /// Gives the key up without an outcome (the fence is kept), so that a retry runs the work
     /// again; [`Transition::LeaseLost`] when another attempt holds the key. If this future is
     /// dropped before the store answered, the call goes on in a task of its own.
     pub fn release(self) -> impl Future<Output = Result<Transition, Error>> + Send + 'static {
-        self.settle(None)
+        self.end(None)
     }
 
-    fn settle(self, outcome: Option<Bytes>) -> impl Future<Output = Result<Transition, Error>> + Send + 'static {
+    fn end(self, outcome: Option<Bytes>) -> impl Future<Output = Result<Transition, Error>> + Send + 'static {
         self.check_deadline();
         let lost = self.signal.is_lost();
         let Lease { store, key, token, attempt, retention, .. } = self;
