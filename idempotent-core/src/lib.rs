@@ -98,6 +98,11 @@ pub use deadpool_redis::redis;
 #[cfg(feature = "macros")]
 pub use idempotent_macros::idempotent;
 
+/// The README's example is compiled and run as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctest;
+
 /// Items the `#[idempotent]` macro expands to, and helpers `idempotent-tower` shares with the
 /// executor. Not public API: may change in any release.
 #[doc(hidden)]

@@ -35,7 +35,7 @@ pub(crate) struct Seconds {
 }
 
 /// The parsed options.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(crate) struct Args {
     pub(crate) step: Option<LitStr>,
     pub(crate) ttl: Option<Seconds>,

@@ -34,7 +34,8 @@ impl Param<'_> {
 }
 
 pub(crate) fn expand(args: Args, item: ItemFn) -> syn::Result<TokenStream> {
-    let ItemFn { attrs, vis, sig, block } = item;
+    // `modifiers` is always empty: `default fn` does not parse as an `ItemFn`.
+    let ItemFn { attrs, vis, sig, block, modifiers: _ } = item;
     if sig.asyncness.is_none() {
         return Err(syn::Error::new(
             sig.fn_token.span,
@@ -269,7 +270,7 @@ fn result_type(sig: &Signature) -> syn::Result<ResultType<'_>> {
         }
     }
     let is_result = match inner {
-        Type::Path(TypePath { qself: None, path }) => {
+        Type::Path(TypePath { qself: None, path, attrs: _ }) => {
             path.segments.last().is_some_and(|s| s.ident.unraw().to_string().ends_with("Result"))
         }
         _ => false,
@@ -328,7 +329,9 @@ fn is_context_type(ty: &Type) -> bool {
         Type::Reference(r) => is_context_type(&r.elem),
         Type::Paren(p) => is_context_type(&p.elem),
         Type::Group(g) => is_context_type(&g.elem),
-        Type::Path(TypePath { qself: None, path }) => path.segments.last().is_some_and(|s| s.ident == "RunContext"),
+        Type::Path(TypePath { qself: None, path, attrs: _ }) => {
+            path.segments.last().is_some_and(|s| s.ident == "RunContext")
+        }
         _ => false,
     }
 }

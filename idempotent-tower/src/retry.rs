@@ -108,9 +108,10 @@ use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use tower::retry::Policy;
-use tower::retry::budget::{Budget, TpsBudget};
 
 pub use idempotent_core::Backoff;
+// tower's retry budgets, re-exported so that tuning a policy's budget needs no `tower` import.
+pub use tower::retry::budget::{Budget, TpsBudget};
 
 use crate::client::{IDEMPOTENCY_KEY, key_digest};
 
