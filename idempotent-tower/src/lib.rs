@@ -66,7 +66,7 @@ pub use idempotent_core::{Preflight, RedisStore, RedisStoreBuilder};
 /// `&http::request::Parts`).
 pub use http;
 
-/// The README's example is compiled and run as a doc test.
+/// The README's example is compiled as a doc test (not run: it serves on a port).
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctest;
