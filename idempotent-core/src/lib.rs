@@ -106,6 +106,11 @@ pub use deadpool_redis::redis;
 #[cfg(feature = "macros")]
 pub use idempotent_macros::idempotent;
 
+/// The README's example is compiled and run as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctest;
+
 /// Items the `#[idempotent]` macro expands to. Not public API: may change in any release.
 #[doc(hidden)]
 pub mod __private {

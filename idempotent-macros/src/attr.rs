@@ -79,7 +79,7 @@ impl ToTokens for SelfField {
 }
 
 /// The parsed options.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub(crate) struct Args {
     pub(crate) step: Option<LitStr>,
     /// `retention = N`, or its older name `ttl = N`.

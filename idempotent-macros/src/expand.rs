@@ -46,7 +46,8 @@ pub(crate) fn expand(args: Args, item: ItemFn) -> syn::Result<TokenStream> {
 
 /// The function again, with its signature and attributes, around the new body.
 fn gen_function(item: &ItemFn, body: TokenStream) -> TokenStream {
-    let ItemFn { attrs, vis, sig, block: _ } = item;
+    // `modifiers` is always empty: `default fn` does not parse as an `ItemFn`.
+    let ItemFn { attrs, vis, sig, block: _, modifiers: _ } = item;
     let (outer, inner): (Vec<_>, Vec<_>) = attrs.iter().partition(|a| matches!(a.style, AttrStyle::Outer));
     quote! {
         #(#outer)*
@@ -346,7 +347,7 @@ fn result_type(sig: &Signature) -> syn::Result<ResultType<'_>> {
         }
     }
     let is_result = match inner {
-        Type::Path(TypePath { qself: None, path }) => {
+        Type::Path(TypePath { qself: None, path, attrs: _ }) => {
             path.segments.last().is_some_and(|s| s.ident.unraw().to_string().ends_with("Result"))
         }
         _ => false,
@@ -455,7 +456,9 @@ fn is_context_type(ty: &Type) -> bool {
         Type::Reference(r) => is_context_type(&r.elem),
         Type::Paren(p) => is_context_type(&p.elem),
         Type::Group(g) => is_context_type(&g.elem),
-        Type::Path(TypePath { qself: None, path }) => path.segments.last().is_some_and(|s| s.ident == "RunContext"),
+        Type::Path(TypePath { qself: None, path, attrs: _ }) => {
+            path.segments.last().is_some_and(|s| s.ident == "RunContext")
+        }
         _ => false,
     }
 }

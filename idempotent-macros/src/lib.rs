@@ -6,6 +6,7 @@
 
 #![deny(unreachable_pub)]
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 use proc_macro::TokenStream;
 use quote::ToTokens;

@@ -4,9 +4,44 @@
 //! - [`client`]: a layer that stamps one `Idempotency-Key` per logical request and keeps it
 //!   across retries.
 //! - [`retry`]: a `tower::retry::Policy` that knows which failures are safe to retry.
+//!
+//! This crate is the one dependency a tower user needs: it re-exports the stores and options of
+//! [`idempotent_core`] (and the crate itself), `RedisStore` under the `redis` feature, the
+//! [`http`] crate whose types the tenant closure takes, and tower's retry budget
+//! ([`retry::TpsBudget`]).
+//!
+//! ```
+//! use std::time::Duration;
+//!
+//! use idempotent_tower::http::request::Parts;
+//! use idempotent_tower::retry::{Backoff, HttpRetryPolicy, TpsBudget};
+//! use idempotent_tower::{IdempotencyLayer, MemoryStore, OnInFlight};
+//!
+//! /// The principal an authentication layer (outside this one) put into the extensions.
+//! #[derive(Clone)]
+//! struct User(String);
+//!
+//! let layer = IdempotencyLayer::new(MemoryStore::new()) // `RedisStore` to share it (feature `redis`)
+//!     .tenant(|parts: &Parts| parts.extensions.get::<User>().map(|user| user.0.clone()))
+//!     .on_in_flight(OnInFlight::Wait { timeout: Duration::from_secs(5) });
+//!
+//! // A client's retry policy, with a budget of 10% of the last 30 s of requests.
+//! let retry = HttpRetryPolicy::new()
+//!     .backoff(Backoff::new(Duration::from_millis(50), Duration::from_secs(2)))
+//!     .budget(TpsBudget::new(Duration::from_secs(30), 5, 0.1));
+//! # let _ = (layer, retry);
+//! ```
+//!
+//! # Features
+//!
+//! - `redis`: `RedisStore`, `RedisStoreBuilder` and `Preflight`, re-exported from
+//!   idempotent-core.
+//! - `cluster`: Redis Cluster support in `RedisStore` (`RedisStore::cluster_builder`).
+//! - `tls`: `rediss://` URLs.
 
 #![deny(unreachable_pub)]
 #![warn(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod client;
 mod grpc_code;
@@ -22,7 +57,24 @@ pub use server::{Attempt, Idempotency, IdempotencyLayer};
 // client re-exports
 pub use client::{IdempotencyKey, IdempotencyKeyLayer};
 // retry re-exports
-pub use retry::{Backoff, GrpcRetryPolicy, HttpRetryPolicy};
+pub use retry::{Backoff, GrpcRetryPolicy, HttpRetryPolicy, TpsBudget};
+
+/// The core crate: keys, the record protocol, the stores and the executor.
+pub use idempotent_core;
+// The stores and the options a server needs, so that one dependency line is enough. (Plain
+// comments: a doc comment here would be prepended to each item's own docs.)
+pub use idempotent_core::{FailMode, IntoSharedStore, MemoryStore, OnInFlight, SharedStore, Store};
+#[cfg(feature = "redis")]
+pub use idempotent_core::{Preflight, RedisStore, RedisStoreBuilder};
+
+/// The `http` crate, whose types this crate's API takes (the tenant closure gets
+/// `&http::request::Parts`).
+pub use http;
+
+/// The README's example is compiled as a doc test (not run: it serves on a port).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctest;
 
 /// Entry points for the fuzz targets in `fuzz/`. Not public API: may change in any release.
 #[doc(hidden)]

@@ -7,8 +7,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
+use deadpool_redis::Runtime;
+#[cfg(feature = "cluster")]
+use deadpool_redis::cluster;
 use deadpool_redis::redis::{self, Script, Value};
-use deadpool_redis::{Runtime, cluster};
 
 use super::{BoxFuture, Store};
 use crate::attempt::Attempt;
@@ -47,6 +49,7 @@ impl Scripts {
 #[derive(Clone)]
 enum Pool {
     Single(deadpool_redis::Pool),
+    #[cfg(feature = "cluster")]
     Cluster(cluster::Pool),
 }
 
@@ -122,10 +125,12 @@ struct Inner {
     clock_syncing: AtomicBool,
 }
 
-/// Configures a [`RedisStore`]; made by [`RedisStore::builder`] or [`RedisStore::cluster_builder`].
+/// Configures a [`RedisStore`]; made by [`RedisStore::builder`] (or, with the `cluster` feature,
+/// `RedisStore::cluster_builder`).
 #[derive(Debug, Clone)]
 pub struct RedisStoreBuilder {
     urls: Vec<String>,
+    #[cfg(feature = "cluster")]
     cluster: bool,
     pool_size: usize,
     timeout: Duration,
@@ -195,25 +200,25 @@ impl RedisStoreBuilder {
             },
             ..Default::default()
         };
-        let pool = if self.cluster {
+        #[cfg(feature = "cluster")]
+        if self.cluster {
             let mut cfg = cluster::Config::from_urls(self.urls.clone());
             cfg.pool = Some(pool_config);
-            Pool::Cluster(cfg.create_pool(Some(Runtime::Tokio1)).map_err(|e| config_err(&e))?)
-        } else {
-            // The driver's own response timeout (500 ms by default) would cut calls short of
-            // the command timeout the user chose; ours bounds every call instead.
-            let conn_config = redis::AsyncConnectionConfig::new()
-                .set_response_timeout(None)
-                .set_connection_timeout(Some(self.timeout));
-            let manager = deadpool_redis::Manager::new_with_config(self.urls[0].as_str(), conn_config)
-                .map_err(|e| config_err(&e))?;
-            let pool = deadpool_redis::Pool::builder(manager)
-                .config(pool_config)
-                .runtime(Runtime::Tokio1)
-                .build()
-                .map_err(|e| config_err(&e))?;
-            Pool::Single(pool)
-        };
+            let pool = Pool::Cluster(cfg.create_pool(Some(Runtime::Tokio1)).map_err(|e| config_err(&e))?);
+            return Ok(RedisStore::from_parts(pool, self.prefix, self.timeout, describe, self.pool_size, self.set_get));
+        }
+        // The driver's own response timeout (500 ms by default) would cut calls short of the
+        // command timeout the user chose; ours bounds every call instead.
+        let conn_config =
+            redis::AsyncConnectionConfig::new().set_response_timeout(None).set_connection_timeout(Some(self.timeout));
+        let manager =
+            deadpool_redis::Manager::new_with_config(self.urls[0].as_str(), conn_config).map_err(|e| config_err(&e))?;
+        let pool = deadpool_redis::Pool::builder(manager)
+            .config(pool_config)
+            .runtime(Runtime::Tokio1)
+            .build()
+            .map_err(|e| config_err(&e))?;
+        let pool = Pool::Single(pool);
         Ok(RedisStore::from_parts(pool, self.prefix, self.timeout, describe, self.pool_size, self.set_get))
     }
 }
@@ -272,6 +277,7 @@ impl RedisStore {
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
         RedisStoreBuilder {
             urls: vec![url.into()],
+            #[cfg(feature = "cluster")]
             cluster: false,
             pool_size: DEFAULT_POOL_SIZE,
             timeout: DEFAULT_TIMEOUT,
@@ -281,6 +287,7 @@ impl RedisStore {
     }
 
     /// Starts configuring a store on Redis Cluster, given one or more seed nodes.
+    #[cfg(feature = "cluster")]
     pub fn cluster_builder<I, S>(urls: I) -> RedisStoreBuilder
     where
         I: IntoIterator<Item = S>,
@@ -308,6 +315,7 @@ impl RedisStore {
 
     /// A store on an existing deadpool cluster pool (half of its connections kept, as in
     /// [`from_pool`](Self::from_pool)).
+    #[cfg(feature = "cluster")]
     pub fn from_cluster_pool(pool: cluster::Pool, prefix: impl Into<String>, timeout: Duration) -> RedisStore {
         let size = (pool.status().max_size / 2).max(1);
         RedisStore::from_parts(
@@ -632,6 +640,7 @@ impl RedisStore {
     async fn fill(&self, slot: usize, op: &'static str) -> Result<Conn, Error> {
         let held = match &self.inner.pool {
             Pool::Single(p) => Held::Single(p.get().await.map_err(|e| self.pool_error(op, e))?),
+            #[cfg(feature = "cluster")]
             Pool::Cluster(p) => Held::Cluster(p.get().await.map_err(|e| self.pool_error(op, e))?),
         };
         let mut slot = lock(&self.inner.slots[slot]);
@@ -874,6 +883,7 @@ fn int(v: Option<&Value>) -> Option<i64> {
 /// A connection checked out of the pool and kept in a slot.
 enum Held {
     Single(deadpool_redis::Connection),
+    #[cfg(feature = "cluster")]
     Cluster(cluster::Connection),
 }
 
@@ -881,6 +891,7 @@ impl Held {
     fn handle(&self) -> Conn {
         match self {
             Held::Single(c) => Conn::Single((**c).clone()),
+            #[cfg(feature = "cluster")]
             Held::Cluster(c) => Conn::Cluster((**c).clone()),
         }
     }
@@ -889,6 +900,7 @@ impl Held {
     fn detach(self) {
         match self {
             Held::Single(c) => drop(deadpool_redis::Connection::take(c)),
+            #[cfg(feature = "cluster")]
             Held::Cluster(c) => drop(cluster::Connection::take(c)),
         }
     }
@@ -901,6 +913,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// A clone of a held connection, used for one command.
 enum Conn {
     Single(redis::aio::MultiplexedConnection),
+    #[cfg(feature = "cluster")]
     Cluster(redis::cluster_async::ClusterConnection),
 }
 
@@ -908,6 +921,7 @@ impl redis::aio::ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
+            #[cfg(feature = "cluster")]
             Conn::Cluster(c) => c.req_packed_command(cmd),
         }
     }
@@ -920,6 +934,7 @@ impl redis::aio::ConnectionLike for Conn {
     ) -> redis::RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            #[cfg(feature = "cluster")]
             Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
         }
     }
@@ -927,6 +942,7 @@ impl redis::aio::ConnectionLike for Conn {
     fn get_db(&self) -> i64 {
         match self {
             Conn::Single(c) => c.get_db(),
+            #[cfg(feature = "cluster")]
             Conn::Cluster(c) => c.get_db(),
         }
     }

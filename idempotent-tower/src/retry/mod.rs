@@ -108,10 +108,11 @@ use std::time::{Duration, SystemTime};
 
 // `::http`, the crate, not the `http` module below.
 use ::http::{HeaderMap, HeaderValue, Method, Response, StatusCode};
-use tower::retry::budget::{Budget, TpsBudget};
 
 pub use crate::GrpcCode;
 pub use idempotent_core::Backoff;
+// tower's retry budgets, re-exported so that tuning a policy's budget needs no `tower` import.
+pub use tower::retry::budget::{Budget, TpsBudget};
 
 use crate::IDEMPOTENCY_KEY;
 use crate::header::key_digest;
