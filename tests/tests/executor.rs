@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use idempotent_core::store::redis::layout;
 use idempotent_core::{Error, FailMode, MemoryStore, OnInFlight, RedisStore, RunContext, SharedStore, current_attempt};
 use idempotent_tests::{HookedStore, RedisCluster, RedisServer, unique};
 use serde::{Deserialize, Serialize};
@@ -430,11 +431,16 @@ async fn heartbeat_tells_the_action_when_its_lease_was_taken_over() {
     // Make the holder's lease look passed on the server, as a long GC pause or a partition would,
     // and let a second worker take over.
     let (key, _) = ctx.step("watched").key_for(&()).unwrap();
-    // A running record with a lease deadline of 0: state R, then 15 digits at offset 97 (layout
-    // in acquire.lua; a record SET NX wrote, state N, becomes R as a renew would make it).
-    let passed =
-        "redis.call('SETRANGE', KEYS[1], 0, 'R') return redis.call('SETRANGE', KEYS[1], 97, '000000000000000')";
-    server.cmd(&["EVAL", passed, "1", &store.redis_key(&key)]);
+    // A running record with a lease deadline of 0 (a record SET NX wrote, state N, becomes R as
+    // a renew would make it).
+    let passed = format!(
+        "redis.call('SETRANGE', KEYS[1], {}, '{}') return redis.call('SETRANGE', KEYS[1], {}, '{}')",
+        layout::STATE,
+        char::from(layout::RUNNING),
+        layout::LEASE.start,
+        "0".repeat(layout::LEASE.len())
+    );
+    server.cmd(&["EVAL", &passed, "1", &store.redis_key(&key)]);
     let (recovered, new_fence) = ctx
         .step("watched")
         .lease(Duration::from_secs(30))
