@@ -59,7 +59,7 @@ fn first_execution(c: &mut Criterion) {
                 async move {
                     let r: RefundResult = ctx
                         .step("issue_refund")
-                        .ttl(Duration::from_millis(1))
+                        .retention(Duration::from_millis(1))
                         .heartbeat(heartbeat)
                         .run(&payload, |_| async { Ok::<_, Error>(RefundResult::sample()) })
                         .await

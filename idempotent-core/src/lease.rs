@@ -9,8 +9,10 @@
 //! 3. [`Lease::complete`] stores the outcome, [`Lease::release`] gives the key up. Both go on in
 //!    a task of their own when the caller is dropped before the store answered (a timeout
 //!    around the step, an HTTP client that went away), so that an outcome is not stranded and
-//!    the key left to run again. A lease known to be lost stores nothing and releases nothing:
-//!    this attempt cannot vouch for its outcome, and a retry runs the operation again.
+//!    the key left to run again. The store decides whether the outcome is taken: only while
+//!    this attempt's owner token still holds the key. A lease that ran out unseen, with no other
+//!    attempt since, still stores its outcome; one that another attempt took over stores
+//!    nothing ([`Transition::LeaseLost`]).
 //!
 //! The bounds on a lease and on retention are defined here, and [`Terms::check`] is the one
 //! place that enforces them.
@@ -389,17 +391,17 @@ impl Lease {
 
     /// Stores `outcome` as the operation's result, kept for the retention.
     ///
-    /// [`Transition::LeaseLost`] when the lease is lost: another attempt took over, or may have
-    /// (no renewal reached the store for a whole lease), so nothing is stored. If this future is
-    /// dropped before the store answered, the call goes on in a task of its own.
+    /// [`Transition::LeaseLost`] when another attempt took the key over: nothing is stored. A
+    /// lease that only ran out (no renewal reached the store for a whole lease) still stores,
+    /// if no other attempt has taken the key since. If this future is dropped before the store
+    /// answered, the call goes on in a task of its own.
     pub fn complete(self, outcome: Bytes) -> impl Future<Output = Result<Transition, Error>> + Send + 'static {
         self.settle(Some(outcome))
     }
 
     /// Gives the key up without an outcome (the fence is kept), so that a retry runs the work
-    /// again. Nothing is sent when the lease is lost: it ran out, or another attempt holds the
-    /// key. If this future is dropped before the store answered, the call goes on in a task of
-    /// its own.
+    /// again; [`Transition::LeaseLost`] when another attempt holds the key. If this future is
+    /// dropped before the store answered, the call goes on in a task of its own.
     pub fn release(self) -> impl Future<Output = Result<Transition, Error>> + Send + 'static {
         self.settle(None)
     }
@@ -410,21 +412,19 @@ impl Lease {
         let Lease { store, key, token, attempt, retention, .. } = self;
         let call = async move {
             let short = key.short_key();
-            if lost {
-                match outcome {
-                    Some(_) => {
-                        tracing::warn!(key = %short, fence = attempt.fence(), "idempotent.not_stored: the lease was lost while the work ran")
-                    }
-                    None => tracing::debug!(key = %short, "idempotent.lease_lost: nothing to release"),
-                }
-                return Ok(Transition::LeaseLost);
-            }
             let stored = outcome.is_some();
+            // The store is the authority: it takes the outcome only while this attempt's token
+            // still owns the key, which no other attempt can have taken without replacing it.
+            // A lease that ran out unseen, with no other attempt since, still stores its outcome
+            // (a retry would otherwise run the work a second time).
             let answer = match outcome {
                 Some(bytes) => store.complete(&key, &token, bytes, retention).await,
                 None => store.release(&key, &token).await,
             };
             match (&answer, stored) {
+                (Ok(Transition::Ok), true) if lost => {
+                    tracing::info!(key = %short, fence = attempt.fence(), "idempotent.stored: the lease had run out, but no other attempt took the key")
+                }
                 (Ok(Transition::Ok), true) => {
                     tracing::debug!(key = %short, fence = attempt.fence(), "idempotent.stored")
                 }
@@ -433,7 +433,7 @@ impl Lease {
                     tracing::warn!(key = %short, fence = attempt.fence(), "idempotent.lease_lost: the outcome was not stored; another attempt took over the key")
                 }
                 (Ok(Transition::LeaseLost), false) => {
-                    tracing::warn!(key = %short, fence = attempt.fence(), "idempotent.lease_lost: released after losing the lease")
+                    tracing::debug!(key = %short, fence = attempt.fence(), "idempotent.lease_lost: nothing to release; another attempt took over the key")
                 }
                 (Err(e), true) => {
                     tracing::error!(key = %short, error = %e, "idempotent.store_error: the work ran but its outcome was not stored; the key stays taken until its lease runs out")

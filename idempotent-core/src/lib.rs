@@ -37,6 +37,11 @@
 //!   is [`Error::Mismatch`]); [`OnInFlight`] says whether a duplicate waits or fails at once;
 //!   leases are renewed while the action runs and [`Attempt::lease_lost`] tells the action when
 //!   another attempt took over; [`Step::run_storing_errors`] also replays permanent errors.
+//! - [`Attempt`]: what the action knows about its attempt (fence, number, recovered, lease lost);
+//!   `idempotent-tower` hands HTTP and gRPC handlers the same type.
+//! - [`lease`]: the lease lifecycle both the executor and `idempotent-tower`'s layer drive
+//!   (acquire and wait, heartbeat, complete or release outliving the caller), and the bounds on
+//!   lease and retention ([`Terms`]).
 //! - [`Key`], [`Fingerprint`], [`canonical`]: deterministic keys over RFC 8785 canonical JSON.
 //! - [`Store`]: the record protocol ([`record`]), with [`MemoryStore`] and, under the `redis`
 //!   feature, [`RedisStore`] (standalone or cluster, deadpool pooled; a replay and a first
@@ -47,7 +52,7 @@
 //!
 //! # Guarantees and limits
 //!
-//! While a record is retained (the step's `ttl`), an action runs at most once per key unless its
+//! While a record is retained (the step's `retention`), an action runs at most once per key unless its
 //! lease runs out while it is still running; then a later attempt may take over, with a higher
 //! [`Attempt::fence`], and the earlier attempt cannot store its result ([`Error::LeaseLost`]).
 //! Give actions a lease longer than they run (the heartbeat renews it), and pass the fence to

@@ -1,13 +1,17 @@
 //! Parsing `#[idempotent(...)]`'s options. Every misuse is a `syn::Error` at the offending token.
 
-use proc_macro2::Span;
+use std::fmt;
+
+use proc_macro2::{Span, TokenStream};
+use quote::ToTokens;
 use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream};
 use syn::punctuated::Punctuated;
-use syn::{Expr, ExprLit, Ident, Lit, LitStr, Path, Token};
+use syn::{Expr, ExprLit, Ident, Lit, LitInt, LitStr, Member, Path, Token};
 
 mod kw {
     syn::custom_keyword!(step);
+    syn::custom_keyword!(retention);
     syn::custom_keyword!(ttl);
     syn::custom_keyword!(lease);
     syn::custom_keyword!(key);
@@ -18,8 +22,8 @@ mod kw {
     syn::custom_keyword!(ctx);
 }
 
-const OPTIONS: &str = "`step`, `ttl`, `lease`, `key(..)`, `skip(..)`, `version`, `on_in_flight`, \
-                       `store_errors`, `ctx` or `crate`";
+const OPTIONS: &str = "`step`, `retention` (or `ttl`), `lease`, `key(..)`, `skip(..)`, `version`, \
+                       `on_in_flight`, `store_errors`, `ctx` or `crate`";
 
 /// What a call does when another attempt is running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,24 +32,65 @@ pub(crate) enum InFlight {
     Reject,
 }
 
-/// A number of seconds, at least 1 and at most the option's maximum.
+/// A number of seconds, at least 1. Its upper bound is the executor's, checked when the step
+/// runs (`Error::Config`), so that the bounds are defined and enforced in one place.
 #[derive(Debug)]
 pub(crate) struct Seconds {
     pub(crate) secs: u64,
+}
+
+/// Where `ctx = ..` says the run context is.
+#[derive(Debug)]
+pub(crate) enum ContextArg {
+    /// `ctx = run`: the parameter of that name.
+    Param(Ident),
+    /// `ctx = self.ctx`, `ctx = self.inner.ctx`: a field of the receiver.
+    Field(SelfField),
+}
+
+/// `self.a.b`: a path of one or more fields on the receiver, with the user's tokens and spans.
+#[derive(Debug)]
+pub(crate) struct SelfField {
+    pub(crate) receiver: Token![self],
+    pub(crate) fields: Vec<(Token![.], Member)>,
+}
+
+impl fmt::Display for SelfField {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("self")?;
+        for (_, member) in &self.fields {
+            match member {
+                Member::Named(name) => write!(f, ".{name}")?,
+                Member::Unnamed(index) => write!(f, ".{}", index.index)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+impl ToTokens for SelfField {
+    fn to_tokens(&self, tokens: &mut TokenStream) {
+        self.receiver.to_tokens(tokens);
+        for (dot, member) in &self.fields {
+            dot.to_tokens(tokens);
+            member.to_tokens(tokens);
+        }
+    }
 }
 
 /// The parsed options.
 #[derive(Debug, Default)]
 pub(crate) struct Args {
     pub(crate) step: Option<LitStr>,
-    pub(crate) ttl: Option<Seconds>,
+    /// `retention = N`, or its older name `ttl = N`.
+    pub(crate) retention: Option<Seconds>,
     pub(crate) lease: Option<Seconds>,
     pub(crate) key: Option<Vec<Ident>>,
     pub(crate) skip: Option<Vec<Ident>>,
     pub(crate) version: Option<u32>,
     pub(crate) on_in_flight: Option<InFlight>,
     pub(crate) store_errors: bool,
-    pub(crate) ctx: Option<Ident>,
+    pub(crate) ctx: Option<ContextArg>,
     pub(crate) krate: Option<Path>,
 }
 
@@ -68,6 +113,7 @@ impl Parse for Args {
     fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
         let mut args = Args::default();
         let mut store_errors: Option<Span> = None;
+        let mut retention: Option<&'static str> = None;
         while !input.is_empty() {
             let lookahead = input.lookahead1();
             if lookahead.peek(kw::step) {
@@ -82,15 +128,26 @@ impl Parse for Args {
                     ));
                 }
                 args.step = Some(name);
-            } else if lookahead.peek(kw::ttl) {
-                let kw: kw::ttl = input.parse()?;
-                once(&args.ttl, "ttl", kw.span)?;
-                args.ttl = Some(seconds(
+            } else if lookahead.peek(kw::retention) || lookahead.peek(kw::ttl) {
+                let (name, span) = match input.parse::<Option<kw::ttl>>()? {
+                    Some(kw) => ("ttl", kw.span),
+                    None => ("retention", input.parse::<kw::retention>()?.span),
+                };
+                match retention {
+                    Some(first) if first != name => {
+                        return Err(syn::Error::new(
+                            span,
+                            format!("`{name}` and `{first}` are one option (`ttl` is the older name); keep one"),
+                        ));
+                    }
+                    _ => once(&args.retention, name, span)?,
+                }
+                retention = Some(name);
+                args.retention = Some(seconds(
                     input,
-                    "ttl",
-                    kw.span,
-                    MAX_TTL,
-                    "how long the result is kept and replayed, e.g. `ttl = 86400` for a day",
+                    name,
+                    span,
+                    &format!("how long the result is kept and replayed, e.g. `{name} = 86400` for a day"),
                 )?);
             } else if lookahead.peek(kw::lease) {
                 let kw: kw::lease = input.parse()?;
@@ -99,7 +156,6 @@ impl Parse for Args {
                     input,
                     "lease",
                     kw.span,
-                    MAX_LEASE,
                     "how long one attempt holds the key without renewing, e.g. `lease = 60`",
                 )?);
             } else if lookahead.peek(kw::key) {
@@ -155,7 +211,7 @@ impl Parse for Args {
                 let kw: kw::ctx = input.parse()?;
                 once(&args.ctx, "ctx", kw.span)?;
                 equals(input, "ctx", kw.span, "ctx = run")?;
-                args.ctx = Some(input.call(Ident::parse_any)?);
+                args.ctx = Some(context(input)?);
             } else if lookahead.peek(Token![crate]) {
                 let kw: Token![crate] = input.parse()?;
                 once(&args.krate, "crate", kw.span)?;
@@ -209,14 +265,8 @@ fn ungroup(expr: &Expr) -> &Expr {
     }
 }
 
-/// The longest `ttl`: 10 years (3650 days). Stores turn it into a deadline, which must stay
-/// representable (an `Instant` overflows, Redis scripts see huge numbers in exponent notation).
-const MAX_TTL: (u64, &str) = (3650 * 24 * 60 * 60, "10 years");
-/// The longest `lease`: a day. An attempt that crashes blocks its key for a whole lease.
-const MAX_LEASE: (u64, &str) = (24 * 60 * 60, "1 day");
-
-/// `= <integer literal>`, at least 1 and at most `max`.
-fn seconds(input: ParseStream<'_>, name: &str, span: Span, max: (u64, &str), what: &str) -> syn::Result<Seconds> {
+/// `= <integer literal>`, at least 1. The upper bound is the executor's (see [`Seconds`]).
+fn seconds(input: ParseStream<'_>, name: &str, span: Span, what: &str) -> syn::Result<Seconds> {
     equals(input, name, span, &format!("{name} = 60"))?;
     let expr: Expr = input.parse()?;
     let Expr::Lit(ExprLit { lit: Lit::Int(int), .. }) = ungroup(&expr) else {
@@ -231,14 +281,54 @@ fn seconds(input: ParseStream<'_>, name: &str, span: Span, max: (u64, &str), wha
     if secs == 0 {
         return Err(syn::Error::new(int.span(), format!("`{name}` must be at least 1 second: {what}")));
     }
-    let (max, max_words) = max;
-    if secs > max {
-        return Err(syn::Error::new(
-            int.span(),
-            format!("`{name}` must be at most {max} seconds ({max_words}): {what}"),
-        ));
-    }
     Ok(Seconds { secs })
+}
+
+/// After `ctx =`: a parameter name, or a path of fields on `self`.
+fn context(input: ParseStream<'_>) -> syn::Result<ContextArg> {
+    const WRITE: &str = "name the parameter that holds the `RunContext` (`ctx = run`) or the field of \
+                         `self` that does (`ctx = self.ctx`)";
+    let context = if input.peek(Token![self]) {
+        let receiver: Token![self] = input.parse()?;
+        let mut fields = Vec::new();
+        while let Some(dot) = input.parse::<Option<Token![.]>>()? {
+            if !(input.peek(Ident) || input.peek(LitInt)) {
+                let at = if input.is_empty() { dot.span } else { input.span() };
+                return Err(syn::Error::new(
+                    at,
+                    "`ctx = self.`: write the name of the field after the `.`, e.g. `ctx = self.ctx`",
+                ));
+            }
+            fields.push((dot, input.parse::<Member>()?));
+        }
+        if fields.is_empty() {
+            return Err(syn::Error::new(
+                receiver.span,
+                "`ctx = self`: name the field of `self` that holds the `RunContext`, e.g. `ctx = self.ctx`",
+            ));
+        }
+        ContextArg::Field(SelfField { receiver, fields })
+    } else if input.peek(Ident::peek_any) {
+        let name = input.call(Ident::parse_any)?;
+        if input.peek(Token![.]) {
+            return Err(syn::Error::new(
+                name.span(),
+                format!(
+                    "`ctx` reads a field of `self` only (`ctx = self.ctx`), not of the parameter `{name}`: \
+                     pass the context as a parameter of its own and name it (`ctx = run`)"
+                ),
+            ));
+        }
+        ContextArg::Param(name)
+    } else if input.peek(Token![&]) {
+        return Err(input.error(format!("`ctx` takes a name, not a reference (the macro borrows it): {WRITE}")));
+    } else {
+        return Err(input.error(format!("`ctx` takes a name, not an expression: {WRITE}")));
+    };
+    if !input.is_empty() && !input.peek(Token![,]) {
+        return Err(input.error(format!("`ctx` takes a name, not a method call or another expression: {WRITE}")));
+    }
+    Ok(context)
 }
 
 /// `(a, b, ...)`: at least one parameter name, each once.

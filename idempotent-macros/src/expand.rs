@@ -7,6 +7,10 @@
 //! return type, as `#[tracing::instrument]` does, so that rustc reports type errors in the body
 //! against that return type. The expansion's own locals (`__idempotent_*`) have mixed-site
 //! hygiene, so a parameter that happens to share one of their names is still the user's.
+//!
+//! As in tracing-attributes, `check` reads the signature against the options (every error is
+//! found there, before any code is written), `gen_block` writes the new body and `gen_function`
+//! puts it back inside the untouched signature.
 
 use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens, format_ident, quote, quote_spanned};
@@ -14,11 +18,11 @@ use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
 use syn::{
-    AttrStyle, FnArg, GenericParam, Ident, ItemFn, Pat, PatIdent, PatType, Path, ReturnType, Signature, Type,
+    AttrStyle, Block, FnArg, GenericParam, Ident, ItemFn, Pat, PatIdent, PatType, Path, ReturnType, Signature, Type,
     TypeImplTrait, TypePath,
 };
 
-use crate::attr::{Args, InFlight};
+use crate::attr::{Args, ContextArg, InFlight, SelfField};
 
 /// A typed parameter (not `self`).
 struct Param<'a> {
@@ -33,8 +37,37 @@ impl Param<'_> {
     }
 }
 
+/// The annotated function, rewritten, or the first misuse found.
 pub(crate) fn expand(args: Args, item: ItemFn) -> syn::Result<TokenStream> {
-    let ItemFn { attrs, vis, sig, block } = item;
+    let checked = check(&args, &item.sig)?;
+    let body = gen_block(&args, &checked, &item.block);
+    Ok(gen_function(&item, body))
+}
+
+/// The function again, with its signature and attributes, around the new body.
+fn gen_function(item: &ItemFn, body: TokenStream) -> TokenStream {
+    let ItemFn { attrs, vis, sig, block: _ } = item;
+    let (outer, inner): (Vec<_>, Vec<_>) = attrs.iter().partition(|a| matches!(a.style, AttrStyle::Outer));
+    quote! {
+        #(#outer)*
+        #vis #sig {
+            #(#inner)*
+            #body
+        }
+    }
+}
+
+/// What the expansion takes from a signature that passed every check.
+struct Checked<'a> {
+    ret: ResultType<'a>,
+    /// Borrows the run context (`&ctx`, `&self.ctx`); anything that derefs to `RunContext`.
+    ctx: TokenStream,
+    /// The payload parameters, in order.
+    payload: Vec<&'a Ident>,
+}
+
+/// Checks the signature against the options: every misuse is an error at its token.
+fn check<'a>(args: &'a Args, sig: &'a Signature) -> syn::Result<Checked<'a>> {
     if sig.asyncness.is_none() {
         return Err(syn::Error::new(
             sig.fn_token.span,
@@ -44,9 +77,7 @@ pub(crate) fn expand(args: Args, item: ItemFn) -> syn::Result<TokenStream> {
     if let Some(variadic) = &sig.variadic {
         return Err(syn::Error::new_spanned(variadic, "`#[idempotent]` does not support variadic functions"));
     }
-    let ret = result_type(&sig)?;
-
-    let has_receiver = sig.inputs.iter().any(|a| matches!(a, FnArg::Receiver(_)));
+    let ret = result_type(sig)?;
     let params: Vec<Param<'_>> = sig
         .inputs
         .iter()
@@ -55,11 +86,16 @@ pub(crate) fn expand(args: Args, item: ItemFn) -> syn::Result<TokenStream> {
             FnArg::Receiver(_) => None,
         })
         .collect();
+    let has_receiver = sig.inputs.iter().any(|a| matches!(a, FnArg::Receiver(_)));
+    let ctx = context(args, sig, has_receiver, &params)?;
+    check_listed(args, has_receiver, &params, &ctx)?;
+    let payload = payload(args, sig, &params, &ctx)?;
+    Ok(Checked { ret, ctx: ctx.borrow(), payload })
+}
+
+/// `skip(..)` and `key(..)` name parameters that exist, and `key(..)` only payload ones.
+fn check_listed(args: &Args, has_receiver: bool, params: &[Param<'_>], ctx: &Context<'_, '_>) -> syn::Result<()> {
     let exists = |name: &Ident| (name == "self" && has_receiver) || params.iter().any(|p| p.is_named(name));
-
-    let ctx = context_param(&args, &sig, &params)?;
-    let ctx_ident = ctx.ident.expect("context_param checks for a name");
-
     let skip = args.skip.as_deref().unwrap_or_default();
     for name in skip {
         if !exists(name) {
@@ -69,8 +105,7 @@ pub(crate) fn expand(args: Args, item: ItemFn) -> syn::Result<TokenStream> {
             ));
         }
     }
-    let key = args.key.as_deref().unwrap_or_default();
-    for name in key {
+    for name in args.key.as_deref().unwrap_or_default() {
         if !exists(name) {
             return Err(syn::Error::new(
                 name.span(),
@@ -93,7 +128,18 @@ pub(crate) fn expand(args: Args, item: ItemFn) -> syn::Result<TokenStream> {
             ));
         }
     }
+    Ok(())
+}
 
+/// The parameters that make up the payload: all but the context, any other `RunContext` and
+/// the skipped ones. Each needs a name and a concrete type.
+fn payload<'a>(
+    args: &Args,
+    sig: &Signature,
+    params: &[Param<'a>],
+    ctx: &Context<'_, '_>,
+) -> syn::Result<Vec<&'a Ident>> {
+    let skip = args.skip.as_deref().unwrap_or_default();
     let generics: Vec<Ident> = sig
         .generics
         .params
@@ -105,8 +151,8 @@ pub(crate) fn expand(args: Args, item: ItemFn) -> syn::Result<TokenStream> {
         })
         .collect();
     let mut payload = Vec::new();
-    for param in &params {
-        if std::ptr::eq(param.arg, ctx.arg) || is_context_type(&param.arg.ty) {
+    for param in params {
+        if ctx.is(param) || is_context_type(&param.arg.ty) {
             continue;
         }
         if let Some(ident) = param.ident
@@ -124,53 +170,97 @@ pub(crate) fn expand(args: Args, item: ItemFn) -> syn::Result<TokenStream> {
         check_concrete(ident, &param.arg.ty, &generics)?;
         payload.push(ident);
     }
+    Ok(payload)
+}
 
-    let krate: Path = args.krate.clone().unwrap_or_else(|| syn::parse_quote!(::idempotent_core));
-    let p = quote!(#krate::__private);
+/// One of the expansion's own locals. They are mixed-site hygienic: the user's parameters and
+/// body cannot see them, and they never shadow a user parameter of the same name.
+fn local(name: &str) -> Ident {
+    Ident::new(name, Span::mixed_site())
+}
 
-    // The expansion's own locals are mixed-site hygienic: the user's parameters and body cannot
-    // see them, and they never shadow a user parameter of the same name. Those an error may be
-    // reported at keep the position of the user's token with `located_at`.
-    let local = |name: &str| Ident::new(name, Span::mixed_site());
+/// The new body: clone the context, build the payload, configure the step, run the old body in it.
+fn gen_block(args: &Args, checked: &Checked<'_>, block: &Block) -> TokenStream {
+    let p = private(args);
     let ctx_var = local("__idempotent_ctx");
     let payload_var = local("__idempotent_payload");
     let identity_var = local("__idempotent_identity");
     let id_var = local("__idempotent_id");
     let step_var = local("__idempotent_step");
-
-    let pushes = payload.iter().map(|ident| {
-        let name = ident.unraw().to_string();
-        let check = format_ident!("__idempotent_arg_{}", name);
-        let message = format!(
-            "parameter `{name}` is part of the idempotency payload, but `{{Self}}` does not implement `serde::Serialize`"
-        );
-        let label = format!("not serializable: leave it out of the payload with `skip({name})`");
-        let note = "`#[idempotent]` serializes every parameter except the run context, `self` and \
-                    the `skip(..)`ed ones into the step's key; skip handles such as clients and connections";
-        // Spanned at the parameter so that rustc's error points at it.
-        let value = quote_spanned!(ident.span()=> &#ident);
-        quote! {
-            {
-                #[diagnostic::on_unimplemented(message = #message, label = #label, note = #note)]
-                #[allow(non_camel_case_types)]
-                trait #check {
-                    fn __idempotent_canonical(&self) -> #p::CanonicalArg;
-                }
-                impl<T: ?::core::marker::Sized + #p::serde::Serialize> #check for T {
-                    fn __idempotent_canonical(&self) -> #p::CanonicalArg {
-                        #p::canonical(self)
-                    }
-                }
-                #payload_var.push(#name, #check::__idempotent_canonical(#value));
-            }
-        }
-    });
-    let key_names = key.iter().map(|k| k.unraw().to_string());
-
+    let ctx_value = &checked.ctx;
+    let payload = gen_payload(&p, &checked.payload, args.key.as_deref().unwrap_or_default());
     let step = args.step();
+    let options = gen_options(args, &p);
+    let call = gen_call(args, &checked.ret, block);
+    quote! {
+        let #ctx_var: #p::RunContext = #p::RunContext::clone(#ctx_value);
+        let (#payload_var, #identity_var) = #payload;
+        let #step_var = #ctx_var.step(#step) #options;
+        let #step_var = match &#identity_var {
+            ::core::option::Option::Some(#id_var) => #step_var.identity(#id_var),
+            ::core::option::Option::None => #step_var,
+        };
+        #call
+    }
+}
+
+/// The path of `idempotent_core::__private`, or of its renamed dependency.
+fn private(args: &Args) -> TokenStream {
+    let krate: Path = args.krate.clone().unwrap_or_else(|| syn::parse_quote!(::idempotent_core));
+    quote!(#krate::__private)
+}
+
+/// A block that serializes each payload argument and evaluates to the payload's digests.
+fn gen_payload(p: &TokenStream, payload: &[&Ident], key: &[Ident]) -> TokenStream {
+    let payload_var = local("__idempotent_payload");
+    let pushes = payload.iter().map(|ident| gen_push(p, ident));
+    let key_names = key.iter().map(|k| k.unraw().to_string());
+    quote! {
+        {
+            let mut #payload_var = #p::Payload::new();
+            #(#pushes)*
+            #payload_var.finish(&[#(#key_names),*])
+        }
+    }
+}
+
+/// Serializes one argument, through a trait of its own whose `on_unimplemented` names the
+/// parameter and says how to skip it.
+fn gen_push(p: &TokenStream, ident: &Ident) -> TokenStream {
+    let payload_var = local("__idempotent_payload");
+    let name = ident.unraw().to_string();
+    let check = format_ident!("__idempotent_arg_{}", name);
+    let message = format!(
+        "parameter `{name}` is part of the idempotency payload, but `{{Self}}` does not implement `serde::Serialize`"
+    );
+    let label = format!("not serializable: leave it out of the payload with `skip({name})`");
+    let note = "`#[idempotent]` serializes every parameter except the run context, `self` and \
+                the `skip(..)`ed ones into the step's key; skip handles such as clients and connections";
+    // Spanned at the parameter so that rustc's error points at it.
+    let value = quote_spanned!(ident.span()=> &#ident);
+    quote! {
+        {
+            #[diagnostic::on_unimplemented(message = #message, label = #label, note = #note)]
+            #[allow(non_camel_case_types)]
+            trait #check {
+                fn __idempotent_canonical(&self) -> #p::CanonicalArg;
+            }
+            impl<T: ?::core::marker::Sized + #p::serde::Serialize> #check for T {
+                fn __idempotent_canonical(&self) -> #p::CanonicalArg {
+                    #p::canonical(self)
+                }
+            }
+            #payload_var.push(#name, #check::__idempotent_canonical(#value));
+        }
+    }
+}
+
+/// The `Step` builder calls for the options that were given; the rest keep the context's defaults.
+fn gen_options(args: &Args, p: &TokenStream) -> TokenStream {
     let version = args.version.map(|v| quote!(.version(#v)));
-    let ttl = args.ttl.as_ref().map(|s| {
+    let retention = args.retention.as_ref().map(|s| {
         let secs = s.secs;
+        // The one place the expansion names core's retention setter.
         quote!(.retention(#p::Duration::from_secs(#secs)))
     });
     let lease = args.lease.as_ref().map(|s| {
@@ -181,13 +271,37 @@ pub(crate) fn expand(args: Args, item: ItemFn) -> syn::Result<TokenStream> {
         InFlight::Wait => quote!(.on_in_flight(#p::OnInFlight::Wait { timeout: #p::DEFAULT_WAIT })),
         InFlight::Reject => quote!(.on_in_flight(#p::OnInFlight::Reject)),
     });
-    let ctx_value = quote_spanned!(ctx_ident.span()=> &#ctx_ident);
+    quote!(#version #retention #lease #on_in_flight)
+}
 
-    let ret_ty = &ret.ty;
+/// `Step::run` (or `run_storing_errors`) with the old body as its action, awaited.
+fn gen_call(args: &Args, ret: &ResultType<'_>, block: &Block) -> TokenStream {
+    let fake_return = gen_fake_return(ret);
+    // Located at the return type (resolved at the call site, like the rest of the expansion):
+    // unmet bounds on `T` and `E`, checked at the call and again at its `.await`, point there.
+    let at_ret = Span::call_site().located_at(ret.span);
+    let run = Ident::new(if args.store_errors { "run_storing_errors" } else { "run" }, at_ret);
+    // Those an error may be reported at keep the position of the user's token with `located_at`.
+    let step_at_ret = Ident::new("__idempotent_step", Span::mixed_site().located_at(ret.span));
+    let payload_at_ret = Ident::new("__idempotent_payload", Span::mixed_site().located_at(ret.span));
+    // The parentheses keep the whole call expression in `at_ret`'s context: with the mixed-site
+    // receiver first, rustc would see the call's span as another one and report the unmet bound
+    // on `T` a second time.
+    quote_spanned! {at_ret=>
+        (#step_at_ret).#run(&#payload_at_ret, move |_| async move {
+            #fake_return
+            #block
+        })
+        .await
+    }
+}
+
+/// An unreachable early return of the declared type, first thing in the body: rustc infers the
+/// body's type from it and reports mismatches against the user's signature.
+fn gen_fake_return(ret: &ResultType<'_>) -> TokenStream {
+    let ret_ty = ret.ty;
     let fake_var = Ident::new("__idempotent_fake_return", Span::mixed_site().located_at(ret.span));
-    // An unreachable early return of the declared type, first thing in the body: rustc infers the
-    // body's type from it and reports mismatches against the user's signature.
-    let fake_return = quote_spanned! {ret.span=>
+    quote_spanned! {ret.span=>
         #[allow(
             unknown_lints,
             unreachable_code,
@@ -202,44 +316,7 @@ pub(crate) fn expand(args: Args, item: ItemFn) -> syn::Result<TokenStream> {
             let #fake_var: #ret_ty = loop {};
             return #fake_var;
         }
-    };
-
-    // Located at the return type (resolved at the call site, like the rest of the expansion):
-    // unmet bounds on `T` and `E`, checked at the call and again at its `.await`, point there.
-    let at_ret = Span::call_site().located_at(ret.span);
-    let run = Ident::new(if args.store_errors { "run_storing_errors" } else { "run" }, at_ret);
-    let step_at_ret = Ident::new("__idempotent_step", Span::mixed_site().located_at(ret.span));
-    let payload_at_ret = Ident::new("__idempotent_payload", Span::mixed_site().located_at(ret.span));
-    // The parentheses keep the whole call expression in `at_ret`'s context: with the mixed-site
-    // receiver first, rustc would see the call's span as another one and report the unmet bound
-    // on `T` a second time.
-    let call = quote_spanned! {at_ret=>
-        (#step_at_ret).#run(&#payload_at_ret, move |_| async move {
-            #fake_return
-            #block
-        })
-        .await
-    };
-
-    let (outer, inner): (Vec<_>, Vec<_>) = attrs.into_iter().partition(|a| matches!(a.style, AttrStyle::Outer));
-    Ok(quote! {
-        #(#outer)*
-        #vis #sig {
-            #(#inner)*
-            let #ctx_var: #p::RunContext = #p::RunContext::clone(#ctx_value);
-            let (#payload_var, #identity_var) = {
-                let mut #payload_var = #p::Payload::new();
-                #(#pushes)*
-                #payload_var.finish(&[#(#key_names),*])
-            };
-            let #step_var = #ctx_var.step(#step) #version #ttl #lease #on_in_flight;
-            let #step_var = match &#identity_var {
-                ::core::option::Option::Some(#id_var) => #step_var.identity(#id_var),
-                ::core::option::Option::None => #step_var,
-            };
-            #call
-        }
-    })
+    }
 }
 
 struct ResultType<'a> {
@@ -283,20 +360,70 @@ fn result_type(sig: &Signature) -> syn::Result<ResultType<'_>> {
     Ok(ResultType { ty, span: ty.span() })
 }
 
-/// The parameter that carries the `RunContext`.
-fn context_param<'p, 'a>(args: &Args, sig: &Signature, params: &'p [Param<'a>]) -> syn::Result<&'p Param<'a>> {
-    if let Some(name) = &args.ctx {
-        let found = params.iter().find(|p| p.is_named(name));
-        return found.ok_or_else(|| {
-            syn::Error::new(name.span(), format!("`ctx = {name}`: this function has no parameter named `{name}`"))
-        });
+/// Where the run context is.
+enum Context<'p, 'a> {
+    /// A parameter with a plain name: found by its type, or named by `ctx = name`.
+    Param(&'p Param<'a>, &'a Ident),
+    /// A field of the receiver, named by `ctx = self.ctx`.
+    Field(&'a SelfField),
+}
+
+impl Context<'_, '_> {
+    fn is(&self, param: &Param<'_>) -> bool {
+        matches!(self, Context::Param(ctx, _) if std::ptr::eq(ctx.arg, param.arg))
+    }
+
+    fn is_named(&self, name: &Ident) -> bool {
+        matches!(self, Context::Param(ctx, _) if ctx.is_named(name))
+    }
+
+    /// `&ctx` or `&self.ctx`, spanned at the user's tokens so that a context of the wrong type
+    /// is reported there.
+    fn borrow(&self) -> TokenStream {
+        match self {
+            Context::Param(_, ident) => quote_spanned!(ident.span()=> &#ident),
+            Context::Field(field) => quote_spanned!(field.receiver.span=> &#field),
+        }
+    }
+}
+
+/// The run context: the parameter or field `ctx = ..` names, else the one parameter typed
+/// `RunContext`.
+fn context<'p, 'a>(
+    args: &'a Args,
+    sig: &Signature,
+    has_receiver: bool,
+    params: &'p [Param<'a>],
+) -> syn::Result<Context<'p, 'a>> {
+    match &args.ctx {
+        Some(ContextArg::Param(name)) => {
+            let found = params.iter().find(|p| p.is_named(name));
+            return match found {
+                Some(param) => Ok(Context::Param(param, param.ident.expect("found by its name"))),
+                None => Err(syn::Error::new(
+                    name.span(),
+                    format!("`ctx = {name}`: this function has no parameter named `{name}`"),
+                )),
+            };
+        }
+        Some(ContextArg::Field(field)) if !has_receiver => {
+            return Err(syn::Error::new(
+                field.receiver.span,
+                format!(
+                    "`ctx = {field}`: this function has no `self`; make it a method, or name a parameter with `ctx = name`"
+                ),
+            ));
+        }
+        Some(ContextArg::Field(field)) => return Ok(Context::Field(field)),
+        None => {}
     }
     let mut found = params.iter().filter(|p| is_context_type(&p.arg.ty));
     let Some(ctx) = found.next() else {
         return Err(syn::Error::new(
             sig.paren_token.span.join(),
             "no context parameter: `#[idempotent]` takes the store and the run id from a parameter of \
-             type `&RunContext` (or `RunContext`); add one, or name the parameter that has it with `ctx = name`",
+             type `&RunContext` (or `RunContext`); add one, or say where the context is with `ctx = name` \
+             (a parameter) or `ctx = self.ctx` (a field)",
         ));
     };
     if let Some(other) = found.next() {
@@ -305,13 +432,13 @@ fn context_param<'p, 'a>(args: &Args, sig: &Signature, params: &'p [Param<'a>]) 
             "more than one `RunContext` parameter; choose the one the step runs in with `ctx = name`",
         ));
     }
-    if ctx.ident.is_none() {
+    let Some(ident) = ctx.ident else {
         return Err(syn::Error::new_spanned(
             &ctx.arg.pat,
             "the context parameter needs a plain name (`ctx: &RunContext`), so the step can use it",
         ));
-    }
-    Ok(ctx)
+    };
+    Ok(Context::Param(ctx, ident))
 }
 
 /// `name` or `mut name`, without a subpattern.

@@ -24,7 +24,7 @@ struct ReadmeDoctest;
 /// ```
 /// use idempotent_core::{idempotent, MemoryStore, RunContext};
 ///
-/// #[idempotent(step = "issue_refund", ttl = 86400)]
+/// #[idempotent(step = "issue_refund", retention = 86400)]
 /// async fn issue_refund(ctx: &RunContext, order_id: &str, amount_cents: u64) -> Result<String, idempotent_core::Error> {
 ///     // Charge the payment provider here: this runs once per (run, order_id, amount_cents).
 ///     Ok(format!("re_{order_id}_{amount_cents}"))
@@ -47,9 +47,10 @@ struct ReadmeDoctest;
 ///   `T: Serialize + DeserializeOwned` is the stored outcome and
 ///   `E: From<idempotent_core::Error>` carries the executor's own failures (store unreachable,
 ///   payload mismatch, another attempt in flight, ...).
-/// - One parameter is the **run context**: a parameter of type `RunContext` or `&RunContext`
-///   (found by its type), or the one named with `ctx = name`. Its store holds the records and its
-///   run id (and tenant) is part of every key; every retry of a run must pass the same run id.
+/// - It has a **run context**: a parameter of type `RunContext` or `&RunContext` (found by its
+///   type), the parameter named with `ctx = name`, or a field of the receiver named with
+///   `ctx = self.ctx`. Its store holds the records and its run id (and tenant) is part of every
+///   key; every retry of a run must use the same run id.
 /// - Every other parameter is the **payload**, by name: `self` (see
 ///   [below](#self-is-not-part-of-the-key)), the context (and any other `RunContext`
 ///   parameter) and the parameters listed in `skip(..)` are left out. Payload parameters are
@@ -105,20 +106,26 @@ struct ReadmeDoctest;
 /// | option | meaning | default |
 /// |---|---|---|
 /// | `step = "name"` | the step name, part of every key (required) | — |
-/// | `ttl = 86400` | seconds the result is kept and replayed (1 ..= 315360000, i.e. 10 years) | the context's default (24 h) |
-/// | `lease = 60` | seconds one attempt holds the key without renewing (renewed while the body runs; 1 ..= 86400, i.e. a day) | the context's default (60 s) |
+/// | `retention = 86400` | seconds the result is kept and replayed (at most 10 years). `ttl = 86400` is its older name and means the same | the context's default (24 h) |
+/// | `lease = 60` | seconds one attempt holds the key without renewing (renewed while the body runs; at most a day) | the context's default (60 s) |
 /// | `key(a, b)` | key the operation on these parameters only; the rest of the payload is still fingerprinted | the whole payload |
 /// | `skip(a, b)` | leave these parameters out of the payload | none |
 /// | `version = 2` | part of the key: bumping it makes every operation of the step run afresh | 0 |
 /// | `on_in_flight = "wait"` or `"reject"` | while another attempt runs: `"wait"` polls the store for up to 30 s and returns the other attempt's result once it is stored; it takes over (runs the body) only if the other attempt's lease runs out, or it frees the key, within those 30 s, and otherwise fails with `Error::InFlight`. `"reject"` fails with `Error::InFlight` at once | the context's default (wait) |
 /// | `store_errors` | store and replay `Err` outcomes too (`E: Serialize + DeserializeOwned`); without it an `Err` frees the key so a retry runs the body again | off |
 /// | `ctx = name` | the parameter that holds the `RunContext` (when its type is not spelled `RunContext`, e.g. an `Arc<RunContext>`) | the parameter typed `RunContext` |
+/// | `ctx = self.ctx` | the field of the receiver that holds it (`self.ctx`, `self.inner.ctx`, `self.0`), of any type that derefs to `RunContext` (`RunContext`, `Arc<RunContext>`) | the parameter typed `RunContext` |
 /// | `crate = "path"` | where `idempotent_core` is, when the dependency is renamed | `::idempotent_core` |
 ///
 /// Every misuse (a sync fn, a missing `step`, an option given twice or empty, an unknown option,
-/// a `ttl` or `lease` that is not a positive integer or is above its maximum, `skip`/`key` naming a parameter that does
-/// not exist, no context parameter, a return type that is not a `Result`, a generic parameter in
-/// the payload) is a compile error at the offending token.
+/// a `retention` or `lease` that is not a positive integer, `skip`/`key` naming a parameter that
+/// does not exist, a `ctx` that is neither a parameter nor a field of `self`, no context, a return
+/// type that is not a `Result`, a generic parameter in the payload) is a compile error at the
+/// offending token.
+///
+/// The upper bounds of `retention` and `lease` are the executor's, the same for every way of
+/// running a step: one above them compiles, and each call fails with `Error::Config` (naming the
+/// bound) before it touches the store or runs the body.
 ///
 /// ## `key(..)`: identity from some arguments, the rest fingerprinted
 ///
@@ -142,7 +149,7 @@ struct ReadmeDoctest;
 /// # }
 /// ```
 ///
-/// ## `skip(..)`, methods, `version`, `ttl` and `lease`
+/// ## `skip(..)`, methods, `version`, `retention` and `lease`
 ///
 /// ```
 /// use idempotent_core::{idempotent, Error, MemoryStore, RunContext};
@@ -152,7 +159,7 @@ struct ReadmeDoctest;
 ///
 /// impl Mailer {
 ///     // `self` is never part of the payload; `trace_id` is skipped so it does not change the key.
-///     #[idempotent(step = "send_email", version = 2, ttl = 3600, lease = 30, skip(trace_id))]
+///     #[idempotent(step = "send_email", version = 2, retention = 3600, lease = 30, skip(trace_id))]
 ///     async fn send(&self, ctx: &RunContext, to: &str, trace_id: u128) -> Result<u32, Error> {
 ///         let _ = trace_id;
 ///         Ok(self.sent.fetch_add(1, Ordering::SeqCst) + 1)
@@ -217,6 +224,31 @@ struct ReadmeDoctest;
 /// # async fn main() -> Result<(), Error> {
 /// let run = Arc::new(RunContext::new(MemoryStore::new(), "run-3"));
 /// assert_eq!(create_ticket(run.clone(), "disk full".into()).await?, "T-9");
+/// # Ok(()) }
+/// ```
+///
+/// ## `ctx = self.ctx`: the receiver holds the context
+///
+/// A service built for one run keeps its context in a field; the field is not part of the payload
+/// (nothing of `self` is).
+///
+/// ```
+/// use std::sync::Arc;
+/// use idempotent_core::{idempotent, Error, MemoryStore, RunContext};
+///
+/// struct Payments { ctx: Arc<RunContext> }
+///
+/// impl Payments {
+///     #[idempotent(step = "capture", ctx = self.ctx)]
+///     async fn capture(&self, order_id: &str) -> Result<String, Error> {
+///         Ok(format!("cap_{order_id}"))
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Error> {
+/// let payments = Payments { ctx: Arc::new(RunContext::new(MemoryStore::new(), "run-4")) };
+/// assert_eq!(payments.capture("o-1").await?, "cap_o-1");
 /// # Ok(()) }
 /// ```
 ///

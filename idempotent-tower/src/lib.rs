@@ -9,11 +9,16 @@
 #![warn(missing_docs)]
 
 pub mod client;
+mod grpc_code;
+mod header;
 pub mod retry;
 pub mod server;
 
+// shared by the server, the client and the retry policies
+pub use grpc_code::GrpcCode;
+pub use header::IDEMPOTENCY_KEY;
 // server re-exports
-pub use server::{Idempotency, IdempotencyLayer, RequestLease};
+pub use server::{Attempt, Idempotency, IdempotencyLayer};
 // client re-exports
 pub use client::{IdempotencyKey, IdempotencyKeyLayer};
 // retry re-exports

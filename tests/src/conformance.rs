@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use idempotent_core::record::{Acquire, Lease, Transition};
+use idempotent_core::record::{Acquire, Grant, Transition};
 use idempotent_core::{Fingerprint, Key, SharedStore};
 
 const LEASE: Duration = Duration::from_secs(10);
@@ -21,7 +21,7 @@ fn fp(n: u8) -> Fingerprint {
     Fingerprint::from_bytes([n; 32])
 }
 
-async fn acquired(store: &SharedStore, key: &Key, fingerprint: &Fingerprint, lease: Duration) -> Lease {
+async fn acquired(store: &SharedStore, key: &Key, fingerprint: &Fingerprint, lease: Duration) -> Grant {
     match store.acquire(key, fingerprint, lease, KEEP).await.expect("acquire") {
         Acquire::Acquired(l) => l,
         other => panic!("expected Acquired, got {other:?}"),
@@ -45,8 +45,8 @@ pub async fn run_all(store: SharedStore) {
 pub async fn first_acquire_then_in_flight(store: &SharedStore) {
     let key = fresh_key();
     let lease = acquired(store, &key, &fp(1), LEASE).await;
-    assert_eq!(lease.attempt, 1, "first attempt is number 1");
-    assert!(!lease.recovered, "nothing to recover on a fresh key");
+    assert_eq!(lease.attempt.number(), 1, "first attempt is number 1");
+    assert!(!lease.attempt.recovered(), "nothing to recover on a fresh key");
     match store.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap() {
         Acquire::InFlight { retry_after } => {
             assert!(
@@ -111,9 +111,14 @@ pub async fn release_then_reacquire_with_higher_fence(store: &SharedStore) {
         Transition::LeaseLost
     );
     let second = acquired(store, &key, &fp(1), LEASE).await;
-    assert_eq!(second.attempt, 2);
-    assert!(second.fence > first.fence, "fence must grow: {} then {}", first.fence, second.fence);
-    assert!(!second.recovered, "a release is not a crash");
+    assert_eq!(second.attempt.number(), 2);
+    assert!(
+        second.attempt.fence() > first.attempt.fence(),
+        "fence must grow: {} then {}",
+        first.attempt.fence(),
+        second.attempt.fence()
+    );
+    assert!(!second.attempt.recovered(), "a release is not a crash");
     assert_ne!(second.token, first.token);
     // The first token no longer owns anything.
     assert_eq!(store.release(&key, &first.token).await.unwrap(), Transition::LeaseLost);
@@ -158,9 +163,9 @@ pub async fn lease_expiry_allows_takeover_and_fences_the_old_holder(store: &Shar
     let old = acquired(store, &key, &fp(1), short).await;
     tokio::time::sleep(Duration::from_millis(400)).await;
     let new = acquired(store, &key, &fp(1), LEASE).await;
-    assert!(new.recovered, "the previous lease ran out without an outcome");
-    assert_eq!(new.attempt, 2);
-    assert!(new.fence > old.fence);
+    assert!(new.attempt.recovered(), "the previous lease ran out without an outcome");
+    assert_eq!(new.attempt.number(), 2);
+    assert!(new.attempt.fence() > old.attempt.fence());
     assert_eq!(
         store.complete(&key, &old.token, Bytes::from_static(b"stale"), KEEP).await.unwrap(),
         Transition::LeaseLost
@@ -196,8 +201,8 @@ pub async fn retention_expiry_forgets_but_fences_still_grow(store: &SharedStore)
     store.complete(&key, &first.token, Bytes::from_static(b"gone soon"), short).await.unwrap();
     tokio::time::sleep(Duration::from_millis(450)).await;
     let again = acquired(store, &key, &fp(2), LEASE).await;
-    assert_eq!(again.attempt, 1, "the record was forgotten");
-    assert!(again.fence > first.fence, "fence went backwards after the record expired");
+    assert_eq!(again.attempt.number(), 1, "the record was forgotten");
+    assert!(again.attempt.fence() > first.attempt.fence(), "fence went backwards after the record expired");
 }
 
 /// Two stores on the same records, each taking keys its own way (for Redis: one by `SET NX GET`,
@@ -212,8 +217,13 @@ pub async fn run_mixed(a: SharedStore, b: SharedStore) {
         assert_eq!(second.acquire(&key, &fp(2), LEASE, KEEP).await.unwrap(), Acquire::Mismatch);
         tokio::time::sleep(Duration::from_millis(400)).await;
         let taken = acquired(second, &key, &fp(1), LEASE).await;
-        assert_eq!((taken.attempt, taken.recovered), (2, true));
-        assert!(taken.fence > held.fence, "fence must grow: {} then {}", held.fence, taken.fence);
+        assert_eq!((taken.attempt.number(), taken.attempt.recovered()), (2, true));
+        assert!(
+            taken.attempt.fence() > held.attempt.fence(),
+            "fence must grow: {} then {}",
+            held.attempt.fence(),
+            taken.attempt.fence()
+        );
         assert_eq!(
             first.complete(&key, &held.token, Bytes::from_static(b"stale"), KEEP).await.unwrap(),
             Transition::LeaseLost
@@ -223,8 +233,8 @@ pub async fn run_mixed(a: SharedStore, b: SharedStore) {
         assert!(matches!(first.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap(), Acquire::InFlight { .. }));
         assert_eq!(first.release(&key, &taken.token).await.unwrap(), Transition::Ok);
         let next = acquired(first, &key, &fp(1), LEASE).await;
-        assert_eq!((next.attempt, next.recovered), (3, false));
-        assert!(next.fence > taken.fence);
+        assert_eq!((next.attempt.number(), next.attempt.recovered()), (3, false));
+        assert!(next.attempt.fence() > taken.attempt.fence());
         assert_eq!(second.complete(&key, &next.token, Bytes::from_static(b"r"), KEEP).await.unwrap(), Transition::Ok);
         for store in [first, second] {
             assert_eq!(

@@ -550,15 +550,15 @@ async fn out_of_range_durations_are_refused_before_anything_runs() {
     for step in [
         ctx.step("s").lease(Duration::ZERO),
         ctx.step("s").lease(Duration::from_secs(2 * 24 * 3600)),
-        ctx.step("s").ttl(Duration::MAX),
-        ctx.step("s").ttl(Duration::ZERO),
+        ctx.step("s").retention(Duration::MAX),
+        ctx.step("s").retention(Duration::ZERO),
     ] {
         let err = step.run(&1, |_| async { Ok::<u8, Error>(1) }).await.unwrap_err();
         assert!(matches!(err, Error::Config(ref m) if m.contains("out of range")), "{err}");
     }
     let ok: u8 = ctx
         .step("s")
-        .ttl(idempotent_core::MAX_TTL)
+        .retention(idempotent_core::MAX_RETENTION)
         .lease(idempotent_core::MAX_LEASE)
         .run(&1, |_| async { Ok::<_, Error>(2) })
         .await

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idempotent_core::record::Acquire;
-use idempotent_core::{Error, RunContext, SharedStore, current_attempt, idempotent};
+use idempotent_core::{Error, MAX_LEASE, MAX_RETENTION, RunContext, SharedStore, current_attempt, idempotent};
 use idempotent_tests::{HookedStore, unique};
 use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, watch};
@@ -165,6 +165,48 @@ impl Mailer {
         self.ledger.record(format!("counted {to}"));
         Ok(self.sent)
     }
+}
+
+/// A service that holds its run context, as handlers and workers often do.
+struct Refunds {
+    ctx: RunContext,
+    ledger: Ledger,
+}
+
+impl Refunds {
+    #[idempotent(step = "refunds_issue", retention = 3600, ctx = self.ctx)]
+    async fn issue(&self, order_id: &str, amount_cents: u64) -> Result<String, Error> {
+        Ok(format!("re_{order_id}_{}", self.ledger.record(format!("refund {order_id} {amount_cents}"))))
+    }
+}
+
+/// The same, behind an `Arc` and one field further in.
+struct Shared {
+    ctx: Arc<RunContext>,
+}
+
+struct Api {
+    shared: Shared,
+    ledger: Ledger,
+}
+
+impl Api {
+    #[idempotent(step = "api_issue", ctx = self.shared.ctx)]
+    async fn issue(&mut self, order_id: String) -> Result<String, Error> {
+        Ok(format!("api_{order_id}_{}", self.ledger.record(format!("api {order_id}"))))
+    }
+}
+
+#[idempotent(step = "too_long_retention", ttl = 315_360_001, skip(ledger))]
+async fn too_long_retention(ctx: &RunContext, ledger: &Ledger) -> Result<(), Error> {
+    ledger.record("too long retention");
+    Ok(())
+}
+
+#[idempotent(step = "too_long_lease", lease = 86_401, skip(ledger))]
+async fn too_long_lease(ctx: &RunContext, ledger: &Ledger) -> Result<(), Error> {
+    ledger.record("too long lease");
+    Ok(())
 }
 
 // ---- the checks, each run on both stores ----
@@ -331,6 +373,43 @@ async fn payload_without_canonical_form_does_not_run(store: SharedStore) {
     assert_eq!(ledger.count(), 1);
 }
 
+async fn context_from_a_field(store: SharedStore) {
+    let ctx = ctx(&store);
+    let refunds = Refunds { ctx: ctx.clone(), ledger: Ledger::default() };
+    let first = refunds.issue("o-6", 1500).await.unwrap();
+    for _ in 0..3 {
+        assert_eq!(refunds.issue("o-6", 1500).await.unwrap(), first);
+    }
+    // A retry of the run builds its service anew around a context with the same run id.
+    let retry = Refunds { ctx: RunContext::new(store.clone(), ctx.run_id()), ledger: Ledger::default() };
+    assert_eq!(retry.issue("o-6", 1500).await.unwrap(), first);
+    assert_eq!(retry.ledger.count(), 0);
+    assert_eq!(refunds.ledger.effects(), ["refund o-6 1500"]);
+
+    let mut api = Api { shared: Shared { ctx: Arc::new(ctx.clone()) }, ledger: Ledger::default() };
+    let first = api.issue("o-6".into()).await.unwrap();
+    assert_eq!(api.issue("o-6".into()).await.unwrap(), first);
+    assert_eq!(api.ledger.effects(), ["api o-6"]);
+}
+
+/// The macro checks only that a duration is a positive integer; its upper bound is the
+/// executor's, which refuses the step before it touches the store or runs the body.
+async fn out_of_range_durations_are_config_errors(store: SharedStore) {
+    let ctx = ctx(&store);
+    let ledger = Ledger::default();
+    for (result, bound) in
+        [(too_long_retention(&ctx, &ledger).await, MAX_RETENTION), (too_long_lease(&ctx, &ledger).await, MAX_LEASE)]
+    {
+        match result {
+            Err(Error::Config(message)) => {
+                assert!(message.contains(&format!("{bound:?}")), "the error names the bound {bound:?}: {message}")
+            }
+            other => panic!("expected Error::Config for a duration above {bound:?}, got {other:?}"),
+        }
+    }
+    assert_eq!(ledger.count(), 0);
+}
+
 idempotent_tests::on_every_store!(
     replay_returns_first_result,
     concurrent_calls_run_the_body_once,
@@ -341,4 +420,6 @@ idempotent_tests::on_every_store!(
     methods_on_a_struct,
     skipped_parameter_does_not_change_the_key,
     payload_without_canonical_form_does_not_run,
+    context_from_a_field,
+    out_of_range_durations_are_config_errors,
 );

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use idempotent_core::record::{Acquire, Lease, Token, Transition};
+use idempotent_core::record::{Acquire, Grant, Token, Transition};
 use idempotent_core::store::BoxFuture;
 use idempotent_core::{Error, MemoryStore, OnInFlight, RedisStore, RunContext, SharedStore};
 use idempotent_tests::history::{History, Outcome, Report};
@@ -624,9 +624,10 @@ fn no_lease_check() -> SharedStore {
         .on_acquire(|call| {
             Box::pin(async move {
                 match call.forward().await? {
-                    Acquire::InFlight { .. } => {
-                        Ok(Acquire::Acquired(Lease { token: Token::unique(), fence: 0, attempt: 1, recovered: false }))
-                    }
+                    Acquire::InFlight { .. } => Ok(Acquire::Acquired(Grant {
+                        token: Token::unique(),
+                        attempt: idempotent_core::Attempt::new(0, 1, false),
+                    })),
                     other => Ok(other),
                 }
             })

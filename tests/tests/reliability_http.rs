@@ -17,19 +17,19 @@ use idempotent_tests::history::{History, OpId, Outcome};
 use idempotent_tests::proxy::{Fault, FaultProxy};
 use idempotent_tests::{RedisOptions, RedisServer};
 use idempotent_tower::server::IDEMPOTENT_STORED;
-use idempotent_tower::{IdempotencyLayer, RequestLease};
+use idempotent_tower::{Attempt, IdempotencyLayer};
 
 type HttpClient = Client<HttpConnector, Full<bytes::Bytes>>;
 
 /// The side effect: recorded in the history under the caller's op id, with the request's fence.
 async fn effect(
     State(hist): State<History>,
-    Extension(lease): Extension<RequestLease>,
+    Extension(lease): Extension<Attempt>,
     headers: HeaderMap,
     body: String,
 ) -> (StatusCode, String) {
     let op: usize = headers["x-op"].to_str().unwrap().parse().unwrap();
-    let (exec, value) = hist.effect_start(OpId::from_index(op), lease.fence);
+    let (exec, value) = hist.effect_start(OpId::from_index(op), lease.fence());
     // Some requests take a while, so leases and faults overlap them.
     if body.ends_with('7') {
         tokio::time::sleep(Duration::from_millis(150)).await;

@@ -23,11 +23,11 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idempotent_core::{Error, FailMode, OnInFlight, RedisStore, SharedStore, Store};
 use idempotent_tests::{HookedStore, RedisServer, free_port};
-use idempotent_tower::RequestLease;
+use idempotent_tower::Attempt;
 use idempotent_tower::server::IdempotencyLayer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{Notify, Semaphore};
-use tower::ServiceExt;
+use tower::{Layer, ServiceExt};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 type ClientBody = BoxBody<Bytes, BoxError>;
@@ -53,8 +53,8 @@ idempotent_tests::on_every_store!(
     a_request_dropped_while_its_body_is_read_still_stores_the_response,
     a_request_dropped_while_complete_is_in_flight_still_stores_the_response,
     a_request_dropped_while_release_is_in_flight_still_frees_the_key,
-    a_lease_whose_renewals_keep_failing_is_lost_and_not_stored,
-    absurd_lease_and_retention_are_clamped,
+    a_lease_whose_renewals_keep_failing_still_stores_when_no_one_took_over,
+    absurd_lease_and_retention_are_refused,
 );
 
 // ---------------------------------------------------------------------------------------------
@@ -84,14 +84,14 @@ impl Ledger {
 
 async fn refund(
     State(l): State<Ledger>,
-    lease: Option<Extension<RequestLease>>,
+    lease: Option<Extension<Attempt>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response<AxumBody> {
     let n = l.call();
     let tenant = headers.get("x-tenant").and_then(|v| v.to_str().ok()).unwrap_or("-").to_owned();
     // The fence of the lease this request runs under ("none" when the layer failed open).
-    let fence = lease.map_or_else(|| "none".to_owned(), |Extension(l)| l.fence.to_string());
+    let fence = lease.map_or_else(|| "none".to_owned(), |Extension(l)| l.fence().to_string());
     Response::builder()
         .status(StatusCode::CREATED)
         .header("x-fence", fence)
@@ -835,7 +835,7 @@ fn renew_fails(store: SharedStore, hang: bool) -> SharedStore {
     Arc::new(failing)
 }
 
-async fn a_lease_whose_renewals_keep_failing_is_lost_and_not_stored(store: SharedStore) {
+async fn a_lease_whose_renewals_keep_failing_still_stores_when_no_one_took_over(store: SharedStore) {
     let lease = Duration::from_millis(300);
     let failing = renew_fails(store, false);
     let app = Arc::new(App::start(&failing, |l| l.lease(lease)).await);
@@ -849,23 +849,15 @@ async fn a_lease_whose_renewals_keep_failing_is_lost_and_not_stored(store: Share
     app.ledger.gate.add_permits(1);
     let first = leader.await.unwrap();
     assert_eq!(first.status, StatusCode::CREATED);
-    assert_eq!(first.text(), "gated re_1", "the client still gets the response");
-    assert_eq!(
-        first.headers.get("idempotent-stored").map(|v| v.to_str().unwrap()),
-        Some("false"),
-        "a response made after the lease ran out must not be stored as the key's outcome"
-    );
-    // Nothing was stored: a retry runs the request again (and, quick enough not to need a
-    // renewal, stores its own response).
-    app.ledger.gate.add_permits(1);
+    assert_eq!(first.text(), "gated re_1", "the client gets the response");
+    // No other attempt took the key while the lease was out of reach: the store still knows
+    // this request as its owner and takes the response, so a retry replays it instead of
+    // running the request a second time.
+    assert!(first.headers.get("idempotent-stored").is_none(), "the store took the response");
     let retry = app.h2(app.post("/gated", "unrenewed"), "{}").await;
-    assert_eq!(retry.status, StatusCode::CREATED);
-    assert!(!retry.replayed());
-    assert_eq!(retry.text(), "gated re_2");
-    let replay = app.h2(app.post("/gated", "unrenewed"), "{}").await;
-    assert!(replay.replayed());
-    assert_eq!(replay.text(), "gated re_2");
-    assert_eq!(app.ledger.calls(), 2);
+    assert!(retry.replayed());
+    assert_eq!(retry.text(), "gated re_1");
+    assert_eq!(app.ledger.calls(), 1);
 }
 
 #[tokio::test(start_paused = true)]
@@ -873,32 +865,55 @@ async fn a_renewal_that_never_answers_loses_the_lease_when_it_runs_out() {
     let lease = Duration::from_secs(30);
     let store = renew_fails(Arc::new(idempotent_core::MemoryStore::new()), true);
     let ledger = Ledger::new();
+    let lost = Arc::new(tokio::sync::Notify::new());
     let app = routes(&ledger).layer(IdempotencyLayer::new(store).lease(lease));
+    let watcher = {
+        let lost = lost.clone();
+        tower::service_fn(move |req: Request<idempotent_tower::server::RequestBody<AxumBody>>| {
+            // The handler's attempt is told when the lease runs out, not when (if ever) the
+            // hung renewal answers.
+            let attempt = req.extensions().get::<Attempt>().cloned().expect("the layer hands the handler its attempt");
+            let lost = lost.clone();
+            async move {
+                attempt.lost().await;
+                lost.notify_one();
+                Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(
+                    attempt.lease_lost().to_string(),
+                ))))
+            }
+        })
+    };
+    let watched = IdempotencyLayer::new(renew_fails(Arc::new(idempotent_core::MemoryStore::new()), true))
+        .lease(lease)
+        .layer(watcher);
+    let watching = tokio::spawn(watched.oneshot(in_process("/watch", "hung")));
     let leader = tokio::spawn(app.clone().oneshot(in_process("/gated", "hung")));
     ledger.entered.notified().await;
     // The first renewal (at a third of the lease) hangs; the lease must still count as lost
-    // once it has run out, not when (if ever) the store answers.
+    // once it has run out.
     tokio::time::sleep(lease + Duration::from_secs(1)).await;
+    lost.notified().await;
+    let watched = watching.await.unwrap().unwrap();
+    assert_eq!(watched.into_body().collect().await.unwrap().to_bytes(), "true");
     ledger.gate.add_permits(1);
     let first = leader.await.unwrap().unwrap();
     assert_eq!(first.status(), StatusCode::CREATED);
-    assert_eq!(first.headers()["idempotent-stored"], "false");
-    ledger.gate.add_permits(1);
+    // No other attempt took the key: the store still takes the response.
+    assert!(first.headers().get("idempotent-stored").is_none());
     let retry = app.oneshot(in_process("/gated", "hung")).await.unwrap();
-    assert!(retry.headers().get("idempotent-replayed").is_none(), "a response made without a lease was replayed");
-    assert_eq!(ledger.calls(), 2);
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    assert_eq!(ledger.calls(), 1);
 }
 
-async fn absurd_lease_and_retention_are_clamped(store: SharedStore) {
+async fn absurd_lease_and_retention_are_refused(store: SharedStore) {
     for d in [Duration::ZERO, Duration::MAX] {
         let app = App::start(&store, |l| l.lease(d).retention(d).scope(format!("{d:?}"))).await;
-        let first = app.h1(app.post("/refunds", "absurd"), "{}").await;
-        assert_eq!(first.status, StatusCode::CREATED, "{d:?}: {}", first.text());
-        if d == Duration::MAX {
-            let retry = app.h2(app.post("/refunds", "absurd"), "{}").await;
-            assert!(retry.replayed(), "{d:?}: {}", retry.text());
-            assert_eq!(app.ledger.calls(), 1);
+        for _ in 0..2 {
+            let reply = app.h1(app.post("/refunds", "absurd"), "{}").await;
+            reply.problem(500, "misconfigured");
+            assert!(reply.text().contains("out of range"), "{d:?}: {}", reply.text());
         }
+        assert_eq!(app.ledger.calls(), 0, "{d:?}: a misconfigured layer ran the handler");
     }
 }
 

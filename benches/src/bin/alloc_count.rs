@@ -30,7 +30,7 @@ use idempotent_benches::{RawRedis, Refund, RefundResult, arg};
 use idempotent_core::record::Acquire;
 use idempotent_core::redis::{self, Value};
 use idempotent_core::{
-    DEFAULT_LEASE, DEFAULT_TTL, Error, Fingerprint, Key, MemoryStore, RedisStore, RunContext, Store,
+    DEFAULT_LEASE, DEFAULT_RETENTION, Error, Fingerprint, Key, MemoryStore, RedisStore, RunContext, Store,
 };
 use idempotent_tests::RedisServer;
 use idempotent_tower::IdempotencyLayer;
@@ -261,7 +261,7 @@ fn main() {
             let (store, replay_keys) = (&store, &replay_keys);
             async move {
                 let (key, fp) = &replay_keys[(i % 1000) as usize];
-                let a = store.acquire(key, fp, DEFAULT_LEASE, DEFAULT_TTL).await.unwrap();
+                let a = store.acquire(key, fp, DEFAULT_LEASE, DEFAULT_RETENTION).await.unwrap();
                 assert!(matches!(a, Acquire::Replay(_)));
             }
         })

@@ -35,7 +35,7 @@ use idempotent_benches::{
 };
 use idempotent_core::record::{Acquire, Transition};
 use idempotent_core::redis::{self, Script, Value};
-use idempotent_core::{DEFAULT_LEASE, DEFAULT_TTL, Error, Fingerprint, Key, RedisStore, RunContext, Store};
+use idempotent_core::{DEFAULT_LEASE, DEFAULT_RETENTION, Error, Fingerprint, Key, RedisStore, RunContext, Store};
 use idempotent_tests::{Monitored, RedisServer};
 
 /// Keys pre-filled for the replay rows.
@@ -137,17 +137,17 @@ async fn run(env: &Arc<Env>, path: Path, concurrency: usize, duration: Duration)
                     let key = Key::from_bytes(k);
                     let fp = Fingerprint::from_bytes([7; 32]);
                     let Acquire::Acquired(lease) =
-                        env.store.acquire(&key, &fp, DEFAULT_LEASE, DEFAULT_TTL).await.expect("acquire")
+                        env.store.acquire(&key, &fp, DEFAULT_LEASE, DEFAULT_RETENTION).await.expect("acquire")
                     else {
                         panic!("a fresh key was not acquired")
                     };
                     let stored = Bytes::copy_from_slice(&env.stored);
-                    let t = env.store.complete(&key, &lease.token, stored, DEFAULT_TTL).await.expect("complete");
+                    let t = env.store.complete(&key, &lease.token, stored, DEFAULT_RETENTION).await.expect("complete");
                     assert_eq!(t, Transition::Ok);
                 }
                 Path::StoreReplay => {
                     let (key, fp) = &env.replay_keys[replay_index(task, i) as usize];
-                    let a = env.store.acquire(key, fp, DEFAULT_LEASE, DEFAULT_TTL).await.expect("acquire");
+                    let a = env.store.acquire(key, fp, DEFAULT_LEASE, DEFAULT_RETENTION).await.expect("acquire");
                     assert!(matches!(a, Acquire::Replay(_)));
                 }
                 Path::FloorSetSet => {

@@ -83,7 +83,7 @@ struct Ticket {
     ticket_id: String,
 }
 
-#[idempotent(step = "issue_refund", ttl = 86400, key(order_id), skip(payments))]
+#[idempotent(step = "issue_refund", retention = 86400, key(order_id), skip(payments))]
 async fn issue_refund(
     ctx: &RunContext,
     payments: &PaymentProvider,
@@ -95,7 +95,7 @@ async fn issue_refund(
     Ok(RefundReceipt { refund_id: format!("re_{order_id}_{n}"), amount_cents, fence })
 }
 
-#[idempotent(step = "send_email", ttl = 86400, skip(mailer, body))]
+#[idempotent(step = "send_email", retention = 86400, skip(mailer, body))]
 async fn send_email(
     ctx: &RunContext,
     mailer: &Mailer,
@@ -108,7 +108,7 @@ async fn send_email(
     Ok(EmailSent { message_id: format!("msg_{template}_{n}") })
 }
 
-#[idempotent(step = "create_ticket", ttl = 86400, skip(tracker))]
+#[idempotent(step = "create_ticket", retention = 86400, skip(tracker))]
 async fn create_ticket(
     ctx: &RunContext,
     tracker: &Tracker,

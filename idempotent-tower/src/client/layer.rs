@@ -3,8 +3,9 @@ use std::sync::Arc;
 use http::{HeaderName, Method};
 use tower::Layer;
 
+use super::UuidV4Key;
 use super::service::IdempotencyKey;
-use super::{IDEMPOTENCY_KEY, UuidV4Key};
+use crate::IDEMPOTENCY_KEY;
 
 /// Stamps one `Idempotency-Key` on each logical request; see the [module docs](super).
 ///
@@ -35,7 +36,7 @@ impl Default for IdempotencyKeyLayer {
 }
 
 impl<G> IdempotencyKeyLayer<G> {
-    /// The header to read and write (default `Idempotency-Key`).
+    /// The header to read and write (default [`IDEMPOTENCY_KEY`]).
     pub fn header_name(mut self, header: HeaderName) -> Self {
         self.header = header;
         self

@@ -133,18 +133,5 @@ pub use key::{MakeIdempotencyKey, UuidV4Key};
 pub use layer::IdempotencyKeyLayer;
 pub use service::IdempotencyKey;
 
-use http::{HeaderName, HeaderValue};
-
-/// `Idempotency-Key`, the header of the IETF httpapi draft (and of Stripe, PayPal and others).
-pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
-
-/// The first 12 hex digits of the key's sha256: enough to follow one request through the logs,
-/// useless for replaying it.
-pub(crate) fn key_digest(key: &HeaderValue) -> String {
-    let mut hex = idempotent_core::Fingerprint::of_canonical(key.as_bytes()).to_hex();
-    hex.truncate(12);
-    hex
-}
-
 #[cfg(test)]
 mod tests;

@@ -5,6 +5,7 @@ use http::{HeaderName, Method, Request};
 use tower::Service;
 
 use super::{IdempotencyKeyLayer, MakeIdempotencyKey, UuidV4Key};
+use crate::header::key_digest;
 
 /// The service made by [`IdempotencyKeyLayer`]: stamps an `Idempotency-Key` on requests that
 /// lack one, then calls the inner service.
@@ -74,9 +75,9 @@ where
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
         if self.methods.contains(request.method()) {
             if let Some(existing) = request.headers().get(&self.header) {
-                tracing::trace!(key = %super::key_digest(existing), "idempotent.client_key: kept the caller's key");
+                tracing::trace!(key = %key_digest(existing), "idempotent.client_key: kept the caller's key");
             } else if let Some(key) = self.make_key.make_key(&request) {
-                tracing::trace!(key = %super::key_digest(&key), "idempotent.client_key: stamped a new key");
+                tracing::trace!(key = %key_digest(&key), "idempotent.client_key: stamped a new key");
                 request.headers_mut().insert(self.header.clone(), key);
             }
         }

@@ -6,14 +6,15 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use http::{HeaderValue, Method, Request, Response};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response};
 use http_body_util::Full;
 use tokio::time::Instant;
 use tower::retry::budget::{Budget, TpsBudget};
 use tower::retry::{Policy, RetryLayer};
 use tower::{ServiceBuilder, ServiceExt, service_fn};
 
-use super::*;
+use super::{Backoff, GrpcCode, GrpcRetryPolicy, HttpRetryPolicy, retry_after, retry_after_jitter};
+use crate::header::key_digest;
 
 /// An error from the scripted service.
 #[derive(Debug, Clone, PartialEq)]
@@ -103,35 +104,6 @@ fn post_with_key() -> Request<Full<Bytes>> {
 
 fn fast() -> Backoff {
     Backoff::new(Duration::from_millis(10), Duration::from_millis(100))
-}
-
-#[test]
-fn backoff_ceiling_doubles_from_base_and_stops_at_cap() {
-    let b = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
-    let ceilings: Vec<_> = (0..7).map(|n| b.ceiling(n).as_millis()).collect();
-    assert_eq!(ceilings, [100, 200, 400, 800, 1600, 2000, 2000]);
-    assert_eq!(b.ceiling(40), Duration::from_secs(2), "no overflow for large retry numbers");
-    assert_eq!(b.max_attempts(0).attempts(), 1, "zero attempts means one attempt, no retries");
-}
-
-#[test]
-fn full_jitter_covers_zero_to_ceiling() {
-    let b = Backoff::new(Duration::from_millis(100), Duration::from_secs(10));
-    let mut rng = fastrand::Rng::with_seed(7);
-    for retry in 0..5 {
-        let ceiling = b.ceiling(retry);
-        let delays: Vec<_> = (0..2000).map(|_| b.delay(retry, rng.u64(..))).collect();
-        assert!(delays.iter().all(|d| *d <= ceiling), "retry {retry}: a delay above {ceiling:?}");
-        let min = *delays.iter().min().unwrap();
-        let max = *delays.iter().max().unwrap();
-        assert!(min < ceiling / 20, "retry {retry}: full jitter reaches near zero, lowest was {min:?}");
-        assert!(max > ceiling * 19 / 20, "retry {retry}: full jitter reaches near the ceiling, highest was {max:?}");
-        let mean = delays.iter().sum::<Duration>() / delays.len() as u32;
-        assert!(
-            mean > ceiling * 2 / 5 && mean < ceiling * 3 / 5,
-            "retry {retry}: uniform mean ≈ ceiling/2, was {mean:?}"
-        );
-    }
 }
 
 #[tokio::test(start_paused = true)]

@@ -17,17 +17,7 @@ use http::{HeaderMap, HeaderValue, Response, StatusCode};
 use idempotent_core::Fingerprint;
 
 use super::body::ResponseBody;
-
-/// gRPC status codes the layer answers with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Code {
-    InvalidArgument = 3,
-    ResourceExhausted = 8,
-    FailedPrecondition = 9,
-    Aborted = 10,
-    Internal = 13,
-    Unavailable = 14,
-}
+use crate::GrpcCode;
 
 /// Whether the request is a gRPC call: `application/grpc`, alone or followed by `+codec` or
 /// parameters.
@@ -53,12 +43,16 @@ pub(crate) fn fingerprint(path: &str, body: &[u8]) -> Fingerprint {
 }
 
 /// A trailers-only response carrying `code` and `message`.
-pub(crate) fn trailers_only<B>(code: Code, message: &str, retry_after: Option<Duration>) -> Response<ResponseBody<B>> {
+pub(crate) fn trailers_only<B>(
+    code: GrpcCode,
+    message: &str,
+    retry_after: Option<Duration>,
+) -> Response<ResponseBody<B>> {
     let mut res = Response::new(ResponseBody::empty());
     *res.status_mut() = StatusCode::OK;
     let h = res.headers_mut();
     h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-    h.insert("grpc-status", HeaderValue::from((code as i32) as u16));
+    h.insert("grpc-status", HeaderValue::from(code.get()));
     if let Ok(v) = HeaderValue::from_str(&percent_encode(message)) {
         h.insert("grpc-message", v);
     }
@@ -114,7 +108,7 @@ mod tests {
 
     #[test]
     fn trailers_only_carries_the_status_in_headers() {
-        let res = trailers_only::<Empty<bytes::Bytes>>(Code::Aborted, "busy", Some(Duration::from_secs(2)));
+        let res = trailers_only::<Empty<bytes::Bytes>>(GrpcCode::ABORTED, "busy", Some(Duration::from_secs(2)));
         assert_eq!(res.status(), StatusCode::OK);
         assert_eq!(res.headers()["grpc-status"], "10");
         assert_eq!(res.headers()["grpc-message"], "busy");

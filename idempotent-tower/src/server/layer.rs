@@ -3,27 +3,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderName, Method};
-use idempotent_core::{DEFAULT_LEASE, DEFAULT_TTL, FailMode, IntoSharedStore, OnInFlight, SharedStore};
+use idempotent_core::{FailMode, IntoSharedStore, OnInFlight, SharedStore, Terms};
 use tower::Layer;
 
 use super::policy::{DefaultStorePolicy, StorePolicy};
 use super::service::Idempotency;
 
-/// The default key header, `Idempotency-Key`.
-pub const DEFAULT_KEY_HEADER: HeaderName = HeaderName::from_static("idempotency-key");
+/// The default key header, `Idempotency-Key`: the one the client layer and the retry policies use.
+pub use crate::IDEMPOTENCY_KEY as DEFAULT_KEY_HEADER;
 /// The default cap on a request body read for fingerprinting: 2 MiB (axum's default body limit).
 pub const DEFAULT_MAX_REQUEST_BODY: usize = 2 * 1024 * 1024;
 /// The default cap on a response body that is stored: 1 MiB.
 pub const DEFAULT_MAX_STORED_RESPONSE: usize = 1024 * 1024;
 /// The `Retry-After` sent with 503 when the store is unreachable.
 pub const STORE_DOWN_RETRY_AFTER: Duration = Duration::from_secs(1);
-
-/// Bounds on [`IdempotencyLayer::lease`]: a zero lease would expire as it is taken, and the
-/// stores cannot represent a deadline near `Duration::MAX` (an `Instant` overflows; Redis
-/// scripts would see the number in exponent notation).
-const LEASE_BOUNDS: (Duration, Duration) = (Duration::from_millis(10), Duration::from_secs(24 * 60 * 60));
-/// Bounds on [`IdempotencyLayer::retention`], for the same reasons.
-const RETENTION_BOUNDS: (Duration, Duration) = (Duration::from_millis(1), Duration::from_secs(10 * 365 * 24 * 60 * 60));
 
 type TenantFn = dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync;
 
@@ -38,9 +31,8 @@ pub(crate) struct Config {
     pub(crate) scope: String,
     pub(crate) max_request_body: usize,
     pub(crate) max_stored_response: usize,
-    pub(crate) lease: Duration,
-    pub(crate) retention: Duration,
-    pub(crate) on_in_flight: OnInFlight,
+    /// Lease, retention and what a duplicate in flight does; the heartbeat is always on.
+    pub(crate) terms: Terms,
     pub(crate) fail_mode: FailMode,
     pub(crate) policy: Arc<dyn StorePolicy>,
 }
@@ -67,9 +59,9 @@ impl fmt::Debug for IdempotencyLayer {
             .field("scope", &c.scope)
             .field("max_request_body", &c.max_request_body)
             .field("max_stored_response", &c.max_stored_response)
-            .field("lease", &c.lease)
-            .field("retention", &c.retention)
-            .field("on_in_flight", &c.on_in_flight)
+            .field("lease", &c.terms.lease)
+            .field("retention", &c.terms.retention)
+            .field("on_in_flight", &c.terms.on_in_flight)
             .field("fail_mode", &c.fail_mode)
             .finish_non_exhaustive()
     }
@@ -80,6 +72,13 @@ impl IdempotencyLayer {
     /// key optional, no tenant, request bodies up to 2 MiB, responses stored up to 1 MiB, lease
     /// 60 s (renewed while the handler runs), retention 24 h, duplicates in flight rejected with
     /// 409, fail closed, and [`DefaultStorePolicy`].
+    ///
+    /// Two of these defaults are choices worth knowing. A covered request *without* a key passes
+    /// through unprotected: a layer over a whole router or tonic server also covers routes and
+    /// gRPC methods that have no use for a key (health checks, reflection), and refusing those
+    /// by default would break them; set [`require_key(true)`](Self::require_key) on the routes
+    /// that need keys. A duplicate in flight gets 409 at once, where the executor waits
+    /// ([`OnInFlight`] says why): an HTTP client has its own retry policy.
     pub fn new(store: impl IntoSharedStore) -> Self {
         IdempotencyLayer {
             config: Arc::new(Config {
@@ -91,9 +90,7 @@ impl IdempotencyLayer {
                 scope: "http".to_owned(),
                 max_request_body: DEFAULT_MAX_REQUEST_BODY,
                 max_stored_response: DEFAULT_MAX_STORED_RESPONSE,
-                lease: DEFAULT_LEASE,
-                retention: DEFAULT_TTL,
-                on_in_flight: OnInFlight::Reject,
+                terms: Terms::default().on_in_flight(OnInFlight::Reject),
                 fail_mode: FailMode::Closed,
                 policy: Arc::new(DefaultStorePolicy),
             }),
@@ -166,8 +163,10 @@ impl IdempotencyLayer {
         self
     }
 
-    /// How long a request holds its key without renewing it (default 60 s), clamped to
-    /// 10 ms ..= 1 day.
+    /// How long a request holds its key without renewing it (default 60 s), within
+    /// [`MIN_LEASE`](idempotent_core::MIN_LEASE) ..= [`MAX_LEASE`](idempotent_core::MAX_LEASE):
+    /// out of bounds, every covered request is refused with 500 (gRPC: INTERNAL) and the
+    /// configuration error logged, as the executor refuses such a step with `Error::Config`.
     ///
     /// The lease is renewed every third of it while the service runs, so it bounds how long a
     /// key stays blocked by a request that no longer runs: one whose server crashed, or one
@@ -177,14 +176,16 @@ impl IdempotencyLayer {
     /// whole lease, the request's lease counts as lost: its response still goes to the client,
     /// marked `Idempotent-Stored: false`, and is not stored.
     pub fn lease(mut self, lease: Duration) -> Self {
-        self.config().lease = lease.clamp(LEASE_BOUNDS.0, LEASE_BOUNDS.1);
+        self.config().terms.lease = lease;
         self
     }
 
-    /// How long a stored response is replayed (default 24 h), clamped to 1 ms ..= 10 years
-    /// (3650 days).
+    /// How long a stored response is replayed (default 24 h), within
+    /// [`MIN_RETENTION`](idempotent_core::MIN_RETENTION) ..=
+    /// [`MAX_RETENTION`](idempotent_core::MAX_RETENTION) (10 years): out of bounds, covered
+    /// requests are refused as for [`lease`](Self::lease).
     pub fn retention(mut self, retention: Duration) -> Self {
-        self.config().retention = retention.clamp(RETENTION_BOUNDS.0, RETENTION_BOUNDS.1);
+        self.config().terms.retention = retention;
         self
     }
 
@@ -195,7 +196,7 @@ impl IdempotencyLayer {
     /// first response is stored and returns it (or, if the first request released the key,
     /// runs the request itself), answering 409 after the timeout.
     pub fn on_in_flight(mut self, policy: OnInFlight) -> Self {
-        self.config().on_in_flight = policy;
+        self.config().terms.on_in_flight = policy;
         self
     }
 
@@ -227,35 +228,38 @@ mod tests {
     use super::*;
     use idempotent_core::MemoryStore;
 
-    #[test]
-    fn lease_and_retention_are_clamped() {
-        let layer = IdempotencyLayer::new(MemoryStore::new()).lease(Duration::ZERO).retention(Duration::ZERO);
-        assert_eq!(layer.config.lease, Duration::from_millis(10));
-        assert_eq!(layer.config.retention, Duration::from_millis(1));
-        let layer = IdempotencyLayer::new(MemoryStore::new()).lease(Duration::MAX).retention(Duration::MAX);
-        assert_eq!(layer.config.lease, Duration::from_secs(86_400));
-        assert_eq!(layer.config.retention, Duration::from_secs(3650 * 86_400));
-        let layer =
-            IdempotencyLayer::new(MemoryStore::new()).lease(Duration::from_secs(5)).retention(Duration::from_secs(7));
-        assert_eq!((layer.config.lease, layer.config.retention), (Duration::from_secs(5), Duration::from_secs(7)));
-    }
-
     #[tokio::test]
-    async fn absurd_durations_never_reach_the_store() {
+    async fn durations_out_of_bounds_are_refused_and_never_reach_the_store() {
+        use std::sync::atomic::{AtomicU32, Ordering};
         use tower::{ServiceExt, service_fn};
-        // `MemoryStore` adds the lease and retention to an `Instant`: `Duration::MAX` overflows.
-        let layer = IdempotencyLayer::new(MemoryStore::new()).lease(Duration::MAX).retention(Duration::MAX);
-        let svc = layer.layer(service_fn(|_req: http::Request<_>| async {
-            Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Full::new(bytes::Bytes::from("ok"))))
-        }));
-        for replayed in [false, true] {
+        let calls = Arc::new(AtomicU32::new(0));
+        for (lease, retention) in [
+            (Duration::MAX, Duration::from_secs(1)),
+            (Duration::ZERO, Duration::from_secs(1)),
+            (Duration::from_secs(1), Duration::MAX),
+        ] {
+            // `MemoryStore` adds the lease and retention to an `Instant`: `Duration::MAX` overflows.
+            let layer = IdempotencyLayer::new(MemoryStore::new()).lease(lease).retention(retention);
+            let counted = calls.clone();
+            let svc = layer.layer(service_fn(move |_req: http::Request<_>| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async {
+                    Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Full::new(
+                        bytes::Bytes::from("ok"),
+                    )))
+                }
+            }));
             let req = http::Request::post("/x")
                 .header("idempotency-key", "k")
                 .body(http_body_util::Empty::<bytes::Bytes>::new())
                 .unwrap();
-            let res = svc.clone().oneshot(req).await.unwrap();
-            assert_eq!(res.status(), 200);
-            assert_eq!(res.headers().contains_key("idempotent-replayed"), replayed);
+            let res = svc.oneshot(req).await.unwrap();
+            assert_eq!(res.status(), 500, "{lease:?} / {retention:?}");
+            let body = http_body_util::BodyExt::collect(res.into_body()).await.unwrap().to_bytes();
+            let doc: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(doc["type"], "tag:idempotent-tower,2025:misconfigured");
+            assert!(doc["detail"].as_str().unwrap().contains("out of range: use between"), "{doc}");
         }
+        assert_eq!(calls.load(Ordering::SeqCst), 0, "a misconfigured layer called the service");
     }
 }

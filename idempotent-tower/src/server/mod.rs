@@ -66,8 +66,9 @@
 //!    - the store unreachable → **503** with `Retry-After`, the service not called
 //!      ([`fail_mode`](IdempotencyLayer::fail_mode) `Open` calls it unprotected instead).
 //!    - the key is free → the service is called, its lease renewed while it runs. The request
-//!      carries a [`RequestLease`] extension (fence, attempt number, recovered flag) for the
-//!      handler to pass downstream.
+//!      carries the [`Attempt`] as an extension (in axum: `Extension<Attempt>`), the same type a
+//!      step's action gets: its fence to pass downstream, its attempt number, whether it
+//!      recovers from an attempt that ran out, and [`Attempt::lease_lost`].
 //! 5. **Outcome.** The response is buffered (up to
 //!    [`max_stored_response`](IdempotencyLayer::max_stored_response)), then the
 //!    [`StorePolicy`] decides: stored for replay (by default 2xx and final 4xx), or the key is
@@ -86,7 +87,7 @@
 //! dropped *before* the service answered, the service's work is cancelled with it, and the key
 //! stays held until the lease passes ([`lease`](IdempotencyLayer::lease), 60 s by default): a
 //! retry in that window gets 409, and the retry after it runs the request again with
-//! [`RequestLease::recovered`] set.
+//! [`Attempt::recovered`] set.
 //!
 //! Refusals are `application/problem+json` documents (RFC 9457) whose `detail` tells the
 //! client what to do. Events are logged with `tracing` (`idempotent.acquired`, `.replayed`,
@@ -177,10 +178,13 @@
 //! handler again under the same lease.
 
 mod body;
+mod buffer;
+mod fingerprint;
 mod future;
 mod grpc;
 pub(crate) mod key;
 mod layer;
+mod outcome;
 mod policy;
 mod problem;
 pub(crate) mod record;
@@ -188,8 +192,10 @@ mod service;
 
 pub use body::{RequestBody, ResponseBody};
 pub use future::ResponseFuture;
+pub use idempotent_core::Attempt;
 pub use layer::{
     DEFAULT_KEY_HEADER, DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_STORED_RESPONSE, IdempotencyLayer, STORE_DOWN_RETRY_AFTER,
 };
+pub use outcome::{IDEMPOTENT_REPLAYED, IDEMPOTENT_STORED};
 pub use policy::{DefaultStorePolicy, Outcome, StorePolicy};
-pub use service::{IDEMPOTENT_REPLAYED, IDEMPOTENT_STORED, Idempotency, RequestLease};
+pub use service::Idempotency;

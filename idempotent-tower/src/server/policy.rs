@@ -2,6 +2,8 @@
 
 use http::{HeaderMap, StatusCode};
 
+use crate::GrpcCode;
+
 /// A finished response, as seen by a [`StorePolicy`].
 #[derive(Debug, Clone, Copy)]
 pub struct Outcome<'a> {
@@ -34,12 +36,13 @@ impl<'a> Outcome<'a> {
 
     /// The gRPC status code (`grpc-status`), from the trailers or, for a trailers-only response,
     /// from the headers. `None` when absent or not a number.
-    pub fn grpc_status(&self) -> Option<i32> {
+    pub fn grpc_status(&self) -> Option<GrpcCode> {
         self.trailers
             .and_then(|t| t.get("grpc-status"))
             .or_else(|| self.headers.get("grpc-status"))
             .and_then(|v| v.to_str().ok())
             .and_then(|s| s.trim().parse().ok())
+            .map(GrpcCode::new)
     }
 }
 
@@ -87,14 +90,14 @@ where
 pub struct DefaultStorePolicy;
 
 /// gRPC codes after which a retry may succeed, so the key is released.
-const GRPC_RELEASE: [i32; 7] = [
-    1,  // CANCELLED
-    2,  // UNKNOWN
-    4,  // DEADLINE_EXCEEDED
-    8,  // RESOURCE_EXHAUSTED
-    10, // ABORTED
-    13, // INTERNAL
-    14, // UNAVAILABLE
+const GRPC_RELEASE: [GrpcCode; 7] = [
+    GrpcCode::CANCELLED,
+    GrpcCode::UNKNOWN,
+    GrpcCode::DEADLINE_EXCEEDED,
+    GrpcCode::RESOURCE_EXHAUSTED,
+    GrpcCode::ABORTED,
+    GrpcCode::INTERNAL,
+    GrpcCode::UNAVAILABLE,
 ];
 
 impl StorePolicy for DefaultStorePolicy {

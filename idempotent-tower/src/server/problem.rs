@@ -19,21 +19,40 @@ use http::header::{CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Response, StatusCode};
 
 use super::body::ResponseBody;
-use super::grpc::{self, Code};
+use super::grpc;
 use super::key::KeyError;
+use crate::GrpcCode;
 
 /// Why the layer answered instead of the service.
 #[derive(Debug)]
 pub(crate) enum Refusal {
-    MissingKey { header: String },
-    InvalidKey { header: String, error: KeyError },
-    BodyTooLarge { limit: usize },
+    MissingKey {
+        header: String,
+    },
+    InvalidKey {
+        header: String,
+        error: KeyError,
+    },
+    BodyTooLarge {
+        limit: usize,
+    },
     BodyUnreadable,
-    Mismatch { header: String },
-    InFlight { header: String, retry_after: Duration },
-    StoreUnavailable { retry_after: Duration },
+    Mismatch {
+        header: String,
+    },
+    InFlight {
+        header: String,
+        retry_after: Duration,
+    },
+    StoreUnavailable {
+        retry_after: Duration,
+    },
     StoreError,
     Corrupt,
+    /// The layer's own configuration is invalid (a lease or retention out of bounds).
+    Misconfigured {
+        reason: String,
+    },
 }
 
 impl Refusal {
@@ -46,18 +65,20 @@ impl Refusal {
             Refusal::Mismatch { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             Refusal::InFlight { .. } => StatusCode::CONFLICT,
             Refusal::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            Refusal::StoreError | Refusal::Corrupt => StatusCode::INTERNAL_SERVER_ERROR,
+            Refusal::StoreError | Refusal::Corrupt | Refusal::Misconfigured { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 
-    fn code(&self) -> Code {
+    fn code(&self) -> GrpcCode {
         match self {
-            Refusal::MissingKey { .. } | Refusal::InvalidKey { .. } | Refusal::BodyUnreadable => Code::InvalidArgument,
-            Refusal::BodyTooLarge { .. } => Code::ResourceExhausted,
-            Refusal::Mismatch { .. } => Code::FailedPrecondition,
-            Refusal::InFlight { .. } => Code::Aborted,
-            Refusal::StoreUnavailable { .. } => Code::Unavailable,
-            Refusal::StoreError | Refusal::Corrupt => Code::Internal,
+            Refusal::MissingKey { .. } | Refusal::InvalidKey { .. } | Refusal::BodyUnreadable => {
+                GrpcCode::INVALID_ARGUMENT
+            }
+            Refusal::BodyTooLarge { .. } => GrpcCode::RESOURCE_EXHAUSTED,
+            Refusal::Mismatch { .. } => GrpcCode::FAILED_PRECONDITION,
+            Refusal::InFlight { .. } => GrpcCode::ABORTED,
+            Refusal::StoreUnavailable { .. } => GrpcCode::UNAVAILABLE,
+            Refusal::StoreError | Refusal::Corrupt | Refusal::Misconfigured { .. } => GrpcCode::INTERNAL,
         }
     }
 
@@ -72,6 +93,7 @@ impl Refusal {
             Refusal::StoreUnavailable { .. } => ("store-unavailable", "Idempotency store unavailable"),
             Refusal::StoreError => ("store-error", "Idempotency store error"),
             Refusal::Corrupt => ("record-corrupt", "Stored response unreadable"),
+            Refusal::Misconfigured { .. } => ("misconfigured", "Idempotency layer misconfigured"),
         }
     }
 
@@ -118,6 +140,10 @@ impl Refusal {
                 "A response was stored for this key but cannot be read back, so it is not replayed and \
                  the {request} was not processed again. Contact the service operator; do not retry with \
                  this key."
+            ),
+            Refusal::Misconfigured { reason } => format!(
+                "The service's idempotency layer is misconfigured ({reason}), so the {request} was not \
+                 processed. Contact the service operator."
             ),
         }
     }

@@ -1,6 +1,6 @@
 use idempotent_core::{Error, RunContext, idempotent};
 
-#[idempotent(step = "refund", retention = 60)]
+#[idempotent(step = "refund", timeout = 60)]
 async fn refund(ctx: &RunContext, order_id: &str) -> Result<String, Error> {
     Ok(order_id.to_owned())
 }

@@ -30,7 +30,7 @@ struct Http;
 /// Doc comments and other attributes stay on the function.
 #[idempotent(
     step = "issue_refund",
-    ttl = 86_400,
+    retention = 86_400,
     lease = 30,
     key(order_id),
     skip(http),

@@ -106,13 +106,21 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
-use tower::retry::Policy;
+// `::http`, the crate, not the `http` module below.
+use ::http::{HeaderMap, HeaderValue, Method, Response, StatusCode};
 use tower::retry::budget::{Budget, TpsBudget};
 
+pub use crate::GrpcCode;
 pub use idempotent_core::Backoff;
 
-use crate::client::{IDEMPOTENCY_KEY, key_digest};
+use crate::IDEMPOTENCY_KEY;
+use crate::header::key_digest;
+
+mod grpc;
+mod http;
+
+pub use grpc::GrpcRetryPolicy;
+pub use http::HttpRetryPolicy;
 
 /// The bounds of the jitter added to a server-requested wait.
 const RETRY_AFTER_JITTER: (Duration, Duration) = (Duration::from_millis(50), Duration::from_millis(250));
@@ -168,7 +176,7 @@ impl fmt::Display for Reason {
             Reason::Error => f.write_str("error"),
             Reason::Status(status) => write!(f, "status {}", status.as_u16()),
             Reason::InFlight => f.write_str("in flight (409)"),
-            Reason::Grpc(code) => write!(f, "grpc-status {}", code.0),
+            Reason::Grpc(code) => write!(f, "grpc-status {}", code.get()),
         }
     }
 }
@@ -180,7 +188,7 @@ struct Common {
     backoff: Backoff,
     budget: Arc<dyn Budget + Send + Sync>,
     max_retry_after: Duration,
-    key_header: HeaderName,
+    key_header: ::http::HeaderName,
     rng: Arc<Mutex<fastrand::Rng>>,
     /// Retries already made for this request. `Retry` keeps the configured policy and clones it
     /// per request; only the clone's counter ever moves (in `retry`), so the configured policy
@@ -234,7 +242,7 @@ impl Common {
         key: Option<&HeaderValue>,
     ) -> Option<tokio::time::Sleep> {
         let attempt = self.retries + 1;
-        let key = key.map_or_else(|| "-".to_owned(), key_digest);
+        let key = logged_key(key);
         if attempt >= self.backoff.attempts() {
             tracing::warn!(attempt, %reason, %key, "idempotent.give_up: attempts exhausted");
             return None;
@@ -262,7 +270,7 @@ impl Common {
     }
 
     fn give_up_permanent(&self, key: Option<&HeaderValue>) {
-        let key = key.map_or_else(|| "-".to_owned(), key_digest);
+        let key = logged_key(key);
         tracing::debug!(attempt = self.retries + 1, %key, "idempotent.give_up: permanent error");
     }
 
@@ -294,32 +302,39 @@ impl Common {
     }
 }
 
-/// Setters both policies share.
+/// Setters both policies share. Paths are spelled in full so that the expansion needs no import
+/// in the policy's own file.
 macro_rules! common_setters {
     () => {
-        /// The backoff between attempts and the number of attempts (default: [`Backoff::default`]).
-        pub fn backoff(mut self, backoff: Backoff) -> Self {
+        /// The backoff between attempts and the number of attempts (default:
+        /// [`Backoff::default`](crate::retry::Backoff::default)).
+        pub fn backoff(mut self, backoff: $crate::retry::Backoff) -> Self {
             self.common.backoff = backoff;
             self
         }
 
         /// The retry budget shared by every clone of this policy (default
-        /// [`TpsBudget::default`]: 20% of the last 10 s of requests, at least 10 retries a
-        /// second). Any tower [`Budget`] fits.
-        pub fn budget<Bu: Budget + Send + Sync + 'static>(mut self, budget: Bu) -> Self {
-            self.common.budget = Arc::new(budget);
+        /// [`TpsBudget::default`](tower::retry::budget::TpsBudget::default): 20% of the last
+        /// 10 s of requests, at least 10 retries a second). Any tower
+        /// [`Budget`](tower::retry::budget::Budget) fits.
+        pub fn budget<Bu>(mut self, budget: Bu) -> Self
+        where
+            Bu: ::tower::retry::budget::Budget + Send + Sync + 'static,
+        {
+            self.common.budget = ::std::sync::Arc::new(budget);
             self
         }
 
         /// The longest server-requested wait (`Retry-After`, gRPC pushback) honoured; a response
         /// asking for more is returned to the caller instead of retried (default 60 s).
-        pub fn max_retry_after(mut self, max: Duration) -> Self {
+        pub fn max_retry_after(mut self, max: ::std::time::Duration) -> Self {
             self.common.max_retry_after = max;
             self
         }
 
-        /// The header that carries the idempotency key (default `idempotency-key`).
-        pub fn key_header(mut self, header: HeaderName) -> Self {
+        /// The header that carries the idempotency key (default
+        /// [`IDEMPOTENCY_KEY`](crate::IDEMPOTENCY_KEY)).
+        pub fn key_header(mut self, header: ::http::HeaderName) -> Self {
             self.common.key_header = header;
             self
         }
@@ -327,288 +342,27 @@ macro_rules! common_setters {
         /// Seeds the jitter (of the backoff and of server-requested waits), so that delays are
         /// reproducible (tests). Unseeded by default.
         pub fn jitter_seed(mut self, seed: u64) -> Self {
-            self.common.rng = Arc::new(Mutex::new(fastrand::Rng::with_seed(seed)));
+            self.common.rng = ::std::sync::Arc::new(::std::sync::Mutex::new(::fastrand::Rng::with_seed(seed)));
             self
         }
     };
 }
+use common_setters;
 
-/// A `tower::retry::Policy` for `http::Request<B>` → `http::Response<_>`; see the
-/// [module docs](self) for what it retries and how long it waits.
-///
-/// `C` classifies errors of the inner service (default: all of them are transient).
-pub struct HttpRetryPolicy<C = AllErrorsTransient> {
-    common: Common,
-    classify: Arc<C>,
-}
-
-impl HttpRetryPolicy {
-    /// A policy with the defaults: [`Backoff::default`], `TpsBudget::default()`, `Retry-After`
-    /// honoured up to 60 s, keys in `idempotency-key`.
-    pub fn new() -> Self {
-        HttpRetryPolicy { common: Common::new(), classify: Arc::new(AllErrorsTransient) }
-    }
-}
-
-impl Default for HttpRetryPolicy {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl<C> HttpRetryPolicy<C> {
-    common_setters!();
-
-    /// Retries only the errors `classify` calls transient: any [`ClassifyError`], such as a
-    /// `Fn(&E) -> bool` over the inner service's error type.
-    pub fn classify_errors<C2>(self, classify: C2) -> HttpRetryPolicy<C2> {
-        HttpRetryPolicy { common: self.common, classify: Arc::new(classify) }
-    }
-}
-
-impl<C> Clone for HttpRetryPolicy<C> {
-    fn clone(&self) -> Self {
-        HttpRetryPolicy { common: self.common.clone(), classify: self.classify.clone() }
-    }
-}
-
-impl<C> fmt::Debug for HttpRetryPolicy<C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_tuple("HttpRetryPolicy").field(&self.common).finish()
-    }
-}
-
-/// `GET`, `HEAD`, `OPTIONS`, `TRACE`, `PUT`, `DELETE` (RFC 9110 §9.2.2).
-fn is_idempotent(method: &Method) -> bool {
-    matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE)
-}
-
-/// Why an HTTP response is worth a retry, if it is.
-fn classify_status(status: StatusCode, headers: &HeaderMap) -> Option<Reason> {
-    match status.as_u16() {
-        408 | 425 | 429 | 500 | 502 | 503 | 504 => Some(Reason::Status(status)),
-        // The server layer's "same key still running" carries Retry-After; a 409 without it is
-        // an ordinary conflict that a retry would only repeat.
-        409 if headers.contains_key(http::header::RETRY_AFTER) => Some(Reason::InFlight),
-        _ => None,
-    }
+/// The key as the logs show it: its digest, or `-` for a request without one.
+fn logged_key(key: Option<&HeaderValue>) -> String {
+    key.map_or_else(|| "-".to_owned(), key_digest)
 }
 
 /// Parses `Retry-After` (delta-seconds or an HTTP-date) relative to `now`. A date in the past
 /// means "now". Anything else is ignored (the backoff applies).
 fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
-    let value = headers.get(http::header::RETRY_AFTER)?.to_str().ok()?.trim();
+    let value = headers.get(::http::header::RETRY_AFTER)?.to_str().ok()?.trim();
     if !value.is_empty() && value.bytes().all(|b| b.is_ascii_digit()) {
         return Some(Duration::from_secs(value.parse().unwrap_or(u64::MAX)));
     }
     let date = httpdate::parse_http_date(value).ok()?;
     Some(date.duration_since(now).unwrap_or(Duration::ZERO))
-}
-
-impl<B, ResB, E, C> Policy<Request<B>, Response<ResB>, E> for HttpRetryPolicy<C>
-where
-    B: Clone,
-    C: ClassifyError<E>,
-{
-    type Future = tokio::time::Sleep;
-
-    fn retry(&mut self, request: &mut Request<B>, result: &mut Result<Response<ResB>, E>) -> Option<Self::Future> {
-        self.common.decide(request.headers(), result, &*self.classify, |response, _, _| {
-            let reason = classify_status(response.status(), response.headers())?;
-            Some((reason, retry_after(response.headers(), SystemTime::now())))
-        })
-    }
-
-    fn clone_request(&mut self, request: &Request<B>) -> Option<Request<B>> {
-        let needs_key = !is_idempotent(request.method());
-        self.common.admit(request.method(), request.headers(), needs_key).then(|| request.clone())
-    }
-}
-
-/// A gRPC status code, as carried in `grpc-status`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct GrpcCode(i32);
-
-impl GrpcCode {
-    /// `CANCELLED` (1).
-    pub const CANCELLED: GrpcCode = GrpcCode(1);
-    /// `UNKNOWN` (2).
-    pub const UNKNOWN: GrpcCode = GrpcCode(2);
-    /// `INVALID_ARGUMENT` (3).
-    pub const INVALID_ARGUMENT: GrpcCode = GrpcCode(3);
-    /// `DEADLINE_EXCEEDED` (4).
-    pub const DEADLINE_EXCEEDED: GrpcCode = GrpcCode(4);
-    /// `PERMISSION_DENIED` (7).
-    pub const PERMISSION_DENIED: GrpcCode = GrpcCode(7);
-    /// `RESOURCE_EXHAUSTED` (8).
-    pub const RESOURCE_EXHAUSTED: GrpcCode = GrpcCode(8);
-    /// `FAILED_PRECONDITION` (9).
-    pub const FAILED_PRECONDITION: GrpcCode = GrpcCode(9);
-    /// `ABORTED` (10): the server layer's "the same key is still running".
-    pub const ABORTED: GrpcCode = GrpcCode(10);
-    /// `UNIMPLEMENTED` (12).
-    pub const UNIMPLEMENTED: GrpcCode = GrpcCode(12);
-    /// `INTERNAL` (13).
-    pub const INTERNAL: GrpcCode = GrpcCode(13);
-    /// `UNAVAILABLE` (14).
-    pub const UNAVAILABLE: GrpcCode = GrpcCode(14);
-    /// `UNAUTHENTICATED` (16).
-    pub const UNAUTHENTICATED: GrpcCode = GrpcCode(16);
-
-    /// The code with this number (as `tonic::Code as i32` gives).
-    pub const fn new(code: i32) -> Self {
-        GrpcCode(code)
-    }
-
-    /// The code's number.
-    pub const fn get(self) -> i32 {
-        self.0
-    }
-
-    /// The code gRPC clients report for a non-200 HTTP status (gRPC's
-    /// `http-grpc-status-mapping.md`).
-    fn from_http(status: StatusCode) -> GrpcCode {
-        match status.as_u16() {
-            400 => GrpcCode::INTERNAL,
-            401 => GrpcCode::UNAUTHENTICATED,
-            403 => GrpcCode::PERMISSION_DENIED,
-            404 => GrpcCode::UNIMPLEMENTED,
-            429 | 502 | 503 | 504 => GrpcCode::UNAVAILABLE,
-            _ => GrpcCode::UNKNOWN,
-        }
-    }
-}
-
-impl From<i32> for GrpcCode {
-    fn from(code: i32) -> Self {
-        GrpcCode(code)
-    }
-}
-
-/// A `tower::retry::Policy` for gRPC calls over `http::Request<B>` → `http::Response<_>`.
-///
-/// The call's status is read from the response headers: a refusal (from the server layer or
-/// anything else) is a *trailers-only* response, whose `grpc-status` arrives with the headers.
-/// A response whose status only comes in the trailers is a call that ran and streamed a body;
-/// it is never retried. A non-200 HTTP status (a proxy's 503) counts as gRPC specifies
-/// (429/502/503/504 as `UNAVAILABLE`). `grpc-retry-pushback-ms` is honoured (a negative or
-/// malformed value means "do not retry"), else `Retry-After`, else the backoff.
-///
-/// Every gRPC call is a `POST`, so every call needs an `idempotency-key` to be retried: stamp
-/// one with [`IdempotencyKeyLayer`](crate::client::IdempotencyKeyLayer) outside the retry layer.
-///
-/// ```
-/// use std::time::Duration;
-/// use idempotent_tower::retry::{Backoff, GrpcCode, GrpcRetryPolicy};
-///
-/// let policy = GrpcRetryPolicy::new()
-///     .retry_codes([GrpcCode::UNAVAILABLE, GrpcCode::ABORTED])
-///     .backoff(Backoff::new(Duration::from_millis(20), Duration::from_secs(1)));
-/// # let _ = policy;
-/// ```
-pub struct GrpcRetryPolicy<C = AllErrorsTransient> {
-    common: Common,
-    codes: Arc<[GrpcCode]>,
-    classify: Arc<C>,
-}
-
-impl GrpcRetryPolicy {
-    /// A policy with the defaults of [`HttpRetryPolicy::new`], retrying `UNAVAILABLE`,
-    /// `ABORTED` and `RESOURCE_EXHAUSTED`.
-    pub fn new() -> Self {
-        GrpcRetryPolicy {
-            common: Common::new(),
-            codes: Arc::from([GrpcCode::UNAVAILABLE, GrpcCode::ABORTED, GrpcCode::RESOURCE_EXHAUSTED]),
-            classify: Arc::new(AllErrorsTransient),
-        }
-    }
-}
-
-impl Default for GrpcRetryPolicy {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl<C> GrpcRetryPolicy<C> {
-    common_setters!();
-
-    /// The status codes worth a retry (default `UNAVAILABLE`, `ABORTED`, `RESOURCE_EXHAUSTED`).
-    /// `DEADLINE_EXCEEDED` is not among them by default: the caller's deadline is spent.
-    pub fn retry_codes(mut self, codes: impl IntoIterator<Item = GrpcCode>) -> Self {
-        self.codes = codes.into_iter().collect();
-        self
-    }
-
-    /// Retries only the errors `classify` calls transient; see
-    /// [`HttpRetryPolicy::classify_errors`].
-    pub fn classify_errors<C2>(self, classify: C2) -> GrpcRetryPolicy<C2> {
-        GrpcRetryPolicy { common: self.common, codes: self.codes, classify: Arc::new(classify) }
-    }
-}
-
-impl<C> Clone for GrpcRetryPolicy<C> {
-    fn clone(&self) -> Self {
-        GrpcRetryPolicy { common: self.common.clone(), codes: self.codes.clone(), classify: self.classify.clone() }
-    }
-}
-
-impl<C> fmt::Debug for GrpcRetryPolicy<C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("GrpcRetryPolicy").field("common", &self.common).field("codes", &self.codes).finish()
-    }
-}
-
-/// The call's status, when the response headers already carry it.
-fn grpc_code(response_status: StatusCode, headers: &HeaderMap) -> Option<GrpcCode> {
-    if response_status != StatusCode::OK {
-        return Some(GrpcCode::from_http(response_status));
-    }
-    let code = headers.get("grpc-status")?.to_str().ok()?.trim().parse().ok()?;
-    Some(GrpcCode(code))
-}
-
-/// What the server asked for: `Err(())` for "do not retry", `Ok(None)` for "no opinion".
-fn grpc_pushback(headers: &HeaderMap) -> Result<Option<Duration>, ()> {
-    match headers.get("grpc-retry-pushback-ms") {
-        Some(value) => {
-            let ms: i64 = value.to_str().map_err(|_| ())?.trim().parse().map_err(|_| ())?;
-            u64::try_from(ms).map(|ms| Some(Duration::from_millis(ms))).map_err(|_| ())
-        }
-        None => Ok(retry_after(headers, SystemTime::now())),
-    }
-}
-
-impl<B, ResB, E, C> Policy<Request<B>, Response<ResB>, E> for GrpcRetryPolicy<C>
-where
-    B: Clone,
-    C: ClassifyError<E>,
-{
-    type Future = tokio::time::Sleep;
-
-    fn retry(&mut self, request: &mut Request<B>, result: &mut Result<Response<ResB>, E>) -> Option<Self::Future> {
-        let codes = &self.codes;
-        self.common.decide(request.headers(), result, &*self.classify, |response, common, key| {
-            let code = grpc_code(response.status(), response.headers())?;
-            if !codes.contains(&code) {
-                return None;
-            }
-            let Ok(wait) = grpc_pushback(response.headers()) else {
-                let key = key.map_or_else(|| "-".to_owned(), key_digest);
-                tracing::debug!(
-                    attempt = common.retries + 1,
-                    %key,
-                    "idempotent.give_up: the server's pushback says not to retry"
-                );
-                return None;
-            };
-            Some((Reason::Grpc(code), wait))
-        })
-    }
-
-    fn clone_request(&mut self, request: &Request<B>) -> Option<Request<B>> {
-        self.common.admit(request.method(), request.headers(), true).then(|| request.clone())
-    }
 }
 
 #[cfg(test)]

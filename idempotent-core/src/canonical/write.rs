@@ -1,0 +1,203 @@
+//! What the serializer and the parser both write with: JCS string escaping and number
+//! formatting, the canonical order of an object's members, and the buffers each thread keeps
+//! between calls.
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+use super::CanonicalError;
+
+/// Writes `s` as a JSON string literal with the escaping RFC 8785 §3.2.2.2 prescribes.
+pub(super) fn write_str(out: &mut Vec<u8>, s: &str) {
+    out.reserve(s.len() + 2);
+    out.push(b'"');
+    let bytes = s.as_bytes();
+    let mut run = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        // Almost every byte is written as is; testing for that first keeps the loop to three
+        // well-predicted comparisons instead of a jump table per byte.
+        if b >= 0x20 && b != b'"' && b != b'\\' {
+            continue;
+        }
+        let esc: &[u8] = match b {
+            b'"' => b"\\\"",
+            b'\\' => b"\\\\",
+            0x08 => b"\\b",
+            0x09 => b"\\t",
+            0x0a => b"\\n",
+            0x0c => b"\\f",
+            0x0d => b"\\r",
+            0x00..=0x1f => b"",
+            _ => continue,
+        };
+        out.extend_from_slice(&bytes[run..i]);
+        if esc.is_empty() {
+            const HEX: &[u8; 16] = b"0123456789abcdef";
+            out.extend_from_slice(&[b'\\', b'u', b'0', b'0', HEX[(b >> 4) as usize], HEX[(b & 0xf) as usize]]);
+        } else {
+            out.extend_from_slice(esc);
+        }
+        run = i + 1;
+    }
+    out.extend_from_slice(&bytes[run..]);
+    out.push(b'"');
+}
+
+/// Writes `v` in the number form JCS prescribes (ECMAScript's); NaN and infinities have none.
+pub(super) fn write_f64(out: &mut Vec<u8>, v: f64) -> Result<(), CanonicalError> {
+    if !v.is_finite() {
+        return Err(CanonicalError::NonFinite(v));
+    }
+    out.extend_from_slice(ryu_js::Buffer::new().format_finite(v).as_bytes());
+    Ok(())
+}
+
+fn utf16_cmp(a: &str, b: &str) -> std::cmp::Ordering {
+    // UTF-8 byte order equals code point order, which differs from UTF-16 order only when one side
+    // has a code point at or above U+E000 where the other has a surrogate pair. Names are short
+    // and mostly ASCII, so compare bytes: where the first difference is between two ASCII bytes,
+    // the equal prefix before it ends on a character boundary and that difference decides in
+    // UTF-16 too. When one name is a prefix of the other, the shorter sorts first either way.
+    let (x, y) = (a.as_bytes(), b.as_bytes());
+    match x.iter().zip(y).position(|(p, q)| p != q) {
+        None => x.len().cmp(&y.len()),
+        Some(i) if x[i].is_ascii() && y[i].is_ascii() => x[i].cmp(&y[i]),
+        Some(_) => a.encode_utf16().cmp(b.encode_utf16()),
+    }
+}
+
+/// Puts one object's members in canonical order, for the serializer and the JSON parser alike.
+///
+/// `out[start..]` holds the members as written, in arrival order and separated by commas;
+/// `members` holds their names and their ranges in `out`. Members out of order are rewritten
+/// through `scratch`. A name that appears twice is an error (returned, with `out` unchanged).
+pub(super) fn order_members<'m>(
+    out: &mut Vec<u8>,
+    scratch: &mut Vec<u8>,
+    start: usize,
+    members: &'m mut [(Cow<'_, str>, Range<usize>)],
+) -> Result<(), &'m str> {
+    if members.windows(2).all(|w| utf16_cmp(&w[0].0, &w[1].0).is_lt()) {
+        return Ok(());
+    }
+    members.sort_unstable_by(|a, b| utf16_cmp(&a.0, &b.0));
+    if let Some(w) = members.windows(2).find(|w| w[0].0 == w[1].0) {
+        return Err(&w[0].0);
+    }
+    scratch.clear();
+    scratch.extend_from_slice(&out[start..]);
+    out.truncate(start);
+    for (i, (_, range)) in members.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(&scratch[range.start - start..range.end - start]);
+    }
+    Ok(())
+}
+
+/// An object member's name and the byte range of `"name":value` in the output (without commas).
+/// Struct field names are `&'static str`, so only map keys are owned.
+pub(super) type Member = (Cow<'static, str>, Range<usize>);
+
+/// The buffers canonicalizing needs besides its output, kept by each thread between calls so
+/// that a call allocates nothing once they have grown to fit its payloads.
+///
+/// A call takes them out of the thread's slot and puts them back when it is done, so a call
+/// made inside another (a `Serialize` impl that canonicalizes something itself) just starts
+/// from empty buffers. Buffers that grew past [`Spare::KEEP`] bytes are not kept.
+#[derive(Default)]
+pub(super) struct Spare {
+    pub(super) out: Vec<u8>,
+    pub(super) scratch: Vec<u8>,
+    pub(super) members: Vec<Member>,
+}
+
+thread_local! {
+    static SPARE: std::cell::Cell<Option<Box<Spare>>> = const { std::cell::Cell::new(None) };
+}
+
+impl Spare {
+    /// The most a kept buffer may hold: payloads larger than this are rare, and a thread should
+    /// not keep their buffers for good.
+    const KEEP: usize = 64 << 10;
+
+    pub(super) fn take() -> Box<Spare> {
+        SPARE.try_with(|slot| slot.take()).ok().flatten().unwrap_or_default()
+    }
+
+    pub(super) fn give_back(mut self: Box<Self>) {
+        if self.out.capacity() > Self::KEEP {
+            self.out = Vec::new();
+        }
+        if self.scratch.capacity() > Self::KEEP {
+            self.scratch = Vec::new();
+        }
+        if self.members.capacity() * std::mem::size_of::<Member>() > Self::KEEP {
+            self.members = Vec::new();
+        }
+        // Owned member names were dropped as their objects ended; only the capacity is kept.
+        self.members.clear();
+        let _ = SPARE.try_with(|slot| slot.set(Some(self)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::canonical::tests::canon;
+    use crate::canonical::to_canonical_vec;
+
+    /// RFC 8785 appendix B: IEEE 754 doubles and their JCS serialization.
+    #[test]
+    fn rfc8785_number_vectors() {
+        let vectors: &[(u64, &str)] = &[
+            (0x0000000000000000, "0"),
+            (0x8000000000000000, "0"),
+            (0x0000000000000001, "5e-324"),
+            (0x8000000000000001, "-5e-324"),
+            (0x7fefffffffffffff, "1.7976931348623157e+308"),
+            (0xffefffffffffffff, "-1.7976931348623157e+308"),
+            (0x4340000000000000, "9007199254740992"),
+            (0xc340000000000000, "-9007199254740992"),
+            (0x4430000000000000, "295147905179352830000"),
+            (0x44b52d02c7e14af5, "9.999999999999997e+22"),
+            (0x44b52d02c7e14af6, "1e+23"),
+            (0x44b52d02c7e14af7, "1.0000000000000001e+23"),
+            (0x444b1ae4d6e2ef4e, "999999999999999700000"),
+            (0x444b1ae4d6e2ef4f, "999999999999999900000"),
+            (0x444b1ae4d6e2ef50, "1e+21"),
+            (0x3eb0c6f7a0b5ed8c, "9.999999999999997e-7"),
+            (0x3eb0c6f7a0b5ed8d, "0.000001"),
+            (0x41b3de4355555553, "333333333.3333332"),
+            (0x41b3de4355555554, "333333333.33333325"),
+            (0x41b3de4355555555, "333333333.3333333"),
+            (0x41b3de4355555556, "333333333.3333334"),
+            (0x41b3de4355555557, "333333333.33333343"),
+            (0xbecbf647612f3696, "-0.0000033333333333333333"),
+            (0x43143ff3c1cb0959, "1424953923781206.2"),
+        ];
+        for &(bits, want) in vectors {
+            assert_eq!(canon(&f64::from_bits(bits)), want, "bits {bits:#018x}");
+        }
+        for bits in [0x7fffffffffffffffu64, 0x7ff0000000000000, 0xfff0000000000000] {
+            assert!(matches!(to_canonical_vec(&f64::from_bits(bits)), Err(CanonicalError::NonFinite(_))));
+        }
+    }
+
+    #[test]
+    fn strings_are_not_normalized_and_escaped_per_jcs() {
+        assert_ne!(canon("\u{e9}"), canon("e\u{301}"));
+        assert_eq!(canon("a\u{1}\u{1f}\u{7f}\u{2028}"), "\"a\\u0001\\u001f\u{7f}\u{2028}\"");
+        assert_eq!(canon("tab\there"), r#""tab\there""#);
+    }
+
+    proptest::proptest! {
+        /// The byte-wise shortcut in `utf16_cmp` agrees with comparing UTF-16 code units, also
+        /// for names that share a prefix and mix ASCII, BMP code points above U+E000 and pairs.
+        #[test]
+        fn member_order_matches_utf16_code_units(a in "[ab\u{e9}\u{ff61}\u{1F600}]{0,5}", b in "[ab\u{e9}\u{ff61}\u{1F600}]{0,5}") {
+            proptest::prop_assert_eq!(utf16_cmp(&a, &b), a.encode_utf16().cmp(b.encode_utf16()));
+        }
+    }
+}

@@ -1,0 +1,18 @@
+use idempotent_core::{Error, RunContext, idempotent};
+
+struct Service {
+    ctx: RunContext,
+}
+
+impl Service {
+    fn ctx(&self) -> &RunContext {
+        &self.ctx
+    }
+
+    #[idempotent(step = "refund", ctx = self.ctx())]
+    async fn refund(&self, order_id: &str) -> Result<String, Error> {
+        Ok(order_id.to_owned())
+    }
+}
+
+fn main() {}

@@ -1,0 +1,14 @@
+use idempotent_core::{Error, RunContext, idempotent};
+
+struct Service {
+    ctx: RunContext,
+}
+
+impl Service {
+    #[idempotent(step = "refund", ctx = self)]
+    async fn refund(&self, order_id: &str) -> Result<String, Error> {
+        Ok(order_id.to_owned())
+    }
+}
+
+fn main() {}

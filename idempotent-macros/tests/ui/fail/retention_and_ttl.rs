@@ -1,0 +1,8 @@
+use idempotent_core::{Error, RunContext, idempotent};
+
+#[idempotent(step = "refund", retention = 60, ttl = 120)]
+async fn refund(ctx: &RunContext, order_id: &str) -> Result<String, Error> {
+    Ok(order_id.to_owned())
+}
+
+fn main() {}

@@ -1,0 +1,129 @@
+//! What the layer answers with once it has decided: a stored response replayed, or the
+//! service's response stored (or the key given up) and passed on.
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Response};
+use http_body::Body;
+use idempotent_core::ShortKey;
+use idempotent_core::lease::{FinishOnDrop, Lease};
+use idempotent_core::record::Transition;
+use tower::BoxError;
+
+use super::body::ResponseBody;
+use super::buffer::{Collect, Collected, collect_at_once};
+use super::layer::Config;
+use super::policy::Outcome;
+use super::problem::Refusal;
+use super::record::{self, StoredResponse, strip_hop_by_hop};
+
+/// The header added to every replayed response.
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+
+/// `Idempotent-Stored: false` marks a response that the service made but the layer could not
+/// store (the store failed, or the request outlived its lease: another attempt took over, or no
+/// renewal reached the store for a whole lease): the request ran, and a retry under the same
+/// key may run it again.
+pub const IDEMPOTENT_STORED: HeaderName = HeaderName::from_static("idempotent-stored");
+
+/// A stored response, as the client gets it again: marked `Idempotent-Replayed: true`.
+pub(crate) fn replay<B>(bytes: Bytes, grpc: bool, short: ShortKey) -> Response<ResponseBody<B>> {
+    let stored = match StoredResponse::decode(bytes) {
+        Ok(stored) => stored,
+        Err(error) => {
+            tracing::error!(key = %short, %error, "idempotent.corrupt: the stored response cannot be decoded; it was not replayed");
+            return Refusal::Corrupt.into_response(grpc);
+        }
+    };
+    tracing::debug!(key = %short, status = stored.status.as_u16(), "idempotent.replayed");
+    let mut res = Response::new(ResponseBody::full(stored.body, stored.trailers));
+    *res.status_mut() = stored.status;
+    *res.headers_mut() = stored.headers;
+    strip_hop_by_hop(res.headers_mut());
+    res.headers_mut().insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    res
+}
+
+/// After the service: stores its response, or gives the key up when it failed.
+///
+/// Storing must not depend on the client still waiting: hyper drops the request's future when
+/// the client goes away, and the record would then stay `running` until its lease passed, and
+/// the retry would run the request again. The lease's own complete and release go on after a
+/// drop; a body that is not complete at once is read on (renewing the lease) in a future that
+/// moves to a task of its own when this one is dropped. A body that is complete at once (the
+/// usual case) is read here, without a suspension, so nothing can drop this future meanwhile.
+pub(crate) async fn settle<B, E>(
+    lease: Lease,
+    config: &std::sync::Arc<Config>,
+    outcome: Result<Response<B>, E>,
+    grpc: bool,
+) -> Result<Response<ResponseBody<B>>, E>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+{
+    let res = match outcome {
+        Ok(res) => res,
+        Err(e) => {
+            let _ = lease.release().await;
+            return Err(e);
+        }
+    };
+    match collect_at_once(res, config.max_stored_response).await {
+        Ok(collected) => Ok(store(lease, config, collected, grpc).await),
+        Err(collect) => Ok(FinishOnDrop::new(finish(lease, config.clone(), collect, grpc)).await),
+    }
+}
+
+/// Reads the rest of the response body (renewing the lease meanwhile), then stores the
+/// response or releases the key (see [`store`]).
+async fn finish<B>(
+    mut lease: Lease,
+    config: std::sync::Arc<Config>,
+    mut collect: Collect<B>,
+    grpc: bool,
+) -> Response<ResponseBody<B>>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let collected = lease.run(std::pin::Pin::new(&mut collect)).await;
+    store(lease, &config, collected, grpc).await
+}
+
+/// Stores the response (as the store policy says) or releases the key, and returns the
+/// response for the client.
+async fn store<B>(lease: Lease, config: &Config, collected: Collected<B>, grpc: bool) -> Response<ResponseBody<B>>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let short = lease.key().short_key();
+    match collected {
+        Collected::Complete { mut parts, data, trailers } => {
+            let outcome = Outcome { status: parts.status, headers: &parts.headers, trailers: trailers.as_ref(), grpc };
+            if config.policy.should_store(&outcome) {
+                let stored = record::encode(parts.status, &parts.headers, &data, trailers.as_ref());
+                // Whatever the store says, the service ran and this is its response: the client
+                // gets it, marked when a retry under this key may run the request again.
+                if !matches!(lease.complete(stored).await, Ok(Transition::Ok)) {
+                    parts.headers.insert(IDEMPOTENT_STORED, HeaderValue::from_static("false"));
+                }
+            } else {
+                tracing::debug!(key = %short, status = parts.status.as_u16(), "idempotent.not_stored: the store policy declined the response");
+                let _ = lease.release().await;
+            }
+            Response::from_parts(parts, ResponseBody::full(data, trailers))
+        }
+        Collected::TooLarge { parts, prefix, rest } => {
+            let limit = config.max_stored_response;
+            tracing::warn!(key = %short, limit, status = parts.status.as_u16(), "idempotent.not_stored: the response is larger than max_stored_response; releasing the key, so a retry runs the request again");
+            let _ = lease.release().await;
+            Response::from_parts(parts, ResponseBody::resume(prefix, rest))
+        }
+        Collected::Failed { parts, prefix, error } => {
+            tracing::warn!(key = %short, %error, "idempotent.not_stored: the response body failed");
+            let _ = lease.release().await;
+            Response::from_parts(parts, ResponseBody::failed(prefix, error))
+        }
+    }
+}
