@@ -371,7 +371,7 @@ async fn memory_runs_each_of_200_keys_once_with_8_callers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_runs_each_of_200_keys_once_with_8_callers() {
     let server = RedisServer::start();
-    concurrent_keys(Arc::new(RedisStore::connect(&server.url()).unwrap()), 200, 8).await;
+    concurrent_keys(Arc::new(RedisStore::connect(server.url()).unwrap()), 200, 8).await;
 }
 
 /// `keys` operations × `callers` concurrent callers each: exactly `keys` actions run, and every
@@ -409,7 +409,7 @@ async fn concurrent_keys(store: SharedStore, keys: usize, callers: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heartbeat_tells_the_action_when_its_lease_was_taken_over() {
     let server = RedisServer::start();
-    let store = RedisStore::connect(&server.url()).unwrap();
+    let store = RedisStore::connect(server.url()).unwrap();
     let ctx = RunContext::new(store.clone(), unique("run"));
     let lease = Duration::from_millis(600);
     let (started_tx, started_rx) = oneshot::channel();

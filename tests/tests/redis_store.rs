@@ -180,7 +180,7 @@ async fn preflight_without_config_fails_until_the_risks_are_accepted() {
     let s = store_at(format!("redis://app:s3cret@127.0.0.1:{}", server.port()));
     let report = s.preflight().await.unwrap();
     assert_eq!((report.problems.len(), &report.unchecked[..]), (0, &[Risk::Eviction, Risk::NoPersistence][..]));
-    let err = report.clone().ensure().unwrap_err().to_string();
+    let err = report.ensure().unwrap_err().to_string();
     assert!(err.contains("maxmemory-policy could not be read") && err.contains("Risk::Eviction"), "{err}");
     assert!(report.accept_risk(Risk::Eviction).accept_risk(Risk::NoPersistence).ensure().is_ok());
 }

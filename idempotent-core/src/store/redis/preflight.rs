@@ -138,9 +138,12 @@ impl Preflight {
         self.refused().next().is_none()
     }
 
-    /// Passes the report on if the server is safe, but for accepted risks; otherwise
-    /// [`Error::UnsafeStore`] names each setting, its value, and how to fix it or accept it.
-    pub fn ensure(self) -> Result<Preflight, Error> {
+    /// `Ok` if the server is safe, but for accepted risks; otherwise [`Error::UnsafeStore`]
+    /// names each setting, its value, and how to fix it or accept it.
+    ///
+    /// It borrows the report and returns nothing, so that `store.preflight().await?.ensure()?`
+    /// leaves no unused report behind, and a report kept in a variable can still be logged.
+    pub fn ensure(&self) -> Result<(), Error> {
         let mut detail = String::new();
         for (i, refused) in self.refused().enumerate() {
             use fmt::Write as _;
@@ -165,13 +168,13 @@ impl Preflight {
             };
         }
         if !detail.is_empty() {
-            return Err(Error::UnsafeStore { store: self.store, detail });
+            return Err(Error::UnsafeStore { store: self.store.clone(), detail });
         }
         let met = self.problems.iter().map(|p| p.risk).chain(self.unchecked.iter().copied());
         for risk in met {
             tracing::warn!(store = %self.store, %risk, "idempotent.redis: running with an accepted risk to the exactly-once guarantee");
         }
-        Ok(self)
+        Ok(())
     }
 
     /// The risks found or left unchecked that are not accepted.
@@ -240,14 +243,19 @@ impl RedisStore {
             Ok(Value::Array(items)) | Ok(Value::Set(items)) => Ok(items.get(1).and_then(text)),
             Ok(Value::Map(pairs)) => Ok(pairs.first().and_then(|(_, v)| text(v))),
             Ok(_) => Ok(None),
-            Err(Error::Unavailable { reason, .. })
-                if reason.contains("unknown command") || reason.contains("NOPERM") =>
-            {
-                Ok(None)
-            }
+            Err(Error::Unavailable { reason, source, .. }) if refused(&reason, source.as_deref()) => Ok(None),
             Err(e) => Err(e),
         }
     }
+}
+
+/// Whether the server refused `CONFIG`: renamed away (an unknown command) or not permitted to
+/// this user (an ACL `NOPERM`, which the driver spells its own way).
+fn refused(reason: &str, source: Option<&(dyn std::error::Error + Send + Sync + 'static)>) -> bool {
+    let no_perm = source
+        .and_then(|e| e.downcast_ref::<redis::RedisError>())
+        .is_some_and(|e| e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm));
+    no_perm || reason.contains("unknown command") || reason.contains("NOPERM")
 }
 
 fn text(v: &Value) -> Option<String> {
@@ -269,7 +277,7 @@ mod tests {
     #[test]
     fn ensure_names_the_setting_its_value_and_the_fix() {
         let evicts = report(vec![Problem { risk: Risk::Eviction, value: "allkeys-lru".into() }], vec![]);
-        let err = evicts.clone().ensure().unwrap_err();
+        let err = evicts.ensure().unwrap_err();
         let msg = err.to_string();
         assert!(matches!(err, Error::UnsafeStore { .. }), "{err}");
         for part in ["redis://h", "maxmemory-policy is allkeys-lru", "CONFIG SET maxmemory-policy noeviction"] {
@@ -293,6 +301,6 @@ mod tests {
     fn a_safe_server_passes() {
         let safe = report(vec![], vec![]);
         assert!(safe.is_ok());
-        assert_eq!(safe.clone().ensure().unwrap(), safe);
+        safe.ensure().unwrap();
     }
 }
