@@ -2,13 +2,13 @@
 //!
 //! Requests the layer does not touch (other methods, no key) poll the inner service's future
 //! directly, with no allocation. A covered request runs as one boxed `async` block: it awaits
-//! the admission (body, fingerprint, acquire) and the storing of the response in boxes of their
-//! own, and the inner service under the lease heartbeat in between; written by hand that would
-//! be a state machine of a dozen states and pin projections, for allocations that cost little
-//! next to the store round trip they wait on (each box stays under glibc's 1 032-byte
-//! per-thread cache, see BENCHMARKS.md). Once the inner service has answered, the rest (reading
-//! the response body, complete or release) moves to a task of its own if this future is dropped
-//! (the client went away), so that the key is not left held until its lease passes.
+//! the admission (body, fingerprint, acquire) in a box of its own, then the inner service under
+//! the lease heartbeat, then the storing of the response; written by hand that would be a state
+//! machine of a dozen states and pin projections, for allocations that cost little next to the
+//! store round trip they wait on (their sizes: BENCHMARKS.md, "Allocator and future-size
+//! notes"). Once the inner service has answered, the rest (reading the response body, complete
+//! or release) moves to a task of its own if this future is dropped (the client went away), so
+//! that the key is not left held until its lease passes.
 
 use std::future::Future;
 use std::pin::Pin;

@@ -169,6 +169,38 @@
 //! # }
 //! ```
 //!
+//! # Plain tower services
+//!
+//! The layer reads the request body to fingerprint it, and hands the inner service the buffered
+//! body as [`RequestBody<B>`](RequestBody): the inner service must accept
+//! `http::Request<RequestBody<B>>`, where `B` is the body type the layer itself receives. An
+//! axum `Router` and a tonic server accept any body, so nothing changes for them. A plain
+//! `tower::service_fn` names its request type: give it `Request<RequestBody<B>>`. If it names
+//! another (`Request<Full<Bytes>>`), calling the wrapped service fails to compile with "the
+//! method `oneshot` exists … but its trait bounds were not satisfied" (E0599): that is this
+//! bound. `RequestBody<B>` is an `http_body::Body` like any other.
+//!
+//! ```
+//! use bytes::Bytes;
+//! use http::{Request, Response};
+//! use http_body_util::{BodyExt, Full};
+//! use idempotent_core::MemoryStore;
+//! use idempotent_tower::server::{IdempotencyLayer, RequestBody};
+//! use tower::{Layer, ServiceExt, service_fn};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let charge = service_fn(|req: Request<RequestBody<Full<Bytes>>>| async move {
+//!     let order = req.into_body().collect().await.unwrap().to_bytes();
+//!     Ok::<_, std::convert::Infallible>(Response::new(Full::new(Bytes::from(format!("charged {order:?}")))))
+//! });
+//! let svc = IdempotencyLayer::new(MemoryStore::new()).layer(charge);
+//! let req = Request::post("/charges").header("idempotency-key", "k-1").body(Full::new(Bytes::from("o-7"))).unwrap();
+//! let res = svc.oneshot(req).await.unwrap();
+//! assert_eq!(res.into_body().collect().await.unwrap().to_bytes(), "charged b\"o-7\"");
+//! # }
+//! ```
+//!
 //! # Where to put it
 //!
 //! Put authentication *outside* this layer (added after it with `Router::layer`, or earlier in

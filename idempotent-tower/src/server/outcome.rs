@@ -1,6 +1,9 @@
 //! What the layer answers with once it has decided: a stored response replayed, or the
 //! service's response stored (or the key given up) and passed on.
 
+use std::pin::Pin;
+use std::sync::Arc;
+
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Response};
 use http_body::Body;
@@ -51,9 +54,12 @@ pub(crate) fn replay<B>(bytes: Bytes, grpc: bool, short: ShortKey) -> Response<R
 /// drop; a body that is not complete at once is read on (renewing the lease) in a future that
 /// moves to a task of its own when this one is dropped. A body that is complete at once (the
 /// usual case) is read here, without a suspension, so nothing can drop this future meanwhile.
+///
+/// Every path ends in the one [`Lease::end`] below, so that this future (kept inside the
+/// request's own) holds one store call's room, not one per outcome.
 pub(crate) async fn settle<B, E>(
     lease: Lease,
-    config: &std::sync::Arc<Config>,
+    config: &Arc<Config>,
     outcome: Result<Response<B>, E>,
     grpc: bool,
 ) -> Result<Response<ResponseBody<B>>, E>
@@ -61,24 +67,26 @@ where
     B: Body<Data = Bytes> + Send + 'static,
     B::Error: Into<BoxError>,
 {
-    let res = match outcome {
-        Ok(res) => res,
-        Err(e) => {
-            let _ = lease.release().await;
-            return Err(e);
-        }
+    let (reply, stored) = match outcome {
+        Err(e) => (Err(e), None),
+        Ok(res) => match collect_at_once(res, config.max_stored_response).await {
+            Ok(collected) => {
+                let (res, stored) = decide(config, collected, grpc, lease.key().short_key());
+                (Ok(res), stored)
+            }
+            Err(collect) => return Ok(FinishOnDrop::new(finish(lease, config.clone(), collect, grpc)).await),
+        },
     };
-    match collect_at_once(res, config.max_stored_response).await {
-        Ok(collected) => Ok(store(lease, config, collected, grpc).await),
-        Err(collect) => Ok(FinishOnDrop::new(finish(lease, config.clone(), collect, grpc)).await),
-    }
+    let wanted = stored.is_some();
+    let answer = lease.end(stored).await;
+    reply.map(|res| mark(res, wanted, answer))
 }
 
 /// Reads the rest of the response body (renewing the lease meanwhile), then stores the
-/// response or releases the key (see [`store`]).
+/// response or releases the key, as [`settle`] does.
 async fn finish<B>(
     mut lease: Lease,
-    config: std::sync::Arc<Config>,
+    config: Arc<Config>,
     mut collect: Collect<B>,
     grpc: bool,
 ) -> Response<ResponseBody<B>>
@@ -86,44 +94,53 @@ where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
-    let collected = lease.run(std::pin::Pin::new(&mut collect)).await;
-    store(lease, &config, collected, grpc).await
+    let collected = lease.run(Pin::new(&mut collect)).await;
+    let (res, stored) = decide(&config, collected, grpc, lease.key().short_key());
+    let wanted = stored.is_some();
+    let answer = lease.end(stored).await;
+    mark(res, wanted, answer)
 }
 
-/// Stores the response (as the store policy says) or releases the key, and returns the
-/// response for the client.
-async fn store<B>(lease: Lease, config: &Config, collected: Collected<B>, grpc: bool) -> Response<ResponseBody<B>>
+/// The response for the client, and what to store for replay (`None`: give the key up).
+fn decide<B>(
+    config: &Config,
+    collected: Collected<B>,
+    grpc: bool,
+    short: ShortKey,
+) -> (Response<ResponseBody<B>>, Option<Bytes>)
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
 {
-    let short = lease.key().short_key();
     match collected {
-        Collected::Complete { mut parts, data, trailers } => {
+        Collected::Complete { parts, data, trailers } => {
             let outcome = Outcome { status: parts.status, headers: &parts.headers, trailers: trailers.as_ref(), grpc };
-            if config.policy.should_store(&outcome) {
-                let stored = record::encode(parts.status, &parts.headers, &data, trailers.as_ref());
-                // Whatever the store says, the service ran and this is its response: the client
-                // gets it, marked when a retry under this key may run the request again.
-                if !matches!(lease.complete(stored).await, Ok(Transition::Ok)) {
-                    parts.headers.insert(IDEMPOTENT_STORED, HeaderValue::from_static("false"));
-                }
+            let stored = if config.policy.should_store(&outcome) {
+                Some(record::encode(parts.status, &parts.headers, &data, trailers.as_ref()))
             } else {
                 tracing::debug!(key = %short, status = parts.status.as_u16(), "idempotent.not_stored: the store policy declined the response");
-                let _ = lease.release().await;
-            }
-            Response::from_parts(parts, ResponseBody::full(data, trailers))
+                None
+            };
+            (Response::from_parts(parts, ResponseBody::full(data, trailers)), stored)
         }
         Collected::TooLarge { parts, prefix, rest } => {
             let limit = config.max_stored_response;
             tracing::warn!(key = %short, limit, status = parts.status.as_u16(), "idempotent.not_stored: the response is larger than max_stored_response; releasing the key, so a retry runs the request again");
-            let _ = lease.release().await;
-            Response::from_parts(parts, ResponseBody::resume(prefix, rest))
+            (Response::from_parts(parts, ResponseBody::resume(prefix, rest)), None)
         }
         Collected::Failed { parts, prefix, error } => {
             tracing::warn!(key = %short, %error, "idempotent.not_stored: the response body failed");
-            let _ = lease.release().await;
-            Response::from_parts(parts, ResponseBody::failed(prefix, error))
+            (Response::from_parts(parts, ResponseBody::failed(prefix, error)), None)
         }
     }
+}
+
+/// Whatever the store said, the service ran and this is its response: the client gets it,
+/// marked `Idempotent-Stored: false` when it was to be stored and was not (a retry under this
+/// key may run the request again).
+fn mark<B>(mut res: Response<B>, wanted: bool, answer: Result<Transition, idempotent_core::Error>) -> Response<B> {
+    if wanted && !matches!(answer, Ok(Transition::Ok)) {
+        res.headers_mut().insert(IDEMPOTENT_STORED, HeaderValue::from_static("false"));
+    }
+    res
 }
