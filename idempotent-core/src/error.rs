@@ -156,6 +156,16 @@ pub enum Error {
         max: usize,
     },
 
+    /// The store's server is set up so that it may lose records (it evicts them, or persists
+    /// nothing), and the application did not accept that risk; from a store's preflight check.
+    #[error("store {store} may lose records, which breaks the exactly-once guarantee: {detail}")]
+    UnsafeStore {
+        /// Which store.
+        store: String,
+        /// Each setting found, its value, and how to fix it or accept the risk.
+        detail: String,
+    },
+
     /// A configuration value was invalid.
     #[error("invalid configuration: {0}")]
     Config(String),

@@ -46,7 +46,8 @@
 //! - [`Store`]: the record protocol ([`record`]), with [`MemoryStore`] and, under the `redis`
 //!   feature, [`RedisStore`] (standalone or cluster, deadpool pooled; a replay and a first
 //!   acquisition are one plain `SET NX GET`, the other transitions Lua scripts judged by the
-//!   server clock; fail-closed timeouts, a [`RedisStore::preflight`] check).
+//!   server clock; fail-closed timeouts; [`RedisStore::preflight`] with [`Preflight::ensure`]
+//!   refuses at start-up a server that may lose records).
 //! - `#[idempotent]` (feature `macros`, on by default): the same as an attribute on an `async fn`.
 //!
 //! # Guarantees and limits
@@ -94,7 +95,7 @@ pub use lease::{
 };
 pub use store::{IntoSharedStore, MemoryStore, SharedStore, Store};
 #[cfg(feature = "redis")]
-pub use store::{Preflight, RedisStore, RedisStoreBuilder};
+pub use store::{Preflight, RedisStore, RedisStoreBuilder, Risk};
 
 /// The Redis driver this crate uses, re-exported so that users share one version.
 #[cfg(feature = "redis")]

@@ -403,7 +403,7 @@ macro_rules! on_every_store {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
                 async fn $check() {
                     let server = $crate::RedisServer::start();
-                    let store = ::idempotent_core::RedisStore::connect(&server.url()).expect("connect to the test server");
+                    let store = ::idempotent_core::RedisStore::connect(server.url()).expect("connect to the test server");
                     super::$check(::std::sync::Arc::new(store)).await;
                     drop(server);
                 }

@@ -12,7 +12,7 @@ async fn memory_store_conforms() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_store_conforms() {
     let server = RedisServer::start();
-    let store = RedisStore::connect(&server.url()).unwrap();
+    let store = RedisStore::connect(server.url()).unwrap();
     store.warm_up().await.unwrap();
     conformance::run_all(Arc::new(store)).await;
 }
@@ -24,7 +24,7 @@ async fn redis_store_conforms_with_scripts_only() {
     let server = RedisServer::start();
     let store: SharedStore = Arc::new(RedisStore::builder(server.url()).set_get_acquire(false).build().unwrap());
     conformance::run_all(store).await;
-    let plain = RedisStore::connect(&server.url()).unwrap();
+    let plain = RedisStore::connect(server.url()).unwrap();
     // Measured first, so that the plain store takes keys with SET NX from the start.
     plain.warm_up().await.unwrap();
     let scripts = RedisStore::builder(server.url()).set_get_acquire(false).build().unwrap();

@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use idempotent_core::store::redis::layout;
 use idempotent_core::{Error, FailMode, MemoryStore, OnInFlight, RedisStore, RunContext, SharedStore, current_attempt};
 use idempotent_tests::{HookedStore, RedisCluster, RedisServer, unique};
 use serde::{Deserialize, Serialize};
@@ -370,7 +371,7 @@ async fn memory_runs_each_of_200_keys_once_with_8_callers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_runs_each_of_200_keys_once_with_8_callers() {
     let server = RedisServer::start();
-    concurrent_keys(Arc::new(RedisStore::connect(&server.url()).unwrap()), 200, 8).await;
+    concurrent_keys(Arc::new(RedisStore::connect(server.url()).unwrap()), 200, 8).await;
 }
 
 /// `keys` operations × `callers` concurrent callers each: exactly `keys` actions run, and every
@@ -408,7 +409,7 @@ async fn concurrent_keys(store: SharedStore, keys: usize, callers: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heartbeat_tells_the_action_when_its_lease_was_taken_over() {
     let server = RedisServer::start();
-    let store = RedisStore::connect(&server.url()).unwrap();
+    let store = RedisStore::connect(server.url()).unwrap();
     let ctx = RunContext::new(store.clone(), unique("run"));
     let lease = Duration::from_millis(600);
     let (started_tx, started_rx) = oneshot::channel();
@@ -430,11 +431,16 @@ async fn heartbeat_tells_the_action_when_its_lease_was_taken_over() {
     // Make the holder's lease look passed on the server, as a long GC pause or a partition would,
     // and let a second worker take over.
     let (key, _) = ctx.step("watched").key_for(&()).unwrap();
-    // A running record with a lease deadline of 0: state R, then 15 digits at offset 97 (layout
-    // in acquire.lua; a record SET NX wrote, state N, becomes R as a renew would make it).
-    let passed =
-        "redis.call('SETRANGE', KEYS[1], 0, 'R') return redis.call('SETRANGE', KEYS[1], 97, '000000000000000')";
-    server.cmd(&["EVAL", passed, "1", &store.redis_key(&key)]);
+    // A running record with a lease deadline of 0 (a record SET NX wrote, state N, becomes R as
+    // a renew would make it).
+    let passed = format!(
+        "redis.call('SETRANGE', KEYS[1], {}, '{}') return redis.call('SETRANGE', KEYS[1], {}, '{}')",
+        layout::STATE,
+        char::from(layout::RUNNING),
+        layout::LEASE.start,
+        "0".repeat(layout::LEASE.len())
+    );
+    server.cmd(&["EVAL", &passed, "1", &store.redis_key(&key)]);
     let (recovered, new_fence) = ctx
         .step("watched")
         .lease(Duration::from_secs(30))

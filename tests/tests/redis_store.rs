@@ -4,13 +4,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use idempotent_core::redis::Value;
-use idempotent_core::{Error, OnInFlight, RedisStore, RunContext, SharedStore};
+use idempotent_core::redis::{Script, Value};
+use idempotent_core::store::redis::{layout, source};
+use idempotent_core::{Error, OnInFlight, RedisStore, Risk, RunContext, SharedStore};
 use idempotent_tests::{RedisOptions, RedisServer, unique};
 use tokio::sync::Barrier;
 
 fn store(server: &RedisServer) -> RedisStore {
-    RedisStore::builder(server.url()).command_timeout(Duration::from_millis(500)).build().unwrap()
+    store_at(server.url())
+}
+
+fn store_at(url: String) -> RedisStore {
+    RedisStore::builder(url).command_timeout(Duration::from_millis(500)).build().unwrap()
 }
 
 /// 64 tasks on 4 separate store handles (4 pools) hit one key: one action, one result.
@@ -128,22 +133,69 @@ async fn outage_fails_closed_within_the_timeout_then_recovers() {
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
-/// The preflight flags eviction policies and missing persistence, and passes a safe server.
+/// The preflight flags eviction policies and missing persistence, and passes a safe server;
+/// `ensure` turns each finding into an error that names the setting and its fix, unless its
+/// risk is accepted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn preflight_reports_settings_that_break_the_guarantee() {
     let server = RedisServer::start();
     let s = store(&server);
     let report = s.preflight().await.unwrap();
     assert!(!report.is_ok());
-    assert!(report.problems.iter().any(|p| p.contains("persistence is off")), "{report}");
+    assert!(report.problems.iter().any(|p| p.to_string().contains("persistence is off")), "{report}");
+    let err = report.ensure().unwrap_err();
+    assert!(matches!(err, Error::UnsafeStore { .. }), "{err}");
+    assert!(err.to_string().contains("CONFIG SET appendonly yes"), "{err}");
+    s.preflight().await.unwrap().accept_risk(Risk::NoPersistence).ensure().unwrap();
 
+    // Eviction on: ensure fails and names the setting, its value and the fix.
     server.cmd(&["CONFIG", "SET", "maxmemory-policy", "volatile-lru"]);
     let report = s.preflight().await.unwrap();
-    assert!(report.problems.iter().any(|p| p.contains("maxmemory-policy is volatile-lru")), "{report}");
+    assert!(report.problems.iter().any(|p| p.to_string().contains("maxmemory-policy is volatile-lru")), "{report}");
+    let err = report.accept_risk(Risk::NoPersistence).ensure().unwrap_err().to_string();
+    for part in ["maxmemory-policy is volatile-lru", "CONFIG SET maxmemory-policy noeviction", "Risk::Eviction"] {
+        assert!(err.contains(part), "{part:?} missing from: {err}");
+    }
+    assert!(!err.contains("appendonly"), "an accepted risk failed ensure: {err}");
+    // Accepted: it passes.
+    let accepted = s.preflight().await.unwrap().accept_risk(Risk::NoPersistence).accept_risk(Risk::Eviction);
+    assert!(accepted.ensure().is_ok());
+    // Fixed as the messages say: it passes with nothing accepted.
+    server.cmd(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    server.cmd(&["CONFIG", "SET", "appendonly", "yes"]);
+    s.preflight().await.unwrap().ensure().unwrap();
 
     let safe = RedisServer::start_with(RedisOptions { aof: true, ..Default::default() });
     let report = store(&safe).preflight().await.unwrap();
     assert!(report.is_ok(), "{report}");
+    report.ensure().unwrap();
+}
+
+/// Settings the store may not read (`CONFIG` refused, as on managed Redis) are unchecked, and
+/// fail `ensure` until their risks are accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preflight_without_config_fails_until_the_risks_are_accepted() {
+    let server = RedisServer::start_with(RedisOptions { aof: true, ..Default::default() });
+    server.cmd(&["ACL", "SETUSER", "app", "on", ">s3cret", "~*", "+@all", "-config"]);
+    let s = store_at(format!("redis://app:s3cret@127.0.0.1:{}", server.port()));
+    let report = s.preflight().await.unwrap();
+    assert_eq!((report.problems.len(), &report.unchecked[..]), (0, &[Risk::Eviction, Risk::NoPersistence][..]));
+    let err = report.ensure().unwrap_err().to_string();
+    assert!(err.contains("maxmemory-policy could not be read") && err.contains("Risk::Eviction"), "{err}");
+    assert!(report.accept_risk(Risk::Eviction).accept_risk(Risk::NoPersistence).ensure().is_ok());
+}
+
+/// Every script is its source behind the layout prelude, and the server knows it under the hash
+/// redis-rs computed: `warm_up` loaded each, and `SCRIPT LOAD` of the same text agrees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_load_under_the_hash_the_store_sends() {
+    let server = RedisServer::start();
+    store(&server).warm_up().await.unwrap();
+    for script in [source::ACQUIRE, source::COMPLETE, source::RELEASE, source::RENEW] {
+        let hash = Script::new(script).get_hash().to_owned();
+        assert_eq!(server.cmd(&["SCRIPT", "EXISTS", &hash]), Value::Array(vec![Value::Int(1)]));
+        assert_eq!(server.cmd(&["SCRIPT", "LOAD", script]), Value::BulkString(hash.into_bytes()));
+    }
 }
 
 /// A record this crate did not write is reported as corrupt: no panic, no replay of garbage,
@@ -162,16 +214,19 @@ async fn garbage_records_are_errors_not_replays() {
     let fp = fp.to_hex();
     let token = "t".repeat(32);
     let record = |state: &str, tail: &str| format!("{state}{fp}{token}{tail}");
-    let (exploded, short, bad_result) = (record("Q", &"0".repeat(46)), record("R", "123"), record("D", "\u{1}garbage"));
+    let tail = layout::RUNNING_LEN - layout::LEASE.start;
+    let (exploded, short, bad_result) =
+        (record("Q", &"0".repeat(tail)), record("R", "123"), record("D", "\u{1}garbage"));
     // A done record cut short inside its token, before any result.
     let short_done = format!("D{fp}{}", &token[..10]);
     // Numbers Lua's `tonumber` would take but the record never holds.
+    let (lease, fence, attempt) = (layout::LEASE.len(), layout::FENCE.len(), layout::ATTEMPT.len());
     let (bad_lease, nan_fence, inf_lease, exp_fence, huge_fence) = (
-        record("R", &format!("{}{:020}{:010}0", "x".repeat(15), 1, 1)),
-        record("R", &format!("{:015}{:>20}{:010}0", 1, "nan", 1)),
-        record("R", &format!("{:>15}{:020}{:010}0", "inf", 1, 1)),
-        record("R", &format!("{:015}{:>20}{:010}0", 1, "1e18", 1)),
-        record("R", &format!("{:015}{:020}{:010}0", 1, 9_007_199_254_740_992u64, 1)),
+        record("R", &format!("{}{:0fence$}{:0attempt$}0", "x".repeat(lease), 1, 1)),
+        record("R", &format!("{:0lease$}{:>fence$}{:0attempt$}0", 1, "nan", 1)),
+        record("R", &format!("{:>lease$}{:0fence$}{:0attempt$}0", "inf", 1, 1)),
+        record("R", &format!("{:0lease$}{:>fence$}{:0attempt$}0", 1, "1e18", 1)),
+        record("R", &format!("{:0lease$}{:0fence$}{:0attempt$}0", 1, layout::MAX_FENCE, 1)),
     );
     let garbage: [&[&str]; 12] = [
         &["SET", &redis_key, "not a record"],
@@ -253,12 +308,12 @@ async fn tls_url_connects_over_tls() {
 async fn a_late_duplicate_acquire_changes_nothing() {
     let server = RedisServer::start();
     let mut conn = server.connection();
-    let acquire = idempotent_core::redis::Script::new(include_str!("../../idempotent-core/src/store/acquire.lua"));
-    let release = idempotent_core::redis::Script::new(include_str!("../../idempotent-core/src/store/release.lua"));
+    let (acquire, release) = (Script::new(source::ACQUIRE), Script::new(source::RELEASE));
     let key = "idem:late-duplicate";
     let (fp, token_1, token_2) = ("f".repeat(64), "1".repeat(32), "2".repeat(32));
-    // acquire.lua's one argument: fingerprint, token, lease and retention (15 digits each).
-    let args = |token: &str| format!("{fp}{token}{:015}{:015}", 60_000, 60_000);
+    // acquire.lua's one argument: fingerprint, token, lease and retention.
+    let (lease, retention) = (layout::ARG_LEASE.len(), layout::ARG_RETENTION.len());
+    let args = |token: &str| format!("{fp}{token}{:0lease$}{:0retention$}", 60_000, 60_000);
     let first: Vec<i64> = acquire.key(key).arg(args(&token_1)).invoke(&mut conn).unwrap();
     assert_eq!((first[0], first[2]), (1, 1));
     let again: Vec<i64> = acquire.key(key).arg(args(&token_1)).invoke(&mut conn).unwrap();

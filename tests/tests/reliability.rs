@@ -345,7 +345,7 @@ async fn restart_without_persistence_is_caught_by_the_checker_and_the_preflight(
     let mut server = RedisServer::start();
     let store = RedisStore::builder(server.url()).command_timeout(TIMEOUT).build().unwrap();
     let preflight = store.preflight().await.unwrap();
-    assert!(preflight.problems.iter().any(|p| p.contains("persistence is off")), "{preflight}");
+    assert!(preflight.problems.iter().any(|p| p.to_string().contains("persistence is off")), "{preflight}");
     let ctx = RunContext::new(store, unique("rel"));
     let hist = History::new();
     let keys = vec!["a".to_string(), "b".to_string()];

@@ -20,7 +20,7 @@ pub mod memory;
 pub mod redis;
 
 #[cfg(feature = "redis")]
-pub use self::redis::{Preflight, RedisStore, RedisStoreBuilder};
+pub use self::redis::{Preflight, Problem, RedisStore, RedisStoreBuilder, Risk};
 pub use memory::MemoryStore;
 
 /// A boxed, sendable future, so that [`Store`] stays object safe.

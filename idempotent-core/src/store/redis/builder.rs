@@ -1,0 +1,165 @@
+//! [`RedisStoreBuilder`]: the store's settings, and the URLs it connects to.
+
+use std::fmt;
+use std::time::Duration;
+
+#[cfg(feature = "cluster")]
+use deadpool_redis::cluster;
+use deadpool_redis::{Runtime, redis};
+
+use super::RedisStore;
+use super::conn::Pool;
+use crate::error::Error;
+
+const DEFAULT_PREFIX: &str = "idem:";
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
+const DEFAULT_POOL_SIZE: usize = 4;
+
+/// Configures a [`RedisStore`]; made by [`RedisStore::builder`] (or, with the `cluster` feature,
+/// `RedisStore::cluster_builder`).
+#[derive(Debug, Clone)]
+pub struct RedisStoreBuilder {
+    urls: Vec<String>,
+    #[cfg(feature = "cluster")]
+    cluster: bool,
+    pool_size: usize,
+    timeout: Duration,
+    prefix: String,
+    set_get: bool,
+}
+
+impl RedisStoreBuilder {
+    /// Default settings, for standalone Redis at `urls[0]` or a cluster seeded by `urls`.
+    pub(super) fn new(
+        urls: Vec<String>,
+        #[cfg_attr(not(feature = "cluster"), allow(unused_variables))] cluster: bool,
+    ) -> Self {
+        RedisStoreBuilder {
+            urls,
+            #[cfg(feature = "cluster")]
+            cluster,
+            pool_size: DEFAULT_POOL_SIZE,
+            timeout: DEFAULT_TIMEOUT,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            set_get: true,
+        }
+    }
+
+    /// How many connections the store keeps checked out for its calls (default 4; the pool may
+    /// hold up to twice as many while a failed one is being replaced). Connections are
+    /// multiplexed: each carries many concurrent calls, so a few serve hundreds of callers.
+    pub fn pool_size(mut self, size: usize) -> Self {
+        self.pool_size = size;
+        self
+    }
+
+    /// The bound on every store call, including the wait for a pooled connection (default 2 s).
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The prefix of every record's key (default `idem:`).
+    pub fn key_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Whether an acquire first sends one plain `SET key <record> NX GET PX <ttl>` (default on).
+    ///
+    /// That command takes an absent key and returns whatever record is there, so a first
+    /// acquisition and a replay cost Redis one plain command rather than a script, which costs
+    /// the server several times as much (see BENCHMARKS.md); only a key found running or
+    /// released goes on to the `acquire` script, which judges the lease by the server's clock.
+    /// It needs Redis 7.0 or Valkey; on an older server the store notices the refusal and uses
+    /// the script alone from then on. Off, every acquire is the script.
+    pub fn set_get_acquire(mut self, on: bool) -> Self {
+        self.set_get = on;
+        self
+    }
+
+    /// Builds the store. Connections are opened lazily, on first use.
+    pub fn build(self) -> Result<RedisStore, Error> {
+        if self.urls.is_empty() {
+            return Err(Error::Config("no Redis URL given".into()));
+        }
+        if self.pool_size == 0 {
+            return Err(Error::Config("pool_size must be at least 1".into()));
+        }
+        if self.timeout.is_zero() {
+            return Err(Error::Config("command_timeout must be above zero".into()));
+        }
+        let describe = self.urls.iter().map(|u| redact(u)).collect::<Vec<_>>().join(",");
+        let config_err = |e: &dyn fmt::Display| {
+            Error::Config(format!(
+                "cannot use Redis URL {describe}: {e} (expected redis://[user:password@]host:port[/db] \
+                 or rediss:// for TLS)"
+            ))
+        };
+        let pool_config = deadpool_redis::PoolConfig {
+            // Headroom for a slot being refilled while its old connection is still returning.
+            max_size: self.pool_size * 2,
+            timeouts: deadpool_redis::Timeouts {
+                wait: Some(self.timeout),
+                create: Some(self.timeout),
+                recycle: Some(self.timeout),
+            },
+            ..Default::default()
+        };
+        #[cfg(feature = "cluster")]
+        if self.cluster {
+            let mut cfg = cluster::Config::from_urls(self.urls.clone());
+            cfg.pool = Some(pool_config);
+            let pool = Pool::Cluster(cfg.create_pool(Some(Runtime::Tokio1)).map_err(|e| config_err(&e))?);
+            return Ok(RedisStore::from_parts(pool, self.prefix, self.timeout, describe, self.pool_size, self.set_get));
+        }
+        // The driver's own response timeout (500 ms by default) would cut calls short of the
+        // command timeout the user chose; ours bounds every call instead.
+        let conn_config =
+            redis::AsyncConnectionConfig::new().set_response_timeout(None).set_connection_timeout(Some(self.timeout));
+        let manager =
+            deadpool_redis::Manager::new_with_config(self.urls[0].as_str(), conn_config).map_err(|e| config_err(&e))?;
+        let pool = deadpool_redis::Pool::builder(manager)
+            .config(pool_config)
+            .runtime(Runtime::Tokio1)
+            .build()
+            .map_err(|e| config_err(&e))?;
+        let pool = Pool::Single(pool);
+        Ok(RedisStore::from_parts(pool, self.prefix, self.timeout, describe, self.pool_size, self.set_get))
+    }
+}
+
+/// Hides the password of a `redis://user:password@host` URL.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let creds = &url[scheme + 3..at];
+            let user = creds.split(':').next().unwrap_or("");
+            format!(
+                "{}://{}{}",
+                &url[..scheme],
+                if user.is_empty() { String::new() } else { format!("{user}:***") },
+                &url[at..]
+            )
+        }
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_redacted() {
+        assert_eq!(redact("redis://user:secret@host:6379/0"), "redis://user:***@host:6379/0");
+        assert_eq!(redact("rediss://:secret@host"), "rediss://@host");
+        assert_eq!(redact("redis://host:6379"), "redis://host:6379");
+    }
+
+    #[test]
+    fn bad_config_is_an_error() {
+        assert!(matches!(RedisStore::builder("redis://h").pool_size(0).build(), Err(Error::Config(_))));
+        assert!(matches!(RedisStore::builder("not a url").build(), Err(Error::Config(_))));
+    }
+}

@@ -1,0 +1,26 @@
+-- complete: store the outcome and mark the operation done, if the caller still owns it.
+--
+-- KEYS[1]  the operation's record (layout in layout.lua)
+-- ARGV[1]  owner token
+-- ARGV[2]  encoded result
+-- ARGV[3]  retention in milliseconds
+--
+-- The record becomes D, its fingerprint and token, then the result, with the retention as its
+-- TTL.
+--
+-- Replies: 1 done (also when this token already completed it: a retry after a lost reply);
+--          0 the token no longer owns the key (lease lost)
+local key = KEYS[1]
+local ok, rec = pcall(redis.call, 'GET', key)
+if not ok or not rec or #rec < TOKEN_TO or string.sub(rec, TOKEN_FROM, TOKEN_TO) ~= ARGV[1] then
+  return 0
+end
+local state = string.sub(rec, STATE, STATE)
+if state == DONE then
+  return 1
+end
+if (state ~= RUNNING and state ~= NEW) or #rec ~= RUNNING_LEN then
+  return 0
+end
+redis.call('SET', key, DONE .. string.sub(rec, FINGERPRINT_FROM, TOKEN_TO) .. ARGV[2], 'PX', ARGV[3])
+return 1

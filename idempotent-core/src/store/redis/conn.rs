@@ -1,0 +1,319 @@
+//! Connections and transport: the pool, the connections kept checked out of it, the command
+//! timeout, script invocation (`EVALSHA`, reloaded on `NOSCRIPT`) and the mapping of driver
+//! errors to the crate's.
+
+use std::future::Future;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+#[cfg(feature = "cluster")]
+use deadpool_redis::cluster;
+use deadpool_redis::redis::{self, Script, Value};
+
+use super::RedisStore;
+use super::arg::Arg;
+use crate::error::{BoxError, Error};
+use crate::key::Key;
+use crate::store::{BoxFuture, Store};
+
+/// The deadpool pool the store draws its connections from.
+#[derive(Clone)]
+pub(super) enum Pool {
+    Single(deadpool_redis::Pool),
+    #[cfg(feature = "cluster")]
+    Cluster(cluster::Pool),
+}
+
+/// The pool, and the connections the store keeps checked out of it (see [`RedisStore::conn`]).
+pub(super) struct Connections {
+    pool: Pool,
+    slots: Box<[Mutex<Option<Checkout>>]>,
+    next: AtomicUsize,
+}
+
+impl Connections {
+    /// Keeps `size` connections (at least one) checked out of `pool`, opened on first use.
+    pub(super) fn new(pool: Pool, size: usize) -> Self {
+        let slots = (0..size.max(1)).map(|_| Mutex::new(None)).collect();
+        Connections { pool, slots, next: AtomicUsize::new(0) }
+    }
+}
+
+/// A connection checked out of the pool and kept in a slot.
+enum Checkout {
+    Single(deadpool_redis::Connection),
+    #[cfg(feature = "cluster")]
+    Cluster(cluster::Connection),
+}
+
+impl Checkout {
+    fn handle(&self) -> Conn {
+        match self {
+            Checkout::Single(c) => Conn::Single((**c).clone()),
+            #[cfg(feature = "cluster")]
+            Checkout::Cluster(c) => Conn::Cluster((**c).clone()),
+        }
+    }
+
+    /// Takes the connection out of the pool for good, so it is never recycled.
+    fn detach(self) {
+        match self {
+            Checkout::Single(c) => drop(deadpool_redis::Connection::take(c)),
+            #[cfg(feature = "cluster")]
+            Checkout::Cluster(c) => drop(cluster::Connection::take(c)),
+        }
+    }
+}
+
+/// A clone of a checked-out connection, used for one command.
+pub(super) enum Conn {
+    Single(redis::aio::MultiplexedConnection),
+    #[cfg(feature = "cluster")]
+    Cluster(redis::cluster_async::ClusterConnection),
+}
+
+impl redis::aio::ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> redis::RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            #[cfg(feature = "cluster")]
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn is_connection_error(e: &redis::RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
+}
+
+/// `EVALSHA`, loading the script first when the server does not know it (a restart, a
+/// `SCRIPT FLUSH`, a new cluster node). Written here rather than through redis-rs's
+/// `Script::invoke_async`, which also reloads on `NOSCRIPT`, so that [`RedisStore::invoke`] can
+/// presize the command and write each argument straight into it.
+async fn eval(conn: &mut Conn, script: &Script, cmd: &redis::Cmd) -> redis::RedisResult<Value> {
+    match cmd.query_async(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            // Boxed, like the pool checkout in `conn`: a rare path kept out of every call's future.
+            Box::pin(async {
+                script.load_async(conn).await?;
+                cmd.query_async(conn).await
+            })
+            .await
+        }
+        res => res,
+    }
+}
+
+impl RedisStore {
+    /// Sends one command on a pooled connection, within the command timeout.
+    pub(super) async fn run(&self, op: &'static str, cmd: redis::Cmd) -> Result<Value, Error> {
+        self.timed(op, async {
+            let mut conn = self.conn(op).await?;
+            let res = cmd.query_async(&mut conn).await;
+            self.checked_reply(op, res)
+        })
+        .await
+    }
+
+    /// `EVALSHA` of `script` on the record of `key`, with `args`.
+    pub(super) async fn invoke(
+        &self,
+        op: &'static str,
+        script: &Script,
+        key: &Key,
+        args: &[Arg<'_>],
+    ) -> Result<Value, Error> {
+        let hash = script.get_hash();
+        let len = 7 + hash.len() + 1 + self.inner.prefix.len() + 64 + args.iter().map(Arg::len).sum::<usize>();
+        let mut cmd = redis::Cmd::with_capacity(4 + args.len(), len);
+        cmd.arg("EVALSHA").arg(hash).arg(1).arg(Arg::Key(&self.inner.prefix, key));
+        for a in args {
+            cmd.arg(a);
+        }
+        self.send(op, key, &cmd, Some(script)).await
+    }
+
+    /// Sends `cmd` (an `EVALSHA` of `script`, or a plain command) on a pooled connection, within
+    /// the command timeout.
+    pub(super) async fn send(
+        &self,
+        op: &'static str,
+        key: &Key,
+        cmd: &redis::Cmd,
+        script: Option<&Script>,
+    ) -> Result<Value, Error> {
+        // Boxed so that the futures of every store call stay small: they are moved into their
+        // own boxes and into the timeout, and a large state machine would be copied each time.
+        let work: BoxFuture<'_, Result<Value, Error>> = Box::pin(async {
+            let mut retried = false;
+            loop {
+                let mut conn = self.conn(op).await?;
+                let res = match script {
+                    Some(script) => eval(&mut conn, script, cmd).await,
+                    None => cmd.query_async(&mut conn).await,
+                };
+                match res {
+                    // The connection was found dead (a restart or a network blip since its last
+                    // use). Every command is idempotent for its owner token, so one more try on
+                    // a fresh connection is safe even if the first request did reach the server.
+                    Err(e) if !retried && is_connection_error(&e) => {
+                        self.discard_all();
+                        tracing::debug!(op, error = %e, "idempotent.redis: retrying on a fresh connection");
+                        retried = true;
+                    }
+                    res => return self.checked_reply(op, res),
+                }
+            }
+        });
+        self.timed(op, work).await.map_err(|e| match e {
+            // A script refused what it found under the key, or the key holds another type.
+            Error::Unavailable { reason, .. }
+                if reason.contains("IDEMPOTENT_CORRUPT") || reason.contains("WRONGTYPE") =>
+            {
+                Self::corrupt(key, reason)
+            }
+            other => other,
+        })
+    }
+
+    /// Opens every connection the store keeps and loads `scripts` (see
+    /// [`warm_up`](RedisStore::warm_up)).
+    pub(super) async fn open_all(&self, scripts: &[&Script]) -> Result<(), Error> {
+        let conns = &self.inner.conns;
+        for slot in 0..conns.slots.len() {
+            if lock(&conns.slots[slot]).is_none() {
+                self.timed("warm_up", self.fill(slot, "warm_up")).await?;
+            }
+        }
+        for script in scripts {
+            self.timed("warm_up", async {
+                let mut conn = self.conn("warm_up").await?;
+                let res = script.load_async(&mut conn).await.map(|_| Value::Nil);
+                self.checked_reply("warm_up", res)
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Bounds `work` (connection wait included) by the command timeout. A call cut short may
+    /// have left its connection mid-reply, so that connection is not used again.
+    async fn timed<T>(&self, op: &'static str, work: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
+        match tokio::time::timeout(self.inner.timeout, work).await {
+            Ok(res) => res,
+            Err(_) => {
+                self.discard_all();
+                Err(Error::Timeout { store: self.describe(), op, after: self.inner.timeout })
+            }
+        }
+    }
+
+    /// A multiplexed connection for one command.
+    ///
+    /// deadpool recycles a connection on every checkout with an `UNWATCH` + `PING` round trip,
+    /// which would add a round trip to every call. The connections are multiplexed (many
+    /// commands in flight on one socket, each awaited on its own), so instead of checking one
+    /// out per call the store keeps a few checked out in slots and sends each call on a clone of
+    /// one; nothing is held exclusively while an action runs. When a connection fails, every
+    /// slot is emptied and its connection taken out of the pool; the next calls refill the
+    /// slots from the pool.
+    async fn conn(&self, op: &'static str) -> Result<Conn, Error> {
+        let conns = &self.inner.conns;
+        let slot = conns.next.fetch_add(1, Ordering::Relaxed) % conns.slots.len();
+        if let Some(kept) = lock(&conns.slots[slot]).as_ref() {
+            return Ok(kept.handle());
+        }
+        // Boxed: the pool's checkout is a large state machine, and only this rare path needs it.
+        // Inline, it would grow every store call's future, and each call would pay for an
+        // allocation that size (see BENCHMARKS.md).
+        Box::pin(self.fill(slot, op)).await
+    }
+
+    /// Fills an empty slot from the pool and returns a handle to its connection.
+    async fn fill(&self, slot: usize, op: &'static str) -> Result<Conn, Error> {
+        let conns = &self.inner.conns;
+        let checkout = match &conns.pool {
+            Pool::Single(p) => Checkout::Single(p.get().await.map_err(|e| self.pool_error(op, e))?),
+            #[cfg(feature = "cluster")]
+            Pool::Cluster(p) => Checkout::Cluster(p.get().await.map_err(|e| self.pool_error(op, e))?),
+        };
+        let mut slot = lock(&conns.slots[slot]);
+        if let Some(filled) = slot.as_ref() {
+            // Another call filled the slot while we waited: use its connection and give ours
+            // back to the pool.
+            return Ok(filled.handle());
+        }
+        let conn = checkout.handle();
+        *slot = Some(checkout);
+        Ok(conn)
+    }
+
+    /// The driver's reply as the store's; a broken connection empties every slot.
+    fn checked_reply(&self, op: &'static str, res: redis::RedisResult<Value>) -> Result<Value, Error> {
+        res.map_err(|e| {
+            if is_connection_error(&e) || e.is_timeout() {
+                // Whatever broke this connection (a restart, a network blip) most likely broke
+                // its siblings too: replace them all rather than fail one call per slot.
+                self.discard_all();
+            }
+            self.redis_error(op, e)
+        })
+    }
+
+    fn discard_all(&self) {
+        for slot in self.inner.conns.slots.iter() {
+            if let Some(kept) = lock(slot).take() {
+                kept.detach();
+            }
+        }
+    }
+
+    fn pool_error(&self, op: &'static str, e: deadpool_redis::PoolError) -> Error {
+        match &e {
+            deadpool_redis::PoolError::Timeout(_) => {
+                return Error::Timeout { store: self.describe(), op, after: self.inner.timeout };
+            }
+            deadpool_redis::PoolError::Backend(b) if b.is_timeout() => {
+                return Error::Timeout { store: self.describe(), op, after: self.inner.timeout };
+            }
+            _ => {}
+        }
+        let reason = match &e {
+            deadpool_redis::PoolError::Backend(b) => b.to_string(),
+            other => other.to_string(),
+        };
+        Error::Unavailable { store: self.describe(), op, reason, source: Some(Box::new(e) as BoxError) }
+    }
+
+    fn redis_error(&self, op: &'static str, e: redis::RedisError) -> Error {
+        if e.is_timeout() {
+            return Error::Timeout { store: self.describe(), op, after: self.inner.timeout };
+        }
+        Error::Unavailable { store: self.describe(), op, reason: e.to_string(), source: Some(Box::new(e)) }
+    }
+}

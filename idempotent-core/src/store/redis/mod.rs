@@ -1,0 +1,472 @@
+//! The Redis store, on deadpool-redis, for standalone Redis and Redis Cluster.
+//!
+//! This file holds [`RedisStore`] and its acquire path; around it, `builder` its settings,
+//! `preflight` the start-up check of the server, `conn` connections and transport, `clock` the
+//! estimate of the server's clock that fences keys taken by `SET NX`, `arg` the arguments
+//! written into commands, and `layout` (with `layout.lua`, the prelude of every script) where
+//! each field of a record sits.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+#[cfg(feature = "cluster")]
+use deadpool_redis::cluster;
+use deadpool_redis::redis::{Script, Value};
+
+use self::arg::{Arg, millis};
+use self::clock::ServerClock;
+use self::conn::{Connections, Pool};
+use self::layout::{
+    ATTEMPT, DONE, FENCE, FINGERPRINT, LEASE, MAX_FENCE, NEW, RECOVERED, RELEASED, RESULT, RUNNING, RUNNING_LEN, STATE,
+    TOKEN,
+};
+use super::{BoxFuture, Store};
+use crate::attempt::Attempt;
+use crate::error::Error;
+use crate::key::{Fingerprint, Key};
+use crate::record::{Acquire, Grant, Token, Transition};
+
+mod arg;
+mod builder;
+mod clock;
+mod conn;
+#[doc(hidden)]
+pub mod layout;
+mod preflight;
+
+pub use self::builder::RedisStoreBuilder;
+pub use self::preflight::{Preflight, Problem, Risk};
+
+/// The scripts' sources, each behind the layout prelude (`layout.lua`), so that every script
+/// reads the record through the same names. Public only so that the tests crate can run them by
+/// hand; not API.
+#[doc(hidden)]
+pub mod source {
+    macro_rules! with_layout {
+        ($script:literal) => {
+            concat!(include_str!("layout.lua"), include_str!($script))
+        };
+    }
+    /// `acquire.lua`.
+    pub const ACQUIRE: &str = with_layout!("acquire.lua");
+    /// `complete.lua`.
+    pub const COMPLETE: &str = with_layout!("complete.lua");
+    /// `release.lua`.
+    pub const RELEASE: &str = with_layout!("release.lua");
+    /// `renew.lua`.
+    pub const RENEW: &str = with_layout!("renew.lua");
+}
+
+struct Scripts {
+    acquire: Script,
+    complete: Script,
+    release: Script,
+    renew: Script,
+}
+
+impl Scripts {
+    fn new() -> Self {
+        Scripts {
+            acquire: Script::new(source::ACQUIRE),
+            complete: Script::new(source::COMPLETE),
+            release: Script::new(source::RELEASE),
+            renew: Script::new(source::RENEW),
+        }
+    }
+}
+
+/// A [`Store`] on Redis: one string key per operation, one command per transition.
+///
+/// An acquire is one plain `SET key <record> NX GET PX <ttl>` (Redis 7.0+, Valkey): it takes an
+/// absent key, and otherwise returns the record that is there, so a first acquisition and a
+/// replay cost Redis no more than a `SET` or a `GET`. Only a key found running or released goes
+/// on to the `acquire` Lua script, which judges the lease by the server's clock. Complete,
+/// release and renew are one script each (`EVALSHA`, reloaded on `NOSCRIPT`). On a server before
+/// Redis 7.0, or with [`RedisStoreBuilder::set_get_acquire`] off, every acquire is the script.
+///
+/// Commands go out on a few multiplexed connections the store keeps checked out of its deadpool
+/// pool (see [`RedisStoreBuilder::pool_size`]); a connection is never held exclusively, so no
+/// call waits for an action to finish. Every call is bounded by the command timeout (default
+/// 2 s), which covers connecting too; a call that fails or times out returns an error, and the
+/// executor then does not run the action. A connection found dead is replaced and the call tried
+/// once more: every command is idempotent for its owner token, so a retried call cannot act
+/// twice.
+///
+/// Records are keyed `{prefix}{hex digest}`: one key per operation, so Redis Cluster never sees a
+/// cross-slot script. Leases are judged by the server: by its clock (`TIME`) in the scripts, and
+/// for a record `SET NX` wrote, by the key's TTL. Fences grow with every acquisition of a key;
+/// a key taken by `SET NX` gets the server's clock in microseconds as its fence, estimated from
+/// this process's monotonic clock and an offset measured with `TIME` in the background every
+/// minute (until the first measure lands, acquires take the script path), so a key's fences
+/// keep growing even when its record is lost, to within the offset's error: half a round trip,
+/// plus a minute's drift between the two clocks (on a cluster, plus the skew between the node
+/// that answered `TIME` and the key's node). A record is one string: state, fingerprint and owner
+/// token, then the lease, fence and attempt while the operation runs, or the stored result once
+/// it is done (the layout is documented in `layout.lua`); a done record costs the result plus
+/// 97 bytes. A key that holds anything else (another type, a string this store did not write)
+/// is answered with [`Error::Corrupt`], never a replay or a second run.
+///
+/// At start-up, `store.preflight().await?.ensure()?` fails when the server's settings break
+/// the guarantee (see [`RedisStore::preflight`]).
+///
+/// ```no_run
+/// use idempotent_core::RedisStore;
+///
+/// # fn main() -> Result<(), idempotent_core::Error> {
+/// let store = RedisStore::builder("redis://127.0.0.1:6379")
+///     .pool_size(32)
+///     .command_timeout(std::time::Duration::from_millis(500))
+///     .key_prefix("payments:idem:")
+///     .build()?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    conns: Connections,
+    prefix: String,
+    timeout: Duration,
+    scripts: Scripts,
+    describe: String,
+    /// Whether acquire tries a plain `SET NX GET` first (see [`RedisStoreBuilder::set_get_acquire`]);
+    /// turned off for good when the server refuses that form of `SET` (before Redis 7.0).
+    set_get: AtomicBool,
+    clock: ServerClock,
+}
+
+impl RedisStore {
+    /// Starts configuring a store on standalone Redis (or a proxy) at `url`.
+    pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
+        RedisStoreBuilder::new(vec![url.into()], false)
+    }
+
+    /// Starts configuring a store on Redis Cluster, given one or more seed nodes.
+    #[cfg(feature = "cluster")]
+    pub fn cluster_builder<I, S>(urls: I) -> RedisStoreBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedisStoreBuilder::new(urls.into_iter().map(Into::into).collect(), true)
+    }
+
+    /// A store on standalone Redis at `url`, with default settings.
+    pub fn connect(url: impl Into<String>) -> Result<RedisStore, Error> {
+        Self::builder(url).build()
+    }
+
+    /// A store on an existing deadpool pool.
+    ///
+    /// The store keeps half of the pool's connections (at least one) checked out for its calls —
+    /// they are multiplexed, so they serve any number of concurrent calls — and leaves the rest
+    /// to the application. Calls are bounded by `timeout`; note that redis-rs connections carry a
+    /// response timeout of their own (500 ms by default) unless the pool's manager was built with
+    /// `deadpool_redis::Manager::new_with_config`.
+    pub fn from_pool(pool: deadpool_redis::Pool, prefix: impl Into<String>, timeout: Duration) -> RedisStore {
+        let size = (pool.status().max_size / 2).max(1);
+        RedisStore::from_parts(Pool::Single(pool), prefix.into(), timeout, "redis (pool)".to_owned(), size, true)
+    }
+
+    /// A store on an existing deadpool cluster pool (half of its connections kept, as in
+    /// [`from_pool`](Self::from_pool)).
+    #[cfg(feature = "cluster")]
+    pub fn from_cluster_pool(pool: cluster::Pool, prefix: impl Into<String>, timeout: Duration) -> RedisStore {
+        let size = (pool.status().max_size / 2).max(1);
+        RedisStore::from_parts(
+            Pool::Cluster(pool),
+            prefix.into(),
+            timeout,
+            "redis cluster (pool)".to_owned(),
+            size,
+            true,
+        )
+    }
+
+    /// `size` is how many connections the store keeps checked out of `pool`.
+    fn from_parts(
+        pool: Pool,
+        prefix: String,
+        timeout: Duration,
+        describe: String,
+        size: usize,
+        set_get: bool,
+    ) -> RedisStore {
+        RedisStore {
+            inner: Arc::new(Inner {
+                conns: Connections::new(pool, size),
+                prefix,
+                timeout,
+                scripts: Scripts::new(),
+                describe,
+                set_get: AtomicBool::new(set_get),
+                clock: ServerClock::default(),
+            }),
+        }
+    }
+
+    /// The Redis key that holds the record of `key`.
+    pub fn redis_key(&self, key: &Key) -> String {
+        let mut s = String::with_capacity(self.inner.prefix.len() + 64);
+        s.push_str(&self.inner.prefix);
+        key.push_hex(&mut s);
+        s
+    }
+
+    /// Opens the store's connections, loads its scripts and measures the server's clock, so
+    /// that the first calls do not pay for it. Optional: all of it otherwise happens on first
+    /// use. Run it at start-up, with [`preflight`](Self::preflight), to fail fast on a wrong URL.
+    pub async fn warm_up(&self) -> Result<(), Error> {
+        let scripts = &self.inner.scripts;
+        self.open_all(&[&scripts.acquire, &scripts.complete, &scripts.release, &scripts.renew]).await?;
+        self.sync_clock().await
+    }
+
+    /// After an acquire that failed on the way (a timeout, a dropped connection), the server may
+    /// still have taken the key for `token`, which nobody will use: the caller got an error and
+    /// ran nothing. Left alone, that would keep the key for a whole lease. A task of its own
+    /// releases it instead: once at once, and once more a command timeout later, in case the
+    /// acquire reached the server only after the first release. Releasing is safe whatever
+    /// happened: it acts only on a record this token still holds, and a late acquire with the
+    /// same token finds its token's `released` record and changes nothing.
+    fn release_orphan(&self, key: Key, token: Token) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let store = self.clone();
+        runtime.spawn(async move {
+            for attempt in 0..2 {
+                if attempt > 0 {
+                    tokio::time::sleep(store.inner.timeout).await;
+                }
+                match store.release(&key, &token).await {
+                    Ok(Transition::Ok) => {
+                        tracing::debug!(key = %key.short(), "idempotent.redis: released the key a failed acquire may have taken");
+                        return;
+                    }
+                    // Not taken by this token (yet): look again once a late acquire would have
+                    // landed.
+                    Ok(Transition::LeaseLost) => {}
+                    Err(e) => tracing::debug!(key = %key.short(), error = %e, "idempotent.redis: could not release after a failed acquire; the lease runs out on its own"),
+                }
+            }
+        });
+    }
+
+    fn corrupt(key: &Key, detail: impl Into<String>) -> Error {
+        Error::Corrupt { key: key.short(), detail: detail.into() }
+    }
+
+    /// Acquire's work for `token`: one `SET NX GET`, then the acquire script only for a record
+    /// it cannot judge (or for every acquire when the plain path is off or has no clock).
+    async fn take(
+        &self,
+        key: &Key,
+        fingerprint: &Fingerprint,
+        token: &Token,
+        lease: u64,
+        retention: u64,
+    ) -> Result<Acquire, Error> {
+        let fp = crate::key::hex_array(fingerprint.as_bytes());
+        let ttl = lease.max(retention);
+        if self.inner.set_get.load(Ordering::Relaxed)
+            && let Some(fence) = self.estimated_server_micros()
+        {
+            let record = Arg::New { fp: &fp, token, threshold: ttl - lease, fence };
+            match self.set_get(key, record, ttl).await {
+                Ok(Value::Nil) => {
+                    return Ok(Acquire::Acquired(Grant {
+                        token: token.clone(),
+                        attempt: Attempt::new(fence, 1, false),
+                    }));
+                }
+                Ok(Value::BulkString(record)) => {
+                    if let Some(answer) = self.read_record(key, record, &fp, token)? {
+                        return Ok(answer);
+                    }
+                    // Running or released under this payload: the script judges the lease.
+                }
+                Ok(other) => {
+                    // Something between us and Redis answered oddly: the key may be taken.
+                    self.release_orphan(*key, token.clone());
+                    return Err(Self::corrupt(key, format!("unexpected SET reply {other:?}")));
+                }
+                Err(Error::Unavailable { reason, .. }) if reason.contains("syntax error") => {
+                    // Before Redis 7.0, SET takes NX or GET but not both: nothing was written.
+                    self.inner.set_get.store(false, Ordering::Relaxed);
+                    tracing::warn!(store = %self.inner.describe, "idempotent.redis: the server refuses SET NX GET (Redis before 7.0?); every acquire runs the acquire script from now on");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let args = [Arg::Acquire { fp: &fp, token, lease, retention }];
+        let items = match self.invoke("acquire", &self.inner.scripts.acquire, key, &args).await? {
+            // A done record, whole.
+            Value::BulkString(record) => {
+                return match self.read_record(key, record, &fp, token)? {
+                    Some(answer) => Ok(answer),
+                    None => Err(Self::corrupt(key, "the acquire script returned a record that is not done")),
+                };
+            }
+            Value::Array(items) => items,
+            other => return Err(Self::corrupt(key, format!("unexpected acquire reply {other:?}"))),
+        };
+        match (int(items.first()), items.len()) {
+            (Some(1), 4) => {
+                let (Some(fence), Some(attempt), Some(recovered)) =
+                    (int(items.get(1)), int(items.get(2)), int(items.get(3)))
+                else {
+                    return Err(Self::corrupt(key, "malformed acquire reply"));
+                };
+                let fence = u64::try_from(fence).map_err(|_| Self::corrupt(key, "negative fence"))?;
+                let attempt = Attempt::new(fence, u32::try_from(attempt).unwrap_or(u32::MAX), recovered == 1);
+                Ok(Acquire::Acquired(Grant { token: token.clone(), attempt }))
+            }
+            (Some(3), 2) => {
+                let ms = int(items.get(1)).unwrap_or(0).max(0) as u64;
+                Ok(Acquire::InFlight { retry_after: Duration::from_millis(ms) })
+            }
+            (Some(4), 1) => Ok(Acquire::Mismatch),
+            _ => Err(Self::corrupt(key, format!("unexpected acquire reply {items:?}"))),
+        }
+    }
+
+    /// `SET key <new record> NX GET PX <ttl>`: takes an absent key, and returns the record that
+    /// is there otherwise.
+    async fn set_get(&self, key: &Key, record: Arg<'_>, ttl_ms: u64) -> Result<Value, Error> {
+        let len = 3 + self.inner.prefix.len() + 64 + record.len() + 2 + 3 + 2 + 20;
+        let mut cmd = deadpool_redis::redis::Cmd::with_capacity(7, len);
+        cmd.arg("SET").arg(Arg::Key(&self.inner.prefix, key)).arg(record).arg("NX").arg("GET").arg("PX");
+        cmd.arg(Arg::Millis(ttl_ms));
+        self.send("acquire", key, &cmd, None).await
+    }
+
+    /// What a record read by acquire answers: a done record replays or mismatches; a running or
+    /// released one under another payload mismatches, and one this very token took (a retry
+    /// after a lost reply) is acquired as recorded. `None`: another owner's running or released
+    /// record under this payload, for the acquire script to judge.
+    fn read_record(&self, key: &Key, record: Vec<u8>, fp: &[u8; 64], token: &Token) -> Result<Option<Acquire>, Error> {
+        let not_a_record = || Self::corrupt(key, "the key holds a string that is not a record");
+        if record.len() < TOKEN.end {
+            return Err(not_a_record());
+        }
+        match record[STATE] {
+            DONE if record[FINGERPRINT] == fp[..] => Ok(Some(Acquire::Replay(Bytes::from(record).slice(RESULT)))),
+            DONE => Ok(Some(Acquire::Mismatch)),
+            RUNNING | NEW | RELEASED if record.len() == RUNNING_LEN => {
+                let digits = |range: std::ops::Range<usize>| {
+                    let field = &record[range];
+                    if !field.iter().all(u8::is_ascii_digit) {
+                        return None;
+                    }
+                    std::str::from_utf8(field).ok()?.parse::<u64>().ok()
+                };
+                let (Some(_), Some(fence), Some(attempt)) = (digits(LEASE), digits(FENCE), digits(ATTEMPT)) else {
+                    return Err(Self::corrupt(key, "the record has a malformed number"));
+                };
+                if fence >= MAX_FENCE {
+                    return Err(Self::corrupt(key, "the record has a fence beyond 2^53"));
+                }
+                if record[TOKEN] == *token.as_str().as_bytes() && record[STATE] != RELEASED {
+                    let recovered = record[RECOVERED] == b'1';
+                    let attempt = Attempt::new(fence, u32::try_from(attempt).unwrap_or(u32::MAX), recovered);
+                    return Ok(Some(Acquire::Acquired(Grant { token: token.clone(), attempt })));
+                }
+                if record[FINGERPRINT] != fp[..] {
+                    return Ok(Some(Acquire::Mismatch));
+                }
+                Ok(None)
+            }
+            _ => Err(not_a_record()),
+        }
+    }
+
+    fn transition(&self, key: &Key, value: Value) -> Result<Transition, Error> {
+        match value {
+            Value::Int(1) => Ok(Transition::Ok),
+            Value::Int(0) => Ok(Transition::LeaseLost),
+            other => Err(Self::corrupt(key, format!("unexpected script reply {other:?}"))),
+        }
+    }
+}
+
+fn int(v: Option<&Value>) -> Option<i64> {
+    match v {
+        Some(Value::Int(i)) => Some(*i),
+        _ => None,
+    }
+}
+
+impl Store for RedisStore {
+    fn acquire<'a>(
+        &'a self,
+        key: &'a Key,
+        fingerprint: &'a Fingerprint,
+        lease: Duration,
+        retention: Duration,
+    ) -> BoxFuture<'a, Result<Acquire, Error>> {
+        Box::pin(async move {
+            let token = Token::unique();
+            let res = self.take(key, fingerprint, &token, millis(lease), millis(retention)).await;
+            if let Err(e) = &res
+                && e.is_store_failure()
+            {
+                self.release_orphan(*key, token);
+            }
+            res
+        })
+    }
+
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        token: &'a Token,
+        result: Bytes,
+        retention: Duration,
+    ) -> BoxFuture<'a, Result<Transition, Error>> {
+        Box::pin(async move {
+            let args = [Arg::Bytes(token.as_str().as_bytes()), Arg::Bytes(&result), Arg::Millis(millis(retention))];
+            let reply = self.invoke("complete", &self.inner.scripts.complete, key, &args).await?;
+            self.transition(key, reply)
+        })
+    }
+
+    fn release<'a>(&'a self, key: &'a Key, token: &'a Token) -> BoxFuture<'a, Result<Transition, Error>> {
+        Box::pin(async move {
+            let reply = self
+                .invoke("release", &self.inner.scripts.release, key, &[Arg::Bytes(token.as_str().as_bytes())])
+                .await?;
+            self.transition(key, reply)
+        })
+    }
+
+    fn renew<'a>(
+        &'a self,
+        key: &'a Key,
+        token: &'a Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Transition, Error>> {
+        Box::pin(async move {
+            let args = [Arg::Bytes(token.as_str().as_bytes()), Arg::Millis(millis(lease))];
+            let reply = self.invoke("renew", &self.inner.scripts.renew, key, &args).await?;
+            self.transition(key, reply)
+        })
+    }
+
+    fn describe(&self) -> String {
+        self.inner.describe.clone()
+    }
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("url", &self.inner.describe)
+            .field("prefix", &self.inner.prefix)
+            .field("timeout", &self.inner.timeout)
+            .finish()
+    }
+}
