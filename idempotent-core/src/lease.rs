@@ -396,78 +396,59 @@ impl Lease {
     /// if no other attempt has taken the key since. If this future is dropped before the store
     /// answered, the call goes on in a task of its own.
     pub fn complete(self, outcome: Bytes) -> impl Future<Output = Result<Transition, Error>> + Send + 'static {
-        self.end(Some(outcome))
+        async move { self.end(Some(outcome)).await }
     }
 
     /// Gives the key up without an outcome (the fence is kept), so that a retry runs the work
     /// again; [`Transition::LeaseLost`] when another attempt holds the key. If this future is
     /// dropped before the store answered, the call goes on in a task of its own.
     pub fn release(self) -> impl Future<Output = Result<Transition, Error>> + Send + 'static {
-        self.end(None)
+        async move { self.end(None).await }
     }
 
-    /// [`complete`](Self::complete) with `Some` outcome, [`release`](Self::release) with `None`:
-    /// for callers that decide between the two and want one store call's room in their future.
-    pub fn end(self, outcome: Option<Bytes>) -> impl Future<Output = Result<Transition, Error>> + Send + 'static {
+    /// [`complete`](Self::complete) with `Some` outcome, [`release`](Self::release) with `None`,
+    /// borrowing the lease: for callers that decide between the two, and keep the lease in a
+    /// future of their own that should hold one store call's room, not a second lease.
+    pub async fn end(&self, outcome: Option<Bytes>) -> Result<Transition, Error> {
         self.check_deadline();
-        let lost = self.signal.is_lost();
-        let fence = self.attempt.fence();
-        let Lease { store, key, token, retention, .. } = self;
-        // Captured by the future and used in place (a binding made inside would take room of
-        // its own next to the captured fields).
-        let mut guard = EndOnDrop { store, key, token, retention, outcome: None };
-        async move {
-            let stored = outcome.is_some();
-            // Keeps what the call needs to be sent again from a task of its own, should this
-            // future be dropped before the store answered: every transition is idempotent for
-            // its owner token, so a call that had already reached the store is harmless to
-            // repeat. A guard costs no allocation where boxing the call would (a clone of a
-            // shared `Bytes` is a reference count; see BENCHMARKS.md, "Allocator and future-size
-            // notes").
-            guard.outcome = Some(outcome.clone());
-            // The store is the authority: it takes the outcome only while this attempt's token
-            // still owns the key, which no other attempt can have taken without replacing it.
-            // A lease that ran out unseen, with no other attempt since, still stores its outcome
-            // (a retry would otherwise run the work a second time).
-            let answer = guard.call(outcome).await;
-            guard.outcome = None;
-            let short = guard.key.short_key();
-            match (&answer, stored) {
-                (Ok(Transition::Ok), true) if lost => {
-                    tracing::info!(key = %short, fence, "idempotent.stored: the lease had run out, but no other attempt took the key")
-                }
-                (Ok(Transition::Ok), true) => tracing::debug!(key = %short, fence, "idempotent.stored"),
-                (Ok(Transition::Ok), false) => tracing::debug!(key = %short, "idempotent.released"),
-                (Ok(Transition::LeaseLost), true) => {
-                    tracing::warn!(key = %short, fence, "idempotent.lease_lost: the outcome was not stored; another attempt took over the key")
-                }
-                (Ok(Transition::LeaseLost), false) => {
-                    tracing::debug!(key = %short, fence, "idempotent.lease_lost: nothing to release; another attempt took over the key")
-                }
-                (Err(e), true) => {
-                    tracing::error!(key = %short, error = %e, "idempotent.store_error: the work ran but its outcome was not stored; the key stays taken until its lease runs out")
-                }
-                (Err(e), false) => {
-                    tracing::warn!(key = %short, error = %e, "idempotent.store_error: could not release; the key frees itself when the lease runs out")
-                }
+        let stored = outcome.is_some();
+        // Keeps what the call needs to be sent again from a task of its own, should this future
+        // be dropped before the store answered: every transition is idempotent for its owner
+        // token, so a call that had already reached the store is harmless to repeat. A guard
+        // costs no allocation where boxing the call would (a clone of a shared `Bytes` is a
+        // reference count; see BENCHMARKS.md, "Allocator and future-size notes").
+        let mut guard = EndOnDrop { lease: self, outcome: Some(outcome.clone()) };
+        // The store is the authority: it takes the outcome only while this attempt's token still
+        // owns the key, which no other attempt can have taken without replacing it. A lease that
+        // ran out unseen, with no other attempt since, still stores its outcome (a retry would
+        // otherwise run the work a second time).
+        let answer = self.send(outcome).await;
+        guard.outcome = None;
+        let (short, fence) = (self.key.short_key(), self.attempt.fence());
+        match (&answer, stored) {
+            (Ok(Transition::Ok), true) if self.is_lost() => {
+                tracing::info!(key = %short, fence, "idempotent.stored: the lease had run out, but no other attempt took the key")
             }
-            answer
+            (Ok(Transition::Ok), true) => tracing::debug!(key = %short, fence, "idempotent.stored"),
+            (Ok(Transition::Ok), false) => tracing::debug!(key = %short, "idempotent.released"),
+            (Ok(Transition::LeaseLost), true) => {
+                tracing::warn!(key = %short, fence, "idempotent.lease_lost: the outcome was not stored; another attempt took over the key")
+            }
+            (Ok(Transition::LeaseLost), false) => {
+                tracing::debug!(key = %short, fence, "idempotent.lease_lost: nothing to release; another attempt took over the key")
+            }
+            (Err(e), true) => {
+                tracing::error!(key = %short, error = %e, "idempotent.store_error: the work ran but its outcome was not stored; the key stays taken until its lease runs out")
+            }
+            (Err(e), false) => {
+                tracing::warn!(key = %short, error = %e, "idempotent.store_error: could not release; the key frees itself when the lease runs out")
+            }
         }
+        answer
     }
-}
 
-/// Completes (with an outcome) or releases (without) a key, and sends the same call again from
-/// a task of its own if dropped while `outcome` is still `Some` (the call has not finished).
-struct EndOnDrop {
-    store: SharedStore,
-    key: Key,
-    token: Token,
-    retention: Duration,
-    outcome: Option<Option<Bytes>>,
-}
-
-impl EndOnDrop {
-    fn call(&self, outcome: Option<Bytes>) -> crate::store::BoxFuture<'_, Result<Transition, Error>> {
+    /// The store call that completes (with an outcome) or releases (without) the key.
+    fn send(&self, outcome: Option<Bytes>) -> crate::store::BoxFuture<'_, Result<Transition, Error>> {
         match outcome {
             Some(bytes) => self.store.complete(&self.key, &self.token, bytes, self.retention),
             None => self.store.release(&self.key, &self.token),
@@ -475,30 +456,36 @@ impl EndOnDrop {
     }
 }
 
-impl Drop for EndOnDrop {
+/// Sends a lease's complete or release again from a task of its own if dropped while `outcome`
+/// is still `Some` (the call has not finished).
+struct EndOnDrop<'a> {
+    lease: &'a Lease,
+    outcome: Option<Option<Bytes>>,
+}
+
+impl Drop for EndOnDrop<'_> {
     fn drop(&mut self) {
         let Some(outcome) = self.outcome.take() else { return };
+        let lease = self.lease;
         if std::thread::panicking() {
             // The store call itself panicked: repeating it would most likely panic again.
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(key = %self.key.short_key(), "idempotent.store_error: dropped while storing the outcome, outside a runtime; the key frees itself when the lease runs out");
+            tracing::warn!(key = %lease.key.short_key(), "idempotent.store_error: dropped while storing the outcome, outside a runtime; the key frees itself when the lease runs out");
             return;
         };
-        let again = EndOnDrop {
-            store: self.store.clone(),
-            key: self.key,
-            token: self.token.clone(),
-            retention: self.retention,
-            outcome: None,
-        };
-        let finish = async move {
-            if let Err(e) = again.call(outcome).await {
-                tracing::warn!(key = %again.key.short_key(), error = %e, "idempotent.store_error: storing the outcome after the caller went away failed");
+        let (store, key, token, retention) = (lease.store.clone(), lease.key, lease.token.clone(), lease.retention);
+        let again = async move {
+            let answer = match outcome {
+                Some(bytes) => store.complete(&key, &token, bytes, retention).await,
+                None => store.release(&key, &token).await,
+            };
+            if let Err(e) = answer {
+                tracing::warn!(key = %key.short_key(), error = %e, "idempotent.store_error: storing the outcome after the caller went away failed");
             }
         };
-        runtime.spawn(tracing::Instrument::in_current_span(finish));
+        runtime.spawn(tracing::Instrument::in_current_span(again));
     }
 }
 

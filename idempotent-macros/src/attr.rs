@@ -40,7 +40,6 @@ pub(crate) struct Seconds {
 }
 
 /// Where `ctx = ..` says the run context is.
-#[derive(Debug)]
 pub(crate) enum ContextArg {
     /// `ctx = run`: the parameter of that name.
     Param(Ident),
@@ -49,7 +48,6 @@ pub(crate) enum ContextArg {
 }
 
 /// `self.a.b`: a path of one or more fields on the receiver, with the user's tokens and spans.
-#[derive(Debug)]
 pub(crate) struct SelfField {
     pub(crate) receiver: Token![self],
     pub(crate) fields: Vec<(Token![.], Member)>,

@@ -146,10 +146,9 @@ where
     ResBody::Error: Into<BoxError>,
 {
     async move {
-        // Reading the body and taking the key run in a box of their own, matched in the
-        // statement that awaits it, so that their room is not kept in this future for the whole
-        // request (see BENCHMARKS.md, "Allocator and future-size notes").
-        let (data, trailers, lease) = match Box::pin(admit(&config, &parts, body, &key, grpc)).await {
+        // Matched in the statement that awaits it, so that the admission's room is shared with
+        // the later states of this future (see BENCHMARKS.md, "Allocator and future-size notes").
+        let (data, trailers, lease) = match admit(&config, &parts, body, &key, grpc).await {
             Admission::Run { data, trailers, lease } => (data, trailers, Some(lease)),
             Admission::FailOpen { data, trailers } => (data, trailers, None),
             Admission::Respond(res) => return Ok(res),
@@ -162,7 +161,8 @@ where
         // A statement of its own, so that the service's future is dropped before the key is
         // released or the response stored.
         let outcome = lease.run_boxed(pin!(call)).await;
-        settle(lease, &config, outcome, grpc).await
+        // Boxed: storing is the largest state, and a replay or a refusal never reaches it.
+        Box::pin(settle(lease, &config, outcome, grpc)).await
     }
 }
 
