@@ -395,15 +395,15 @@ impl Lease {
     /// lease that only ran out (no renewal reached the store for a whole lease) still stores,
     /// if no other attempt has taken the key since. If this future is dropped before the store
     /// answered, the call goes on in a task of its own.
-    pub fn complete(self, outcome: Bytes) -> impl Future<Output = Result<Transition, Error>> + Send + 'static {
-        async move { self.end(Some(outcome)).await }
+    pub async fn complete(self, outcome: Bytes) -> Result<Transition, Error> {
+        self.end(Some(outcome)).await
     }
 
     /// Gives the key up without an outcome (the fence is kept), so that a retry runs the work
     /// again; [`Transition::LeaseLost`] when another attempt holds the key. If this future is
     /// dropped before the store answered, the call goes on in a task of its own.
-    pub fn release(self) -> impl Future<Output = Result<Transition, Error>> + Send + 'static {
-        async move { self.end(None).await }
+    pub async fn release(self) -> Result<Transition, Error> {
+        self.end(None).await
     }
 
     /// [`complete`](Self::complete) with `Some` outcome, [`release`](Self::release) with `None`,
