@@ -76,8 +76,13 @@ impl Attempt {
         matches!(self.lease, LeaseState::Unprotected)
     }
 
-    /// Whether the lease was lost: another attempt may have taken over, and this one's outcome
-    /// will not be stored. Long actions should check it before each side effect.
+    /// Whether the lease was lost: another attempt took over, or may have (no renewal reached the
+    /// store for a whole lease). Long actions should check it before each side effect.
+    ///
+    /// The outcome is still offered to the store, which takes it only if no other attempt took
+    /// the key. An action that stops early because its lease was lost should therefore return an
+    /// error (from [`Step::run`](crate::Step::run), an `Err` releases the key; behind the HTTP
+    /// layer, answer 503), so that its "stopped" answer is not stored as the operation's outcome.
     pub fn lease_lost(&self) -> bool {
         match &self.lease {
             LeaseState::Watched(signal) => signal.is_lost(),
@@ -86,7 +91,8 @@ impl Attempt {
     }
 
     /// Completes when the lease is lost (never, if it is not). Race it against the work with
-    /// `tokio::select!` to stop early.
+    /// `tokio::select!` to stop early (and return an error then: see
+    /// [`lease_lost`](Self::lease_lost)).
     pub async fn lost(&self) {
         let LeaseState::Watched(signal) = &self.lease else {
             return std::future::pending().await;

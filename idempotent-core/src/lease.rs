@@ -6,10 +6,10 @@
 //! 2. [`Lease::run`] drives the work while renewing the lease every third of it; when the store
 //!    says another attempt took over, or no renewal reached the store for a whole lease, the
 //!    lease counts as lost and the work's [`Attempt`] is told.
-//! 3. [`Lease::complete`] stores the outcome, [`Lease::release`] gives the key up. Both go on in
-//!    a task of their own when the caller is dropped before the store answered (a timeout
-//!    around the step, an HTTP client that went away), so that an outcome is not stranded and
-//!    the key left to run again. The store decides whether the outcome is taken: only while
+//! 3. [`Lease::complete`] stores the outcome, [`Lease::release`] gives the key up. Once polled,
+//!    both go on in a task of their own when the caller is dropped before the store answered (a
+//!    timeout around the step, an HTTP client that went away, a panic elsewhere in the task), so
+//!    that an outcome is not stranded and the key left to run again. The store decides whether the outcome is taken: only while
 //!    this attempt's owner token still holds the key. A lease that ran out unseen, with no other
 //!    attempt since, still stores its outcome; one that another attempt took over stores
 //!    nothing ([`Transition::LeaseLost`]).
@@ -187,11 +187,12 @@ pub enum Taken {
 
 /// Takes the key in `store`, waiting for an attempt in flight as `terms.on_in_flight` says.
 ///
-/// Errors are the store's ([`Error::is_store_failure`] for an unreachable store) or a record
-/// that cannot be read ([`Error::Corrupt`]); nothing ran and, on a store failure, the store
-/// itself frees whatever its acquire may have taken. The terms are not checked here: call
-/// [`Terms::check`] first.
+/// Errors are [`Error::Config`] for terms out of bounds ([`Terms::check`]), the store's
+/// ([`Error::is_store_failure`] for an unreachable store) or a record that cannot be read
+/// ([`Error::Corrupt`]); nothing ran and, on a store failure, the store itself frees whatever
+/// its acquire may have taken.
 pub async fn acquire(store: &SharedStore, key: &Key, fingerprint: &Fingerprint, terms: &Terms) -> Result<Taken, Error> {
+    terms.check()?;
     // The wait counts from the first acquire's own clock read, and a lease from the acquire that
     // took it: the store started counting no earlier.
     let mut started = None;
@@ -393,15 +394,16 @@ impl Lease {
     ///
     /// [`Transition::LeaseLost`] when another attempt took the key over: nothing is stored. A
     /// lease that only ran out (no renewal reached the store for a whole lease) still stores,
-    /// if no other attempt has taken the key since. If this future is dropped before the store
-    /// answered, the call goes on in a task of its own.
+    /// if no other attempt has taken the key since. Once polled, the call goes on in a task of
+    /// its own if this future is dropped before the store answered (also when the task unwinds
+    /// from a panic elsewhere; not when the store call itself panicked, or outside a runtime).
     pub async fn complete(self, outcome: Bytes) -> Result<Transition, Error> {
         self.end(Some(outcome)).await
     }
 
     /// Gives the key up without an outcome (the fence is kept), so that a retry runs the work
-    /// again; [`Transition::LeaseLost`] when another attempt holds the key. If this future is
-    /// dropped before the store answered, the call goes on in a task of its own.
+    /// again; [`Transition::LeaseLost`] when another attempt holds the key. Once polled, the call
+    /// goes on after a drop as [`complete`](Self::complete)'s does.
     pub async fn release(self) -> Result<Transition, Error> {
         self.end(None).await
     }
@@ -414,15 +416,24 @@ impl Lease {
         let stored = outcome.is_some();
         // Keeps what the call needs to be sent again from a task of its own, should this future
         // be dropped before the store answered: every transition is idempotent for its owner
-        // token, so a call that had already reached the store is harmless to repeat. A guard
-        // costs no allocation where boxing the call would (a clone of a shared `Bytes` is a
-        // reference count; see BENCHMARKS.md, "Allocator and future-size notes").
-        let mut guard = EndOnDrop { lease: self, outcome: Some(outcome.clone()) };
+        // token, so a call that had already reached the store is harmless to repeat. The guard's
+        // clone of the outcome costs at most the one allocation a box for the call would (see
+        // BENCHMARKS.md, "Allocator and future-size notes").
+        let mut guard = EndOnDrop { lease: self, outcome: Some(outcome.clone()), in_call: false };
         // The store is the authority: it takes the outcome only while this attempt's token still
         // owns the key, which no other attempt can have taken without replacing it. A lease that
         // ran out unseen, with no other attempt since, still stores its outcome (a retry would
         // otherwise run the work a second time).
-        let answer = self.send(outcome).await;
+        let mut call = self.send(outcome);
+        let answer = std::future::poll_fn(|cx| {
+            // Marks the polls of the store call itself: a panic there is not repeated (see
+            // `EndOnDrop`), a panic anywhere else in the task is.
+            guard.in_call = true;
+            let poll = call.as_mut().poll(cx);
+            guard.in_call = false;
+            poll
+        })
+        .await;
         guard.outcome = None;
         let (short, fence) = (self.key.short_key(), self.attempt.fence());
         match (&answer, stored) {
@@ -458,17 +469,23 @@ impl Lease {
 
 /// Sends a lease's complete or release again from a task of its own if dropped while `outcome`
 /// is still `Some` (the call has not finished).
+///
+/// Also while the thread unwinds: tokio drops a task's future during the unwind of a panic
+/// anywhere in that task (a sibling in a `join!`), and the outcome must still be stored. Only a
+/// panic inside the store call itself (`in_call`) is not repeated: it would most likely panic
+/// again.
 struct EndOnDrop<'a> {
     lease: &'a Lease,
     outcome: Option<Option<Bytes>>,
+    in_call: bool,
 }
 
 impl Drop for EndOnDrop<'_> {
     fn drop(&mut self) {
         let Some(outcome) = self.outcome.take() else { return };
         let lease = self.lease;
-        if std::thread::panicking() {
-            // The store call itself panicked: repeating it would most likely panic again.
+        if self.in_call && std::thread::panicking() {
+            tracing::error!(key = %lease.key.short_key(), "idempotent.store_error: the store panicked while storing the outcome; the key frees itself when the lease runs out");
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {

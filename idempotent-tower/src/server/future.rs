@@ -2,8 +2,8 @@
 //!
 //! Requests the layer does not touch (other methods, no key) poll the inner service's future
 //! directly, with no allocation. A covered request runs as one boxed `async` block: it awaits
-//! the admission (body, fingerprint, acquire) in a box of its own, then the inner service under
-//! the lease heartbeat, then the storing of the response; written by hand that would be a state
+//! the admission (body, fingerprint, acquire), then the inner service under the lease
+//! heartbeat, then the storing of the response in a box of its own; written by hand that would be a state
 //! machine of a dozen states and pin projections, for allocations that cost little next to the
 //! store round trip they wait on (their sizes: BENCHMARKS.md, "Allocator and future-size
 //! notes"). Once the inner service has answered, the rest (reading the response body, complete

@@ -173,8 +173,10 @@ impl IdempotencyLayer {
     /// dropped before the service answered (the client went away and the server dropped the
     /// request's future; once the service has answered, the response is stored even if the
     /// client is gone). A retry in that window gets 409. When no renewal reaches the store for a
-    /// whole lease, the request's lease counts as lost: its response still goes to the client,
-    /// marked `Idempotent-Stored: false`, and is not stored.
+    /// whole lease, the request's lease counts as lost and the handler's
+    /// [`Attempt`](idempotent_core::Attempt) says so; its response is still offered to the
+    /// store, which takes it only if no other attempt took the key meanwhile. Otherwise it goes
+    /// to the client marked `Idempotent-Stored: false`.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.config().terms.lease = lease;
         self

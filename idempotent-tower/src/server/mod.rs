@@ -74,10 +74,13 @@
 //!    [`StorePolicy`] decides: stored for replay (by default 2xx and final 4xx), or the key is
 //!    released so that a retry runs again (5xx, 408, 409, 425, 429). A response too large to
 //!    store is streamed to the client, the key released and a warning logged. A response the store
-//!    failed to take (the store went down, or the request outlived its lease: another attempt
-//!    took over, or no renewal reached the store for a whole lease, so that another attempt may
-//!    have) still goes to the client, marked `Idempotent-Stored: false`: the request ran, and a
-//!    retry under the same key may run it again.
+//!    did not take (the store went down, or the request outlived its lease and another attempt
+//!    took the key over) still goes to the client, marked `Idempotent-Stored: false`: the request
+//!    ran, and a retry under the same key may run it again. A request whose lease only ran out
+//!    (no renewal reached the store for a whole lease) with no other attempt since is stored as
+//!    usual: the store still knows it as the key's owner. A handler that stops early because
+//!    [`Attempt::lease_lost`] is true should answer 503 (or another status the store policy
+//!    releases on), so that its "stopped" answer is not stored as the operation's outcome.
 //!
 //! # When the client goes away
 //!

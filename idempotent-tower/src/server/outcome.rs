@@ -11,6 +11,7 @@ use idempotent_core::ShortKey;
 use idempotent_core::lease::{FinishOnDrop, Lease};
 use idempotent_core::record::Transition;
 use tower::BoxError;
+use tracing::Instrument;
 
 use super::body::ResponseBody;
 use super::buffer::{Collect, Collected, collect_at_once};
@@ -22,10 +23,9 @@ use super::record::{self, StoredResponse, strip_hop_by_hop};
 /// The header added to every replayed response.
 pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 
-/// `Idempotent-Stored: false` marks a response that the service made but the layer could not
-/// store (the store failed, or the request outlived its lease: another attempt took over, or no
-/// renewal reached the store for a whole lease): the request ran, and a retry under the same
-/// key may run it again.
+/// `Idempotent-Stored: false` marks a response that the service made but the store did not take
+/// (the store failed, or the request outlived its lease and another attempt took the key over):
+/// the request ran, and a retry under the same key may run it again.
 pub const IDEMPOTENT_STORED: HeaderName = HeaderName::from_static("idempotent-stored");
 
 /// A stored response, as the client gets it again: marked `Idempotent-Replayed: true`.
@@ -74,7 +74,10 @@ where
                 let (res, stored) = decide(config, collected, grpc, lease.key().short_key());
                 (Ok(res), stored)
             }
-            Err(collect) => return Ok(FinishOnDrop::new(finish(lease, config.clone(), collect, grpc)).await),
+            Err(collect) => {
+                let finish = finish(lease, config.clone(), collect, grpc).in_current_span();
+                return Ok(FinishOnDrop::new(finish).await);
+            }
         },
     };
     let wanted = stored.is_some();
