@@ -243,3 +243,53 @@ async fn an_unopenable_or_locked_file_fails_closed_naming_the_path() {
     sqlx::raw_sql("ROLLBACK").execute(&mut holder).await.unwrap();
     assert!(matches!(store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap(), Acquire::Acquired(_)));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_acquire_gives_back_the_key_it_took() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("dropped.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    // The write lock is held elsewhere, so the acquire's statement waits in SQLite's busy
+    // handler when its caller gives up.
+    let mut holder = raw(&path).await;
+    sqlx::raw_sql("BEGIN EXCLUSIVE").execute(&mut holder).await.unwrap();
+    let gave_up = tokio::time::timeout(Duration::from_millis(100), store.acquire(&key(1), &FP, LEASE, KEEP)).await;
+    assert!(gave_up.is_err(), "the acquire answered while the file was locked: {gave_up:?}");
+    sqlx::raw_sql("ROLLBACK").execute(&mut holder).await.unwrap();
+    // The statement goes on and takes the key; then the key is released, not held for the lease.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let state: Option<String> = sqlx::query_scalar("SELECT state FROM idempotent_records WHERE key = ?1")
+            .bind(&key(1).as_bytes()[..])
+            .fetch_optional(&mut holder)
+            .await
+            .unwrap();
+        if state.as_deref() == Some("released") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the key stayed {state:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let Acquire::Acquired(next) = store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap() else { panic!("not free") };
+    assert_eq!((next.attempt.number(), next.attempt.recovered()), (2, false));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_garbage_row_is_a_corrupt_error_not_a_replay() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("garbage.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    let mut conn = raw(&path).await;
+    // A done row without a result, written by hand, under a live expiry.
+    sqlx::query(
+        "INSERT INTO idempotent_records VALUES (?1, ?2, 'done', 'someone', 1, 1, 0, 0, 9000000000000000, NULL)",
+    )
+    .bind(&key(9).as_bytes()[..])
+    .bind(&FP.as_bytes()[..])
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let err = store.acquire(&key(9), &FP, LEASE, KEEP).await.unwrap_err();
+    assert!(matches!(&err, Error::Corrupt { detail, .. } if detail.contains("without a result")), "{err:?}");
+    assert!(!err.is_store_failure());
+}

@@ -38,6 +38,13 @@
 //!   expires_at > now`; a repeat by the token that completed (or released) matches its own done
 //!   (released) row and changes nothing, so it is acknowledged.
 //!
+//! [`SqliteStore::statements`] counts them: a first execution is 2 (acquire, complete), a replay
+//! 1 (`tests/tests/sqlite_store.rs` asserts both, and that replays leave the WAL as it was).
+//!
+//! An acquire dropped before it answered (a timeout around the step) goes on in a task of its own
+//! until its statement has ended, then releases the key if it took it, so that the key is not
+//! held for a lease that nobody runs under.
+//!
 //! Time is the database's: `unixepoch('subsec')` read inside each statement (SQLite keeps it
 //! fixed for the statement), which for a file on one host is the host clock, never the caller's
 //! `Instant`. Fences are `max(previous fence + 1, now in µs)`, so they grow per key also after the
@@ -61,9 +68,12 @@
 //! prevent. A replay commits nothing, so it does not sync.
 
 use std::fmt;
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -76,6 +86,7 @@ use super::{BoxFuture, Store};
 use crate::attempt::Attempt;
 use crate::error::{BoxError, Error};
 use crate::key::{Fingerprint, Key};
+use crate::lease::FinishOnDrop;
 use crate::record::{Acquire, Grant, Token, Transition};
 
 /// The schema version this crate writes and reads.
@@ -248,6 +259,8 @@ impl SqliteStoreBuilder {
             .max_connections(self.max_connections)
             .min_connections(0)
             .acquire_timeout(self.busy_timeout)
+            // A connection to a local file does not go stale: no ping before each statement.
+            .test_before_acquire(false)
             .connect_with(options)
             .await;
         let busy_timeout = self.busy_timeout;
@@ -492,6 +505,29 @@ impl SqliteStore {
     }
 }
 
+/// An acquire in flight. Dropped before it answered (a timeout around the step, a caller that
+/// went away), it goes on in a task of its own: the statement may already be running on its
+/// connection, and only once it has ended can the key it may have taken be released.
+struct AcquireCall<F: Future + Send + 'static> {
+    abandoned: Arc<AtomicBool>,
+    work: FinishOnDrop<F>,
+}
+
+impl<F: Future + Send + 'static> Future for AcquireCall<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        Pin::new(&mut self.work).poll(cx)
+    }
+}
+
+impl<F: Future + Send + 'static> Drop for AcquireCall<F> {
+    fn drop(&mut self) {
+        // Runs before `work` is dropped (and handed to a task), so that the task sees the flag.
+        self.abandoned.store(true, Ordering::Release);
+    }
+}
+
 enum Arg {
     Result(Bytes, Duration),
     Lease(Duration),
@@ -559,7 +595,24 @@ impl Store for SqliteStore {
         lease: Duration,
         retention: Duration,
     ) -> BoxFuture<'a, Result<Acquire, Error>> {
-        Box::pin(self.acquire_now(key, fingerprint, lease, retention))
+        let store = self.clone();
+        let (key, fingerprint) = (*key, *fingerprint);
+        let abandoned = Arc::new(AtomicBool::new(false));
+        let flag = abandoned.clone();
+        let work = FinishOnDrop::new(async move {
+            let answer = store.acquire_now(&key, &fingerprint, lease, retention).await;
+            if let Ok(Acquire::Acquired(grant)) = &answer
+                && flag.load(Ordering::Acquire)
+            {
+                // Nobody will run under this grant: give the key back rather than leave it
+                // taken for a whole lease.
+                if let Err(e) = store.release(&key, &grant.token).await {
+                    tracing::debug!(key = %key.short(), error = %e, "idempotent.sqlite: could not release the key a dropped acquire took; the lease runs out on its own");
+                }
+            }
+            answer
+        });
+        Box::pin(AcquireCall { abandoned, work })
     }
 
     fn complete<'a>(
