@@ -96,6 +96,8 @@ pub use lease::{
 pub use store::{IntoSharedStore, MemoryStore, SharedStore, Store};
 #[cfg(feature = "redis")]
 pub use store::{Preflight, RedisStore, RedisStoreBuilder, Risk};
+#[cfg(feature = "sqlite")]
+pub use store::{SqliteStore, SqliteStoreBuilder};
 
 /// The Redis driver this crate uses, re-exported so that users share one version.
 #[cfg(feature = "redis")]

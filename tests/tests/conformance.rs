@@ -1,12 +1,22 @@
 //! The store conformance suite on every backend.
 
-use idempotent_core::{MemoryStore, RedisStore, SharedStore};
+use idempotent_core::{MemoryStore, RedisStore, SharedStore, SqliteStore};
 use idempotent_tests::{RedisCluster, RedisServer, conformance};
 use std::sync::Arc;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_store_conforms() {
     conformance::run_all(Arc::new(MemoryStore::new())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_store_conforms() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let store = SqliteStore::open(dir.path().join("records.db")).await.unwrap();
+    conformance::run_all(Arc::new(store.clone())).await;
+    // A second store on the same file takes over and replays the first one's records.
+    let other = SqliteStore::open(dir.path().join("records.db")).await.unwrap();
+    conformance::run_mixed(Arc::new(store), Arc::new(other)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

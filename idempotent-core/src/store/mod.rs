@@ -2,7 +2,8 @@
 //!
 //! [`MemoryStore`] is the embedded default for one process and for tests. [`RedisStore`] (feature
 //! `redis`) shares records between processes and machines, on standalone Redis or Redis Cluster.
-//! Both pass the same conformance suite (`tests/src/conformance.rs`).
+//! [`SqliteStore`] (feature `sqlite`) keeps them in one SQLite file, durable across restarts and
+//! shared by the processes of one host. All pass the same conformance suite (`tests/src/conformance.rs`).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -18,10 +19,14 @@ use crate::record::{Acquire, Token, Transition};
 pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "sqlite")]
+pub mod sqlite;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{Preflight, Problem, RedisStore, RedisStoreBuilder, Risk};
 pub use memory::MemoryStore;
+#[cfg(feature = "sqlite")]
+pub use sqlite::{SqliteStore, SqliteStoreBuilder};
 
 /// A boxed, sendable future, so that [`Store`] stays object safe.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

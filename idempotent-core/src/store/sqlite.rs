@@ -1,0 +1,672 @@
+//! The SQLite store, on sqlx: one file, shared by the tasks of a process and by the processes of
+//! one host.
+//!
+//! # Schema (version 1)
+//!
+//! One row per key, in a table named by [`SqliteStoreBuilder::table`] (`idempotent_records`
+//! unless set):
+//!
+//! | column | type | meaning |
+//! |---|---|---|
+//! | `key` | `BLOB PRIMARY KEY` | the key's 32 bytes |
+//! | `fingerprint` | `BLOB` | the payload's 32 bytes |
+//! | `state` | `TEXT` | `running`, `released` or `done` |
+//! | `token` | `TEXT` | owner token of the last acquisition (kept when done or released, so that a repeated complete or release by it is acknowledged) |
+//! | `fence` | `INTEGER` | fencing token of the last acquisition |
+//! | `attempt` | `INTEGER` | its attempt number |
+//! | `recovered` | `INTEGER` | 1 when it took over a lease that ran out |
+//! | `lease_until` | `INTEGER` | lease deadline, µs since the Unix epoch |
+//! | `expires_at` | `INTEGER` | when the row counts as absent, µs since the Unix epoch |
+//! | `result` | `BLOB` | the stored outcome, when done |
+//!
+//! and a table `idempotent_schema (name, version)` saying which tables this crate created and
+//! at which version.
+//!
+//! # Statements
+//!
+//! Every call of the [`Store`] trait is one statement in autocommit, so one atomic write
+//! transaction with its own connection from the pool, given back before the answer is:
+//!
+//! - acquire: `INSERT … ON CONFLICT(key) DO UPDATE SET <each column> = CASE WHEN <free> THEN
+//!   <new value> ELSE <old value> END RETURNING …`. The row comes back whatever happened, and the
+//!   returned token tells the outcome: ours, the key was taken; another's, the row says replay,
+//!   in flight or mismatch. So a replay is one statement too. Where nothing changes, SQLite finds
+//!   the row's bytes equal and writes no page: a replay takes the write lock for a moment but
+//!   writes nothing to the WAL (this is why there is no index on `expires_at`: the update would
+//!   rewrite the index entry on every replay).
+//! - complete, release, renew: `UPDATE … WHERE key = ? AND token = ? AND state IN (…) AND
+//!   expires_at > now`; a repeat by the token that completed (or released) matches its own done
+//!   (released) row and changes nothing, so it is acknowledged.
+//!
+//! [`SqliteStore::statements`] counts them: a first execution is 2 (acquire, complete), a replay
+//! 1 (`tests/tests/sqlite_store.rs` asserts both, and that replays leave the WAL as it was).
+//!
+//! An acquire dropped before it answered (a timeout around the step) goes on in a task of its own
+//! until its statement has ended, then releases the key if it took it, so that the key is not
+//! held for a lease that nobody runs under.
+//!
+//! Time is the database's: `unixepoch('subsec')` read inside each statement (SQLite keeps it
+//! fixed for the statement), which for a file on one host is the host clock, never the caller's
+//! `Instant`. Fences are `max(previous fence + 1, now in µs)`, so they grow per key also after the
+//! row was purged, unless the host clock steps back further than the time since the key's last
+//! acquisition.
+//!
+//! # Purging
+//!
+//! A row expires `max(lease, retention)` after its acquisition, `retention` after its completion.
+//! An expired row counts as absent at once (acquire takes it over, the fence still grows); it is
+//! deleted by a sweep that walks the table in `rowid` order, 256 rows per batch, one batch for
+//! every 64 acquisitions of a store (in a background task), so a sweep costs a bounded amount per
+//! acquisition and a full pass ends before the table has grown by a quarter; expired rows are at
+//! most a third of the live ones. [`SqliteStore::purge`] runs a batch by hand.
+//!
+//! # Durability
+//!
+//! The file is in WAL mode with `synchronous = FULL`: each commit is synced before it is
+//! answered. With `NORMAL`, a power loss or OS crash can undo the last commits, and for this store
+//! an undone `done` means the action runs again on the retry: exactly what it is there to
+//! prevent. A replay commits nothing, so it does not sync.
+
+use std::fmt;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
+};
+use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr};
+
+use super::{BoxFuture, Store};
+use crate::attempt::Attempt;
+use crate::error::{BoxError, Error};
+use crate::key::{Fingerprint, Key};
+use crate::lease::FinishOnDrop;
+use crate::record::{Acquire, Grant, Token, Transition};
+
+/// The schema version this crate writes and reads.
+const SCHEMA_VERSION: i64 = 1;
+/// Rows examined per purge batch.
+const PURGE_BATCH: i64 = 256;
+/// Acquisitions of one store between two purge batches.
+const PURGE_EVERY: u64 = 64;
+/// The database clock in µs since the Unix epoch, read inside a statement.
+const NOW_US: &str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
+/// Durations are clamped to 100 years, so that `now + d` stays within an `i64` of µs.
+const MAX_US: i64 = 100 * 365 * 24 * 60 * 60 * 1_000_000;
+/// The columns of the table, in the order `migrate` creates them.
+const COLUMNS: [&str; 10] =
+    ["key", "fingerprint", "state", "token", "fence", "attempt", "recovered", "lease_until", "expires_at", "result"];
+
+/// A store in one SQLite file, safe for many tasks and for several processes on one host.
+///
+/// See the [module documentation](self) for the schema, the statements and the durability
+/// choices. Clones share the same pool.
+///
+/// ```
+/// use idempotent_core::{RunContext, SqliteStore};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idempotent_core::Error> {
+/// let path = std::env::temp_dir().join(format!("idempotent-doc-{}.db", std::process::id()));
+/// let store = SqliteStore::open(&path).await?;
+/// let ctx = RunContext::new(store.clone(), "run-1");
+/// let n: u32 = ctx.step("count").run(&(), |_| async { Ok::<_, idempotent_core::Error>(7) }).await?;
+/// assert_eq!(n, 7);
+/// assert_eq!(store.describe(), format!("sqlite://{}", path.display()));
+/// # store.close().await;
+/// # for suffix in ["", "-wal", "-shm"] { let _ = std::fs::remove_file(format!("{}{suffix}", path.display())); }
+/// # Ok(()) }
+/// # use idempotent_core::Store;
+/// ```
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: SqlitePool,
+    describe: String,
+    table: String,
+    busy_timeout: Duration,
+    sql: Statements,
+    acquisitions: AtomicU64,
+    statements: AtomicU64,
+    purging: AtomicBool,
+    /// The last rowid the sweep examined (0: start a new pass).
+    purge_cursor: AtomicI64,
+}
+
+struct Statements {
+    acquire: SqlStr,
+    complete: SqlStr,
+    release: SqlStr,
+    renew: SqlStr,
+    purge_range: SqlStr,
+    purge_delete: SqlStr,
+}
+
+impl Statements {
+    fn new(table: &str) -> Self {
+        let t = format!("\"{table}\"");
+        // The existing row is `r`; `excluded` the row acquire would insert, whose `fence` column
+        // holds the database clock (so `excluded.fence` is "now" throughout the statement).
+        let now = "excluded.fence";
+        let expired = format!("r.expires_at <= {now}");
+        let free = format!(
+            "({expired} OR (r.fingerprint = excluded.fingerprint AND (r.state = 'released' OR (r.state = \
+             'running' AND r.lease_until <= {now}))))"
+        );
+        let pick = |col: &str, new: &str| format!("{col} = CASE WHEN {free} THEN {new} ELSE r.{col} END");
+        let set = [
+            pick("fingerprint", "excluded.fingerprint"),
+            pick("state", "'running'"),
+            pick("token", "excluded.token"),
+            pick("fence", &format!("max(r.fence + 1, {now})")),
+            pick("attempt", &format!("CASE WHEN {expired} THEN 1 ELSE r.attempt + 1 END")),
+            pick("recovered", &format!("CASE WHEN {expired} THEN 0 WHEN r.state = 'running' THEN 1 ELSE 0 END")),
+            pick("lease_until", "excluded.lease_until"),
+            pick("expires_at", "excluded.expires_at"),
+            pick("result", "NULL"),
+        ]
+        .join(",\n  ");
+        let acquire = format!(
+            "INSERT INTO {t} AS r ({cols})\n\
+             SELECT ?1, ?2, 'running', ?3, now, 1, 0, now + ?4, now + ?5, NULL FROM (SELECT {NOW_US} AS now)\n\
+             WHERE true\n\
+             ON CONFLICT(key) DO UPDATE SET\n  {set}\n\
+             RETURNING token, fingerprint, state, fence, attempt, recovered, lease_until - {NOW_US}, result",
+            cols = COLUMNS.join(", "),
+        );
+        let owned = format!("key = ?1 AND token = ?2 AND expires_at > {NOW_US}");
+        let complete = format!(
+            "UPDATE {t} SET result = CASE WHEN state = 'done' THEN result ELSE ?3 END,\n\
+             expires_at = CASE WHEN state = 'done' THEN expires_at ELSE {NOW_US} + ?4 END,\n\
+             state = 'done'\n\
+             WHERE {owned} AND state IN ('running', 'done')"
+        );
+        let release = format!("UPDATE {t} SET state = 'released' WHERE {owned} AND state IN ('running', 'released')");
+        let renew = format!(
+            "UPDATE {t} SET lease_until = {NOW_US} + ?3, expires_at = max(expires_at, {NOW_US} + ?3)\n\
+             WHERE {owned} AND state = 'running'"
+        );
+        let purge_range = format!(
+            "SELECT max(rowid) FROM (SELECT rowid FROM {t} WHERE rowid > ?1 ORDER BY rowid LIMIT {PURGE_BATCH})"
+        );
+        let purge_delete = format!("DELETE FROM {t} WHERE rowid > ?1 AND rowid <= ?2 AND expires_at <= {NOW_US}");
+        let sql = |s: String| AssertSqlSafe(Arc::<str>::from(s)).into_sql_str();
+        Statements {
+            acquire: sql(acquire),
+            complete: sql(complete),
+            release: sql(release),
+            renew: sql(renew),
+            purge_range: sql(purge_range),
+            purge_delete: sql(purge_delete),
+        }
+    }
+}
+
+/// Settings of a [`SqliteStore`], from [`SqliteStore::builder`].
+#[derive(Debug, Clone)]
+pub struct SqliteStoreBuilder {
+    path: PathBuf,
+    table: String,
+    busy_timeout: Duration,
+    max_connections: u32,
+}
+
+impl SqliteStoreBuilder {
+    /// The table holding the records (default `idempotent_records`): an identifier of ASCII
+    /// letters, digits and `_`, not starting with a digit or `sqlite_`, at most 64 characters.
+    pub fn table(mut self, name: impl Into<String>) -> Self {
+        self.table = name.into();
+        self
+    }
+
+    /// How long a statement waits for another connection's (or process's) write lock, and a
+    /// call for a connection from the pool, before failing with [`Error::Timeout`] (default 5 s).
+    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
+        self.busy_timeout = timeout;
+        self
+    }
+
+    /// The most connections the store opens on the file (default 8; at least 1).
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n.max(1);
+        self
+    }
+
+    /// Opens (creating if missing) the file and creates or checks the table
+    /// ([`SqliteStore::migrate`]).
+    ///
+    /// Fails with [`Error::Config`] for an invalid table name or an incompatible existing table,
+    /// and with [`Error::Unavailable`] or [`Error::Timeout`] (op `open`) when the file cannot be
+    /// opened.
+    pub async fn open(self) -> Result<SqliteStore, Error> {
+        validate_table(&self.table)?;
+        let describe = format!("sqlite://{}", self.path.display());
+        let options = SqliteConnectOptions::new()
+            .filename(&self.path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(self.busy_timeout);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(self.max_connections)
+            .min_connections(0)
+            .acquire_timeout(self.busy_timeout)
+            // A connection to a local file does not go stale: no ping before each statement.
+            .test_before_acquire(false)
+            .connect_with(options)
+            .await;
+        let busy_timeout = self.busy_timeout;
+        let pool = pool.map_err(|e| store_error(&describe, "open", busy_timeout, e))?;
+        let store = SqliteStore {
+            inner: Arc::new(Inner {
+                pool,
+                describe,
+                table: self.table.clone(),
+                busy_timeout,
+                sql: Statements::new(&self.table),
+                acquisitions: AtomicU64::new(0),
+                statements: AtomicU64::new(0),
+                purging: AtomicBool::new(false),
+                purge_cursor: AtomicI64::new(0),
+            }),
+        };
+        store.migrate_table(&self.table).await?;
+        Ok(store)
+    }
+}
+
+fn validate_table(name: &str) -> Result<(), Error> {
+    let mut chars = name.chars();
+    let ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && name.len() <= 64
+        && !name.to_ascii_lowercase().starts_with("sqlite_")
+        && !name.eq_ignore_ascii_case("idempotent_schema");
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Config(format!(
+            "SQLite table name {name:?} is not a plain identifier (ASCII letters, digits and `_`, not starting with \
+             a digit or `sqlite_`, at most 64 characters, not `idempotent_schema`); choose another with \
+             SqliteStoreBuilder::table"
+        )))
+    }
+}
+
+impl SqliteStore {
+    /// Opens the store in the file at `path` with the default settings (see [`SqliteStore::builder`]).
+    pub async fn open(path: impl AsRef<Path>) -> Result<SqliteStore, Error> {
+        SqliteStore::builder(path).open().await
+    }
+
+    /// Settings for a store in the file at `path` (created if missing).
+    pub fn builder(path: impl AsRef<Path>) -> SqliteStoreBuilder {
+        SqliteStoreBuilder {
+            path: path.as_ref().to_owned(),
+            table: "idempotent_records".to_owned(),
+            busy_timeout: Duration::from_secs(5),
+            max_connections: 8,
+        }
+    }
+
+    /// Creates the table if it is missing, or checks that it is the one this crate creates.
+    ///
+    /// [`open`](Self::open) runs it already; running it again changes nothing. An existing table
+    /// this crate did not create, or of another schema version, is an [`Error::Config`] saying what
+    /// to do: it is never altered.
+    pub async fn migrate(&self) -> Result<(), Error> {
+        let table = self.inner.table.clone();
+        self.migrate_table(&table).await
+    }
+
+    async fn migrate_table(&self, table: &str) -> Result<(), Error> {
+        let err = |e: sqlx::Error| self.error("migrate", e);
+        // One immediate transaction, so that processes opening the file at once do not both create it.
+        let mut conn = self.inner.pool.acquire().await.map_err(err)?;
+        sqlx::raw_sql("BEGIN IMMEDIATE").execute(&mut *conn).await.map_err(err)?;
+        let outcome = self.migrate_in(&mut conn, table).await;
+        let end = if outcome.is_ok() { "COMMIT" } else { "ROLLBACK" };
+        let ended = sqlx::raw_sql(end).execute(&mut *conn).await.map_err(err);
+        outcome.and(ended.map(drop))
+    }
+
+    async fn migrate_in(&self, conn: &mut sqlx::SqliteConnection, table: &str) -> Result<(), Error> {
+        let err = |e: sqlx::Error| self.error("migrate", e);
+        sqlx::raw_sql(
+            "CREATE TABLE IF NOT EXISTS idempotent_schema (name TEXT PRIMARY KEY NOT NULL, version INTEGER NOT NULL)",
+        )
+        .execute(&mut *conn)
+        .await
+        .map_err(err)?;
+        let version: Option<i64> = sqlx::query_scalar("SELECT version FROM idempotent_schema WHERE name = ?1")
+            .bind(table)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(err)?;
+        let columns: Vec<String> = sqlx::query_scalar("SELECT name FROM pragma_table_info(?1) ORDER BY cid")
+            .bind(table)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(err)?;
+        let path = &self.inner.describe;
+        match version {
+            Some(SCHEMA_VERSION) if columns == COLUMNS => Ok(()),
+            Some(SCHEMA_VERSION) => Err(Error::Config(format!(
+                "{path}: table `{table}` is marked as idempotent schema version {SCHEMA_VERSION} but has the columns \
+                 {columns:?} instead of {COLUMNS:?}; it was changed by hand. Restore it, or drop it and its row in \
+                 idempotent_schema (losing its records), or choose another table with SqliteStoreBuilder::table"
+            ))),
+            Some(v) => Err(Error::Config(format!(
+                "{path}: table `{table}` has idempotent schema version {v}, and this version of idempotent-core reads \
+                 version {SCHEMA_VERSION} only; use the idempotent-core that wrote it, or choose another table with \
+                 SqliteStoreBuilder::table"
+            ))),
+            None if !columns.is_empty() => Err(Error::Config(format!(
+                "{path}: table `{table}` exists (columns {columns:?}) but was not created by idempotent-core; it was \
+                 left as it is. Choose another table with SqliteStoreBuilder::table, or drop that one"
+            ))),
+            None => {
+                let create = format!(
+                    "CREATE TABLE \"{table}\" (\n\
+                     key BLOB PRIMARY KEY NOT NULL CHECK (length(key) = 32),\n\
+                     fingerprint BLOB NOT NULL,\n\
+                     state TEXT NOT NULL CHECK (state IN ('running', 'released', 'done')),\n\
+                     token TEXT NOT NULL,\n\
+                     fence INTEGER NOT NULL,\n\
+                     attempt INTEGER NOT NULL,\n\
+                     recovered INTEGER NOT NULL,\n\
+                     lease_until INTEGER NOT NULL,\n\
+                     expires_at INTEGER NOT NULL,\n\
+                     result BLOB\n\
+                     )"
+                );
+                sqlx::raw_sql(AssertSqlSafe(create)).execute(&mut *conn).await.map_err(err)?;
+                sqlx::query("INSERT INTO idempotent_schema (name, version) VALUES (?1, ?2)")
+                    .bind(table)
+                    .bind(SCHEMA_VERSION)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(err)?;
+                Ok(())
+            }
+        }
+    }
+
+    /// The number of statements this store (and its clones) ran for the [`Store`] calls and
+    /// purges since it was opened (not counting [`open`](Self::open) and `migrate`).
+    pub fn statements(&self) -> u64 {
+        self.inner.statements.load(Ordering::Relaxed)
+    }
+
+    /// Runs one purge batch: deletes the expired rows among the next 256 of the table (in
+    /// `rowid` order, starting over after the last), and answers how many it deleted. The store
+    /// runs one every 64 acquisitions on its own.
+    pub async fn purge(&self) -> Result<u64, Error> {
+        let inner = &self.inner;
+        let from = inner.purge_cursor.load(Ordering::Relaxed);
+        inner.statements.fetch_add(1, Ordering::Relaxed);
+        let to: Option<i64> = sqlx::query_scalar(inner.sql.purge_range.clone())
+            .bind(from)
+            .fetch_one(&inner.pool)
+            .await
+            .map_err(|e| self.error("purge", e))?;
+        let Some(to) = to else {
+            // Past the last row: the next batch starts a new pass.
+            inner.purge_cursor.store(0, Ordering::Relaxed);
+            return Ok(0);
+        };
+        inner.statements.fetch_add(1, Ordering::Relaxed);
+        let done = sqlx::query(inner.sql.purge_delete.clone())
+            .bind(from)
+            .bind(to)
+            .execute(&inner.pool)
+            .await
+            .map_err(|e| self.error("purge", e))?;
+        inner.purge_cursor.store(to, Ordering::Relaxed);
+        Ok(done.rows_affected())
+    }
+
+    /// Closes the pool's connections, waiting for the calls under way.
+    pub async fn close(&self) {
+        self.inner.pool.close().await;
+    }
+
+    fn error(&self, op: &'static str, e: sqlx::Error) -> Error {
+        store_error(&self.inner.describe, op, self.inner.busy_timeout, e)
+    }
+
+    /// Every `PURGE_EVERY` acquisitions, one purge batch in the background (one at a time).
+    fn maybe_purge(&self) {
+        let n = self.inner.acquisitions.fetch_add(1, Ordering::Relaxed) + 1;
+        if !n.is_multiple_of(PURGE_EVERY) || self.inner.purging.swap(true, Ordering::Acquire) {
+            return;
+        }
+        let store = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = store.purge().await {
+                tracing::warn!(store = %store.inner.describe, error = %e, "idempotent.purge_failed");
+            }
+            store.inner.purging.store(false, Ordering::Release);
+        });
+    }
+
+    async fn acquire_now(
+        &self,
+        key: &Key,
+        fp: &Fingerprint,
+        lease: Duration,
+        retention: Duration,
+    ) -> Result<Acquire, Error> {
+        let token = Token::unique();
+        let inner = &self.inner;
+        inner.statements.fetch_add(1, Ordering::Relaxed);
+        let row = sqlx::query(inner.sql.acquire.clone())
+            .bind(&key.as_bytes()[..])
+            .bind(&fp.as_bytes()[..])
+            .bind(token.as_str())
+            .bind(micros(lease))
+            .bind(micros(lease.max(retention)))
+            .fetch_one(&inner.pool)
+            .await
+            .map_err(|e| self.error("acquire", e))?;
+        let answer = read_acquire(key, fp, &token, &row)?;
+        if matches!(answer, Acquire::Acquired(_)) {
+            self.maybe_purge();
+        }
+        Ok(answer)
+    }
+
+    async fn transition(
+        &self,
+        op: &'static str,
+        sql: &SqlStr,
+        key: &Key,
+        token: &Token,
+        arg: Option<Arg>,
+    ) -> Result<Transition, Error> {
+        let inner = &self.inner;
+        inner.statements.fetch_add(1, Ordering::Relaxed);
+        let mut q = sqlx::query(sql.clone()).bind(&key.as_bytes()[..]).bind(token.as_str());
+        match arg {
+            Some(Arg::Result(result, retention)) => q = q.bind(result.to_vec()).bind(micros(retention)),
+            Some(Arg::Lease(lease)) => q = q.bind(micros(lease)),
+            None => {}
+        }
+        let done = q.execute(&inner.pool).await.map_err(|e| self.error(op, e))?;
+        Ok(if done.rows_affected() == 1 { Transition::Ok } else { Transition::LeaseLost })
+    }
+}
+
+/// An acquire in flight. Dropped before it answered (a timeout around the step, a caller that
+/// went away), it goes on in a task of its own: the statement may already be running on its
+/// connection, and only once it has ended can the key it may have taken be released.
+struct AcquireCall<F: Future + Send + 'static> {
+    abandoned: Arc<AtomicBool>,
+    work: FinishOnDrop<F>,
+}
+
+impl<F: Future + Send + 'static> Future for AcquireCall<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        Pin::new(&mut self.work).poll(cx)
+    }
+}
+
+impl<F: Future + Send + 'static> Drop for AcquireCall<F> {
+    fn drop(&mut self) {
+        // Runs before `work` is dropped (and handed to a task), so that the task sees the flag.
+        self.abandoned.store(true, Ordering::Release);
+    }
+}
+
+enum Arg {
+    Result(Bytes, Duration),
+    Lease(Duration),
+}
+
+fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(MAX_US).min(MAX_US)
+}
+
+/// Tells the outcome of acquire from the row it returned.
+fn read_acquire(key: &Key, fp: &Fingerprint, token: &Token, row: &SqliteRow) -> Result<Acquire, Error> {
+    let corrupt = |detail: String| Error::Corrupt { key: key.short(), detail };
+    let get_err = |e: sqlx::Error| corrupt(format!("a column has the wrong type: {e}"));
+    let row_token: String = row.try_get(0).map_err(get_err)?;
+    let fingerprint: Vec<u8> = row.try_get(1).map_err(get_err)?;
+    let state: String = row.try_get(2).map_err(get_err)?;
+    if row_token == token.as_str() {
+        let fence: i64 = row.try_get(3).map_err(get_err)?;
+        let attempt: i64 = row.try_get(4).map_err(get_err)?;
+        let recovered: i64 = row.try_get(5).map_err(get_err)?;
+        let fence = u64::try_from(fence).map_err(|_| corrupt(format!("negative fence {fence}")))?;
+        let attempt = u32::try_from(attempt).map_err(|_| corrupt(format!("attempt {attempt} out of range")))?;
+        return Ok(Acquire::Acquired(Grant {
+            token: token.clone(),
+            attempt: Attempt::new(fence, attempt, recovered != 0),
+        }));
+    }
+    if fingerprint != fp.as_bytes() {
+        return Ok(Acquire::Mismatch);
+    }
+    match state.as_str() {
+        "done" => {
+            let result: Option<Vec<u8>> = row.try_get(7).map_err(get_err)?;
+            let result = result.ok_or_else(|| corrupt("a done record without a result".to_owned()))?;
+            Ok(Acquire::Replay(Bytes::from(result)))
+        }
+        "running" => {
+            let left: i64 = row.try_get(6).map_err(get_err)?;
+            Ok(Acquire::InFlight { retry_after: Duration::from_micros(left.max(0).unsigned_abs()) })
+        }
+        other => Err(corrupt(format!("the record is {other:?} and another attempt's, yet was not taken"))),
+    }
+}
+
+fn store_error(describe: &str, op: &'static str, busy_timeout: Duration, e: sqlx::Error) -> Error {
+    let busy = match &e {
+        sqlx::Error::PoolTimedOut => true,
+        // SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their extended codes.
+        sqlx::Error::Database(db) => {
+            db.code().and_then(|c| c.parse::<i32>().ok()).is_some_and(|c| matches!(c & 0xff, 5 | 6))
+        }
+        _ => false,
+    };
+    if busy {
+        return Error::Timeout { store: describe.to_owned(), op, after: busy_timeout };
+    }
+    Error::Unavailable { store: describe.to_owned(), op, reason: e.to_string(), source: Some(Box::new(e) as BoxError) }
+}
+
+impl Store for SqliteStore {
+    fn acquire<'a>(
+        &'a self,
+        key: &'a Key,
+        fingerprint: &'a Fingerprint,
+        lease: Duration,
+        retention: Duration,
+    ) -> BoxFuture<'a, Result<Acquire, Error>> {
+        let store = self.clone();
+        let (key, fingerprint) = (*key, *fingerprint);
+        let abandoned = Arc::new(AtomicBool::new(false));
+        let flag = abandoned.clone();
+        let work = FinishOnDrop::new(async move {
+            let answer = store.acquire_now(&key, &fingerprint, lease, retention).await;
+            if let Ok(Acquire::Acquired(grant)) = &answer
+                && flag.load(Ordering::Acquire)
+            {
+                // Nobody will run under this grant: give the key back rather than leave it
+                // taken for a whole lease.
+                if let Err(e) = store.release(&key, &grant.token).await {
+                    tracing::debug!(key = %key.short(), error = %e, "idempotent.sqlite: could not release the key a dropped acquire took; the lease runs out on its own");
+                }
+            }
+            answer
+        });
+        Box::pin(AcquireCall { abandoned, work })
+    }
+
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        token: &'a Token,
+        result: Bytes,
+        retention: Duration,
+    ) -> BoxFuture<'a, Result<Transition, Error>> {
+        Box::pin(self.transition(
+            "complete",
+            &self.inner.sql.complete,
+            key,
+            token,
+            Some(Arg::Result(result, retention)),
+        ))
+    }
+
+    fn release<'a>(&'a self, key: &'a Key, token: &'a Token) -> BoxFuture<'a, Result<Transition, Error>> {
+        Box::pin(self.transition("release", &self.inner.sql.release, key, token, None))
+    }
+
+    fn renew<'a>(
+        &'a self,
+        key: &'a Key,
+        token: &'a Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Transition, Error>> {
+        Box::pin(self.transition("renew", &self.inner.sql.renew, key, token, Some(Arg::Lease(lease))))
+    }
+
+    fn describe(&self) -> String {
+        self.inner.describe.clone()
+    }
+}
+
+impl fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteStore").field("store", &self.inner.describe).finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names_must_be_identifiers() {
+        for good in ["idempotent_records", "_x", "Records2"] {
+            assert!(validate_table(good).is_ok(), "{good}");
+        }
+        for bad in ["", "x; DROP TABLE y", "2x", "a-b", "\"q\"", "sqlite_master", "idempotent_schema", &"a".repeat(65)]
+        {
+            assert!(matches!(validate_table(bad), Err(Error::Config(_))), "{bad:?}");
+        }
+    }
+}

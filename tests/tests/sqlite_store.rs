@@ -1,0 +1,295 @@
+//! `SqliteStore` beyond the conformance suite: contention between stores and processes on one
+//! file, durability across a reopen, purging, schema checks and statements per call.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use idempotent_core::record::{Acquire, Transition};
+use idempotent_core::{Error, Fingerprint, Key, RunContext, SqliteStore, Store};
+use sqlx::{Connection, SqliteConnection};
+use tempfile::TempDir;
+
+const FP: Fingerprint = Fingerprint::from_bytes([1; 32]);
+const LEASE: Duration = Duration::from_secs(10);
+const KEEP: Duration = Duration::from_secs(60);
+
+fn key(n: u8) -> Key {
+    Key::from_bytes([n; 32])
+}
+
+fn wide_key(n: u32) -> Key {
+    let mut k = [7; 32];
+    k[..4].copy_from_slice(&n.to_le_bytes());
+    Key::from_bytes(k)
+}
+
+/// A plain sqlx connection on the file, outside any store.
+async fn raw(path: &Path) -> SqliteConnection {
+    SqliteConnection::connect(&format!("sqlite://{}?mode=rwc", path.display())).await.unwrap()
+}
+
+async fn count_rows(path: &Path, table: &str) -> i64 {
+    let mut conn = raw(path).await;
+    let sql = format!("SELECT count(*) FROM {table}");
+    let n = sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).fetch_one(&mut conn).await.unwrap();
+    conn.close().await.unwrap();
+    n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_stores_on_one_file_acquire_each_key_exactly_once() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("race.db");
+    let stores = [
+        SqliteStore::builder(&path).max_connections(4).open().await.unwrap(),
+        SqliteStore::builder(&path).max_connections(4).open().await.unwrap(),
+    ];
+    let mut tasks = Vec::new();
+    for task in 0..16usize {
+        let store = stores[task % 2].clone();
+        tasks.push(tokio::spawn(async move {
+            let mut acquired = Vec::new();
+            // 200 acquires in all: task t tries calls t, t + 16, …, each on key (call % 50).
+            for call in (task..200).step_by(16) {
+                let k = (call % 50) as u8;
+                match store.acquire(&key(k), &FP, LEASE, KEEP).await.unwrap() {
+                    Acquire::Acquired(_) => acquired.push(k),
+                    Acquire::InFlight { .. } => {}
+                    other => panic!("key {k}: {other:?}"),
+                }
+            }
+            acquired
+        }));
+    }
+    let mut per_key: HashMap<u8, u32> = HashMap::new();
+    for t in tasks {
+        for k in t.await.unwrap() {
+            *per_key.entry(k).or_default() += 1;
+        }
+    }
+    assert_eq!(per_key.len(), 50, "every key was acquired: {per_key:?}");
+    assert!(per_key.values().all(|&n| n == 1), "a key was acquired twice: {per_key:?}");
+    assert_eq!(count_rows(&path, "idempotent_records").await, 50);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_process_sees_in_flight_keys_and_replays_done_ones() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("processes.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    for n in [1, 2, 3] {
+        assert!(matches!(store.acquire(&key(n), &FP, LEASE, KEEP).await.unwrap(), Acquire::Acquired(_)));
+    }
+    let Acquire::Acquired(done) = store.acquire(&key(4), &FP, LEASE, KEEP).await.unwrap() else { panic!() };
+    assert_eq!(store.complete(&key(4), &done.token, Bytes::from_static(b"four"), KEEP).await.unwrap(), Transition::Ok);
+
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_sqlite_child"))
+        .arg(&path)
+        .args(["1", "2", "3", "4", "5"])
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "child failed: {}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<String> = String::from_utf8(out.stdout).unwrap().lines().map(str::to_owned).collect();
+    assert_eq!(lines, ["inflight", "inflight", "inflight", "replay:four", "acquired"]);
+    // The child's lease on key 5 outlives the child: this process sees it in flight.
+    assert!(matches!(store.acquire(&key(5), &FP, LEASE, KEEP).await.unwrap(), Acquire::InFlight { .. }));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_executor_runs_an_action_once_across_a_reopen() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("durable.db");
+    let runs = Arc::new(AtomicU32::new(0));
+    for _reopen in 0..2 {
+        let store = SqliteStore::open(&path).await.unwrap();
+        let ctx = RunContext::new(store.clone(), "order-7");
+        let runs = runs.clone();
+        let id: String = ctx
+            .step("charge")
+            .run(&("order-7", 1500), |attempt| async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, Error>(format!("ch_{}", attempt.number()))
+            })
+            .await
+            .unwrap();
+        assert_eq!(id, "ch_1");
+        store.close().await;
+        drop(ctx);
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the second open replayed the stored result");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_records_are_purged_in_bounded_batches() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("purge.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    let short = Duration::from_millis(100);
+    for n in 0..700u32 {
+        let Acquire::Acquired(g) = store.acquire(&wide_key(n), &FP, short, short).await.unwrap() else { panic!() };
+        if n % 2 == 0 {
+            store.complete(&wide_key(n), &g.token, Bytes::from_static(b"r"), short).await.unwrap();
+        }
+    }
+    let Acquire::Acquired(live) = store.acquire(&key(0), &FP, LEASE, KEEP).await.unwrap() else { panic!() };
+    // Time passing is the point: every short record expires.
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let mut rows = count_rows(&path, "idempotent_records").await;
+    assert!(rows > 256, "{rows} rows: the background purge ran before they expired?");
+    let mut batches = 0;
+    loop {
+        let deleted = store.purge().await.unwrap();
+        assert!(deleted <= 256, "a batch deleted {deleted} rows");
+        let now = count_rows(&path, "idempotent_records").await;
+        assert_eq!(now, rows - deleted as i64, "purge said {deleted}");
+        rows = now;
+        if deleted > 0 {
+            batches += 1;
+        } else if rows == 1 {
+            break;
+        }
+        assert!(batches < 100, "the purge does not end");
+    }
+    assert!(batches >= 2, "{batches} batches");
+    // The live record stays, and is still owned.
+    assert!(matches!(store.acquire(&key(0), &FP, LEASE, KEEP).await.unwrap(), Acquire::InFlight { .. }));
+    assert_eq!(store.complete(&key(0), &live.token, Bytes::new(), KEEP).await.unwrap(), Transition::Ok);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_execution_is_two_statements_and_a_replay_one_that_writes_nothing() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("count.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    let ctx = RunContext::new(store.clone(), "run-1");
+    let before = store.statements();
+    let n: u32 = ctx.step("count").run(&1, |_| async { Ok::<_, Error>(7) }).await.unwrap();
+    assert_eq!((n, store.statements() - before), (7, 2), "first execution: acquire and complete");
+
+    let wal = dir.path().join("count.db-wal");
+    let wal_size = std::fs::metadata(&wal).unwrap().len();
+    for _ in 0..50 {
+        let before = store.statements();
+        let n: u32 = ctx.step("count").run(&1, |_| async { Ok::<_, Error>(8) }).await.unwrap();
+        assert_eq!((n, store.statements() - before), (7, 1), "a replay: the acquire alone");
+    }
+    assert_eq!(std::fs::metadata(&wal).unwrap().len(), wal_size, "replays wrote to the WAL");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_incompatible_table_is_refused_and_left_alone() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("foreign.db");
+    let mut conn = raw(&path).await;
+    sqlx::raw_sql("CREATE TABLE idempotent_records (id INTEGER PRIMARY KEY, body TEXT)")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let err = SqliteStore::open(&path).await.unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, Error::Config(_)), "{err:?}");
+    assert!(msg.contains("idempotent_records") && msg.contains("not created by idempotent-core"), "{msg}");
+    assert!(msg.contains("SqliteStoreBuilder::table"), "says what to do: {msg}");
+    let columns: Vec<String> = sqlx::query_scalar("SELECT name FROM pragma_table_info('idempotent_records')")
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(columns, ["id", "body"], "the table was altered");
+
+    // Another table in the same file works; marked with a newer version, it is refused.
+    let store = SqliteStore::builder(&path).table("records").open().await.unwrap();
+    store.close().await;
+    sqlx::raw_sql("UPDATE idempotent_schema SET version = 2 WHERE name = 'records'").execute(&mut conn).await.unwrap();
+    let err = SqliteStore::builder(&path).table("records").open().await.unwrap_err();
+    assert!(matches!(&err, Error::Config(m) if m.contains("version 2")), "{err:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_name_that_is_not_an_identifier_is_refused() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("inject.db");
+    let mut conn = raw(&path).await;
+    sqlx::raw_sql("CREATE TABLE y (a INTEGER)").execute(&mut conn).await.unwrap();
+    let err = SqliteStore::builder(&path).table("x; DROP TABLE y").open().await.unwrap_err();
+    assert!(matches!(&err, Error::Config(m) if m.contains("x; DROP TABLE y")), "{err:?}");
+    let tables: Vec<String> =
+        sqlx::query_scalar("SELECT name FROM sqlite_schema WHERE type = 'table'").fetch_all(&mut conn).await.unwrap();
+    assert_eq!(tables, ["y"], "nothing was created or dropped");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unopenable_or_locked_file_fails_closed_naming_the_path() {
+    let dir = TempDir::new().unwrap();
+    let missing = dir.path().join("no-such-dir").join("x.db");
+    let err = SqliteStore::open(&missing).await.unwrap_err();
+    assert!(err.is_store_failure(), "{err:?}");
+    assert!(matches!(err, Error::Unavailable { op: "open", .. }), "{err:?}");
+    assert!(err.to_string().contains(&missing.display().to_string()), "{err}");
+
+    let path = dir.path().join("locked.db");
+    let store = SqliteStore::builder(&path).busy_timeout(Duration::from_millis(200)).open().await.unwrap();
+    let mut holder = raw(&path).await;
+    sqlx::raw_sql("BEGIN EXCLUSIVE").execute(&mut holder).await.unwrap();
+    let started = std::time::Instant::now();
+    let err = store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap_err();
+    assert!(matches!(err, Error::Timeout { op: "acquire", .. }), "{err:?}");
+    assert!(err.is_store_failure() && err.to_string().contains(&path.display().to_string()), "{err}");
+    assert!(started.elapsed() >= Duration::from_millis(150), "it waited for the lock: {:?}", started.elapsed());
+    sqlx::raw_sql("ROLLBACK").execute(&mut holder).await.unwrap();
+    assert!(matches!(store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap(), Acquire::Acquired(_)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_acquire_gives_back_the_key_it_took() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("dropped.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    // The write lock is held elsewhere, so the acquire's statement waits in SQLite's busy
+    // handler when its caller gives up.
+    let mut holder = raw(&path).await;
+    sqlx::raw_sql("BEGIN EXCLUSIVE").execute(&mut holder).await.unwrap();
+    let gave_up = tokio::time::timeout(Duration::from_millis(100), store.acquire(&key(1), &FP, LEASE, KEEP)).await;
+    assert!(gave_up.is_err(), "the acquire answered while the file was locked: {gave_up:?}");
+    sqlx::raw_sql("ROLLBACK").execute(&mut holder).await.unwrap();
+    // The statement goes on and takes the key; then the key is released, not held for the lease.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let state: Option<String> = sqlx::query_scalar("SELECT state FROM idempotent_records WHERE key = ?1")
+            .bind(&key(1).as_bytes()[..])
+            .fetch_optional(&mut holder)
+            .await
+            .unwrap();
+        if state.as_deref() == Some("released") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the key stayed {state:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let Acquire::Acquired(next) = store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap() else { panic!("not free") };
+    assert_eq!((next.attempt.number(), next.attempt.recovered()), (2, false));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_garbage_row_is_a_corrupt_error_not_a_replay() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("garbage.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    let mut conn = raw(&path).await;
+    // A done row without a result, written by hand, under a live expiry.
+    sqlx::query(
+        "INSERT INTO idempotent_records VALUES (?1, ?2, 'done', 'someone', 1, 1, 0, 0, 9000000000000000, NULL)",
+    )
+    .bind(&key(9).as_bytes()[..])
+    .bind(&FP.as_bytes()[..])
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let err = store.acquire(&key(9), &FP, LEASE, KEEP).await.unwrap_err();
+    assert!(matches!(&err, Error::Corrupt { detail, .. } if detail.contains("without a result")), "{err:?}");
+    assert!(!err.is_store_failure());
+}
