@@ -47,7 +47,9 @@
 //!   feature, [`RedisStore`] (standalone or cluster, deadpool pooled; a replay and a first
 //!   acquisition are one plain `SET NX GET`, the other transitions Lua scripts judged by the
 //!   server clock; fail-closed timeouts; [`RedisStore::preflight`] with [`Preflight::ensure`]
-//!   refuses at start-up a server that may lose records).
+//!   refuses at start-up a server that may lose records), and, under the `sqlite` feature,
+//!   `SqliteStore` (one file in WAL mode, shared by tasks and processes on one host; a first
+//!   execution is two statements, a replay one).
 //! - `#[idempotent]` (feature `macros`, on by default): the same as an attribute on an `async fn`.
 //!
 //! # Guarantees and limits
