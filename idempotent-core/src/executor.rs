@@ -295,7 +295,6 @@ impl Step<'_> {
         F: FnOnce(Attempt) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.options.validate()?;
         let (key, fingerprint) = self.key_for(payload)?;
         let step: &str = &self.name;
         let opts = &self.options;
@@ -313,6 +312,8 @@ impl Step<'_> {
                 tracing::warn!(step, key = %short, "idempotent.mismatch: same key, different payload");
                 return Err(Error::Mismatch { step: step.to_owned(), key: short.to_string() }.into());
             }
+            // Lease or retention out of bounds (`lease::acquire` checks them): nothing was sent.
+            Err(e @ Error::Config(_)) => return Err(e.into()),
             Err(e) if e.is_store_failure() && opts.fail_mode == FailMode::Open => {
                 tracing::warn!(step, key = %short, error = %e, "idempotent.store_error: failing open, running the action unprotected");
                 return action(Attempt::unprotected()).await;

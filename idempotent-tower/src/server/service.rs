@@ -184,10 +184,6 @@ where
 {
     let short = key.short_key();
     let refuse = |refusal: Refusal| Admission::Respond(refusal.into_response(grpc));
-    if let Err(e) = config.terms.check() {
-        tracing::error!(key = %short, error = %e, "idempotent.refused: the layer is misconfigured");
-        return refuse(Refusal::Misconfigured { reason: e.to_string() });
-    }
     let (data, trailers) = match read_body(&parts.headers, body, config.max_request_body).await {
         Ok(read) => read,
         Err(ReadError::TooLarge) => {
@@ -222,6 +218,11 @@ where
             }
             tracing::warn!(key = %short, error = %e, "idempotent.store_error: the request was refused (fail closed)");
             refuse(Refusal::StoreUnavailable { retry_after: STORE_DOWN_RETRY_AFTER })
+        }
+        // Lease or retention out of bounds (`lease::acquire` checks them): nothing was sent.
+        Err(e @ Error::Config(_)) => {
+            tracing::error!(key = %short, error = %e, "idempotent.refused: the layer is misconfigured");
+            refuse(Refusal::Misconfigured { reason: e.to_string() })
         }
         Err(e @ Error::Corrupt { .. }) => {
             tracing::error!(key = %short, error = %e, "idempotent.corrupt");
