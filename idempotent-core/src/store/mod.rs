@@ -20,11 +20,15 @@ pub mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(feature = "sqlite")]
+pub mod sql;
+#[cfg(feature = "sqlite")]
 pub mod sqlite;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{Preflight, Problem, RedisStore, RedisStoreBuilder, Risk};
 pub use memory::MemoryStore;
+#[cfg(feature = "sqlite")]
+pub use sql::{CommitsWith, TransactionalStore};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SqliteStoreBuilder};
 
@@ -35,8 +39,9 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 ///
 /// Each method is one atomic transition. Implementations must judge leases by their own clock,
 /// keep fencing tokens growing per key, and never hold a connection after the returned future
-/// completes. The trait is object safe: the executor holds an `Arc<dyn Store>`.
-pub trait Store: Send + Sync + 'static {
+/// completes. The trait is object safe: the executor holds an `Arc<dyn Store>`, and can look
+/// through it for the concrete store (`Any`), as `run_in_transaction` does for the SQL stores.
+pub trait Store: std::any::Any + Send + Sync {
     /// Takes the key if it is free (absent, released, or its lease passed), or reports why not.
     ///
     /// `lease` bounds how long the caller may hold the key without renewing; `retention` is how
