@@ -1,18 +1,42 @@
 //! What the example programs share.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
-use idempotent_core::{Error, MemoryStore, RedisStore, SharedStore, Store};
+use idempotent_core::{Error, RedisStore, SharedStore, SqliteStore, Store};
 
-/// The store the examples run on: Redis when `REDIS_URL` is set, else an in-memory store; with a
-/// description to print.
-pub fn store_from_env() -> Result<(SharedStore, String), Error> {
-    match std::env::var("REDIS_URL") {
-        Ok(url) if !url.is_empty() => {
-            let store = RedisStore::connect(&url)?;
-            let describe = format!("RedisStore at {}", store.describe());
-            Ok((Arc::new(store), describe))
-        }
-        _ => Ok((Arc::new(MemoryStore::new()), "MemoryStore (set REDIS_URL to use Redis)".to_owned())),
+/// The store the examples run on, with a description to print:
+///
+/// - Redis when `REDIS_URL` is set (`redis://host:port`);
+/// - else the database `DATABASE_URL` names (`sqlite://path` or `sqlite:path`);
+/// - else the embedded default, a SQLite file in the system's temporary directory
+///   (`idempotent-examples.db`), so that records outlive the process: run an example twice with
+///   the same run id and the second run replays.
+pub async fn store_from_env() -> Result<(SharedStore, String), Error> {
+    if let Some(url) = var("REDIS_URL") {
+        let store = RedisStore::connect(&url)?;
+        let describe = format!("RedisStore at {}", store.describe());
+        return Ok((Arc::new(store), describe));
     }
+    let path = match var("DATABASE_URL") {
+        Some(url) => match url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")) {
+            Some(path) => PathBuf::from(path),
+            None => {
+                return Err(Error::Config(format!(
+                    "DATABASE_URL={url:?} is not a database the examples know: use sqlite://<path> (or set \
+                     REDIS_URL=redis://host:port for Redis)"
+                )));
+            }
+        },
+        None => std::env::temp_dir().join("idempotent-examples.db"),
+    };
+    let store = SqliteStore::open(&path).await?;
+    let describe =
+        format!("SqliteStore at {} (set DATABASE_URL or REDIS_URL to use another database)", store.describe());
+    Ok((Arc::new(store), describe))
+}
+
+/// An environment variable, when set and not empty.
+fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
 }

@@ -3,9 +3,9 @@
 //! happens once.
 //!
 //! ```text
-//! cargo run -p idempotent-examples --bin agent_pipeline                                   # in-memory store
+//! cargo run -p idempotent-examples --bin agent_pipeline  # SQLite file (the embedded default)
 //! REDIS_URL=redis://127.0.0.1:6379 cargo run -p idempotent-examples --bin agent_pipeline  # Redis
-//! RUN_ID=turn-1 REDIS_URL=... cargo run ... # run twice with one RUN_ID: the second run replays every tool
+//! RUN_ID=turn-1 cargo run ... # run twice with one RUN_ID: the second run replays every tool
 //! RUST_LOG=idempotent_core=debug cargo run ... # the executor's events (acquired, replayed, ...)
 //! ```
 //!
@@ -198,7 +198,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "error".into()))
         .init();
 
-    let (store, store_name) = idempotent_examples::store_from_env()?;
+    let (store, store_name) = idempotent_examples::store_from_env().await?;
     let run_id = std::env::var("RUN_ID").unwrap_or_else(|_| {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         format!("support-4711/turn-{}", now.as_millis())

@@ -1,7 +1,7 @@
 //! An axum payments service whose `POST /refunds` is made idempotent by `IdempotencyLayer`.
 //!
 //! ```text
-//! cargo run -p idempotent-examples --bin axum_payments                                  # MemoryStore, port 3000
+//! cargo run -p idempotent-examples --bin axum_payments  # SQLite file (the embedded default), port 3000
 //! REDIS_URL=redis://127.0.0.1:6379 cargo run -p idempotent-examples --bin axum_payments # Redis
 //! cargo run -p idempotent-examples --bin axum_payments -- demo  # start on a free port, run the client sequence below, exit
 //! ```
@@ -102,7 +102,7 @@ fn app(store: SharedStore, provider: Arc<Provider>) -> Router {
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     tracing_subscriber::fmt().with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into())).init();
     let demo = std::env::args().nth(1).as_deref() == Some("demo");
-    let (store, describe) = idempotent_examples::store_from_env()?;
+    let (store, describe) = idempotent_examples::store_from_env().await?;
     let bind = if demo { "127.0.0.1:0".to_owned() } else { std::env::var("ADDR").unwrap_or("127.0.0.1:3000".into()) };
     let listener = tokio::net::TcpListener::bind(&bind).await?;
     let addr = listener.local_addr()?;

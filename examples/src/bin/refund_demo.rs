@@ -2,7 +2,7 @@
 //! payment provider that is charged exactly once.
 //!
 //! ```text
-//! cargo run -p idempotent-examples --bin refund_demo                              # in-memory store
+//! cargo run -p idempotent-examples --bin refund_demo  # SQLite file (the embedded default)
 //! REDIS_URL=redis://127.0.0.1:6379 cargo run -p idempotent-examples --bin refund_demo   # Redis
 //! ```
 //!
@@ -117,7 +117,7 @@ async fn worker(ctx: Option<&RunContext>, provider: &PaymentProvider) -> Vec<Str
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt().with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into())).init();
-    let (store, describe) = idempotent_examples::store_from_env()?;
+    let (store, describe) = idempotent_examples::store_from_env().await?;
 
     println!("Refund workflow for {ORDER}; the gateway fails {RETRIES} times after the refund is issued.\n");
 
@@ -129,14 +129,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     println!("With idempotent ({describe}):");
     // The run id names this logical job; every retry of the job uses the same one. A fresh id per
-    // demo run keeps runs against a shared Redis independent.
+    // demo run keeps runs against a shared database independent.
     let run_id = format!("refund-job-{ORDER}-{}", std::process::id());
     let ctx = RunContext::new(store, &run_id);
     let provider = PaymentProvider::default();
     let ids = worker(Some(&ctx), &provider).await;
 
-    // A worker that restarts and runs the job again gets the same refund too.
-    let again: Refund = ctx
+    // A worker that restarts (a new process: a new connection to the same database) and runs
+    // the job again gets the same refund too.
+    drop(ctx);
+    let (store, _) = idempotent_examples::store_from_env().await?;
+    let restarted = RunContext::new(store, &run_id);
+    let again: Refund = restarted
         .step("issue_refund")
         .run(&(ORDER, AMOUNT), |_| async { Ok::<_, Error>(provider.refund(ORDER, AMOUNT).await) })
         .await?;

@@ -2,7 +2,7 @@
 //! same `IdempotencyLayer` (`Server::builder().layer(...)`).
 //!
 //! ```text
-//! cargo run -p idempotent-examples --bin tonic_payments                                  # MemoryStore, port 50051
+//! cargo run -p idempotent-examples --bin tonic_payments  # SQLite file (the embedded default), port 50051
 //! REDIS_URL=redis://127.0.0.1:6379 cargo run -p idempotent-examples --bin tonic_payments # Redis
 //! cargo run -p idempotent-examples --bin tonic_payments -- client [KEY]  # the client sequence against a running server
 //! cargo run -p idempotent-examples --bin tonic_payments -- demo          # server on a free port + client sequence, then exit
@@ -189,7 +189,7 @@ async fn main() -> Result<(), BoxError> {
             client(addr_env.parse()?, &key).await
         }
         Some("demo") => {
-            let (store, describe) = idempotent_examples::store_from_env()?;
+            let (store, describe) = idempotent_examples::store_from_env().await?;
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
             let addr = listener.local_addr()?;
             println!("gRPC payments service on {addr}, records in {describe}");
@@ -197,7 +197,7 @@ async fn main() -> Result<(), BoxError> {
             client(addr, &format!("refund-o7-{}", std::process::id())).await
         }
         None => {
-            let (store, describe) = idempotent_examples::store_from_env()?;
+            let (store, describe) = idempotent_examples::store_from_env().await?;
             let listener = tokio::net::TcpListener::bind(&addr_env).await?;
             println!("gRPC payments service on {}, records in {describe}", listener.local_addr()?);
             serve(listener, store).await?;
