@@ -18,6 +18,7 @@ pub mod conformance;
 pub mod history;
 pub mod hooked;
 pub mod proxy;
+pub mod workload;
 
 pub use hooked::HookedStore;
 

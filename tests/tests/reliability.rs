@@ -10,99 +10,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idempotent_core::record::{Acquire, Grant, Token, Transition};
-use idempotent_core::store::BoxFuture;
 use idempotent_core::{Error, MemoryStore, OnInFlight, RedisStore, RunContext, SharedStore};
-use idempotent_tests::history::{History, Outcome, Report};
+use idempotent_tests::history::{History, Outcome};
 use idempotent_tests::proxy::{Fault, FaultProxy};
+use idempotent_tests::workload::{
+    Cfg, Hold, call, fastrand_like, final_pass_and_check, held_until, random_calls, signal_then_hold, snapshot,
+};
 use idempotent_tests::{HookedStore, RedisOptions, RedisServer, unique};
 use tokio::sync::{Notify, oneshot, watch};
 
 const TIMEOUT: Duration = Duration::from_millis(400);
-
-/// How a worker calls the step.
-#[derive(Clone, Copy)]
-struct Cfg {
-    lease: Duration,
-    heartbeat: bool,
-    on_in_flight: OnInFlight,
-}
-
-impl Default for Cfg {
-    fn default() -> Self {
-        Cfg {
-            lease: Duration::from_secs(2),
-            heartbeat: true,
-            on_in_flight: OnInFlight::Wait { timeout: Duration::from_secs(10) },
-        }
-    }
-}
-
-/// Something the side effect waits for before it finishes (to hold it open deterministically).
-type Hold = Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>;
-
-/// Calls the step for `key` once, recording the call and any execution in `hist`.
-async fn call(ctx: &RunContext, hist: &History, key: &str, cfg: Cfg, hold: Option<Hold>, final_pass: bool) -> Outcome {
-    let op = if final_pass { hist.invoke_final(key) } else { hist.invoke(key) };
-    let res: Result<String, Error> = ctx
-        .step("effect")
-        .lease(cfg.lease)
-        .heartbeat(cfg.heartbeat)
-        .on_in_flight(cfg.on_in_flight)
-        .run(&key, |attempt| {
-            let hist = hist.clone();
-            async move {
-                let (exec, value) = hist.effect_start(op, attempt.fence());
-                if let Some(hold) = hold {
-                    hold().await;
-                }
-                hist.effect_end(exec);
-                Ok(value)
-            }
-        })
-        .await;
-    let outcome = Outcome::of(&res);
-    hist.complete(op, outcome.clone());
-    outcome
-}
-
-/// After the faults healed: call every key once more, then check the whole history.
-async fn final_pass_and_check(ctx: &RunContext, hist: &History, keys: &[String]) -> Report {
-    for key in keys {
-        let outcome = call(ctx, hist, key, Cfg::default(), None, true).await;
-        assert!(matches!(outcome, Outcome::Ok(_)), "{key}: final pass failed: {outcome:?}");
-    }
-    match hist.check() {
-        Ok(report) => {
-            println!("history: {report}");
-            assert_eq!(report.duplicates, 0);
-            report
-        }
-        Err((report, errors)) => panic!("the checker found violations ({report}):\n{}", errors.join("\n")),
-    }
-}
-
-fn held_until(gate: &watch::Receiver<bool>) -> Option<Hold> {
-    let mut gate = gate.clone();
-    Some(Box::new(move || {
-        Box::pin(async move {
-            let _ = gate.wait_for(|open| *open).await;
-        })
-    }))
-}
-
-fn snapshot(hist: &History) -> Report {
-    hist.check().unwrap_or_else(|(report, _)| report)
-}
-
-fn signal_then_hold(started: oneshot::Sender<()>, release: &Arc<Notify>) -> Option<Hold> {
-    let n = release.clone();
-    Some(Box::new(move || {
-        Box::pin(async move {
-            let _ = started.send(());
-            n.notified().await;
-        })
-    }))
-}
 
 struct Setup {
     server: RedisServer,
@@ -540,33 +457,7 @@ async fn nemesis_mixed_faults_with_8_workers() {
     let proxy = Arc::new(s.proxy);
     let mut workers = Vec::new();
     for w in 0..8u64 {
-        let (ctx, hist, keys) = (s.ctx.clone(), s.hist.clone(), keys.clone());
-        workers.push(tokio::spawn(async move {
-            let mut rng = fastrand_like(w + 1);
-            while tokio::time::Instant::now() < deadline {
-                let key = &keys[(rng() % keys.len() as u64) as usize];
-                let cfg = Cfg {
-                    lease: Duration::from_millis(500),
-                    heartbeat: !rng().is_multiple_of(4),
-                    on_in_flight: if rng().is_multiple_of(2) {
-                        OnInFlight::Reject
-                    } else {
-                        OnInFlight::Wait { timeout: Duration::from_secs(2) }
-                    },
-                };
-                let work = rng() % 3;
-                let hold: Option<Hold> =
-                    Some(Box::new(move || Box::pin(tokio::time::sleep(Duration::from_millis(work * 120)))));
-                // Some calls are abandoned mid-flight, as a cancelled request would be.
-                let abandon = rng().is_multiple_of(10);
-                let call = call(&ctx, &hist, key, cfg, hold, false);
-                if abandon {
-                    let _ = tokio::time::timeout(Duration::from_millis(150), call).await;
-                } else {
-                    call.await;
-                }
-            }
-        }));
+        workers.push(tokio::spawn(random_calls(s.ctx.clone(), s.hist.clone(), keys.clone(), deadline, w + 1)));
     }
     let nemesis = {
         let proxy = proxy.clone();
@@ -603,17 +494,6 @@ async fn nemesis_mixed_faults_with_8_workers() {
     let report = final_pass_and_check(&s.direct, &s.hist, &keys).await;
     println!("nemesis: {secs} s, {faults} faults injected, {report}");
     assert!(report.ops > 100, "the workers barely ran: {report}");
-}
-
-/// A deterministic xorshift generator: the nemesis schedule is the same on every run.
-fn fastrand_like(seed: u64) -> impl FnMut() -> u64 {
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    }
 }
 
 /// A store with the lease check turned off: it hands the key to every caller. The negative

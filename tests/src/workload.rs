@@ -1,0 +1,156 @@
+//! The workload of the reliability tests: how a worker calls the step under test, recording every
+//! call and execution in a [`History`], the final pass and check, and a deterministic random
+//! schedule. Shared by the scenarios of every store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use idempotent_core::store::BoxFuture;
+use idempotent_core::{Error, OnInFlight, RunContext};
+use tokio::sync::{Notify, oneshot, watch};
+
+use crate::history::{History, Outcome, Report};
+
+/// How a worker calls the step.
+#[derive(Clone, Copy)]
+pub struct Cfg {
+    /// The step's lease.
+    pub lease: Duration,
+    /// Whether the heartbeat renews it.
+    pub heartbeat: bool,
+    /// What a call does when another attempt holds the key.
+    pub on_in_flight: OnInFlight,
+}
+
+impl Default for Cfg {
+    fn default() -> Self {
+        Cfg {
+            lease: Duration::from_secs(2),
+            heartbeat: true,
+            on_in_flight: OnInFlight::Wait { timeout: Duration::from_secs(10) },
+        }
+    }
+}
+
+/// Something the side effect waits for before it finishes (to hold it open deterministically).
+pub type Hold = Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>;
+
+/// Calls the step for `key` once, recording the call and any execution in `hist`.
+pub async fn call(
+    ctx: &RunContext,
+    hist: &History,
+    key: &str,
+    cfg: Cfg,
+    hold: Option<Hold>,
+    final_pass: bool,
+) -> Outcome {
+    let op = if final_pass { hist.invoke_final(key) } else { hist.invoke(key) };
+    let res: Result<String, Error> = ctx
+        .step("effect")
+        .lease(cfg.lease)
+        .heartbeat(cfg.heartbeat)
+        .on_in_flight(cfg.on_in_flight)
+        .run(&key, |attempt| {
+            let hist = hist.clone();
+            async move {
+                let (exec, value) = hist.effect_start(op, attempt.fence());
+                if let Some(hold) = hold {
+                    hold().await;
+                }
+                hist.effect_end(exec);
+                Ok(value)
+            }
+        })
+        .await;
+    let outcome = Outcome::of(&res);
+    hist.complete(op, outcome.clone());
+    outcome
+}
+
+/// After the faults healed: call every key once more, then check the whole history.
+pub async fn final_pass_and_check(ctx: &RunContext, hist: &History, keys: &[String]) -> Report {
+    for key in keys {
+        let outcome = call(ctx, hist, key, Cfg::default(), None, true).await;
+        assert!(matches!(outcome, Outcome::Ok(_)), "{key}: final pass failed: {outcome:?}");
+    }
+    match hist.check() {
+        Ok(report) => {
+            println!("history: {report}");
+            assert_eq!(report.duplicates, 0);
+            report
+        }
+        Err((report, errors)) => panic!("the checker found violations ({report}):\n{}", errors.join("\n")),
+    }
+}
+
+/// A hold that lasts until `gate` opens.
+pub fn held_until(gate: &watch::Receiver<bool>) -> Option<Hold> {
+    let mut gate = gate.clone();
+    Some(Box::new(move || {
+        Box::pin(async move {
+            let _ = gate.wait_for(|open| *open).await;
+        })
+    }))
+}
+
+/// The checker's report so far, violations or not.
+pub fn snapshot(hist: &History) -> Report {
+    hist.check().unwrap_or_else(|(report, _)| report)
+}
+
+/// A hold that signals `started`, then lasts until `release` is notified.
+pub fn signal_then_hold(started: oneshot::Sender<()>, release: &Arc<Notify>) -> Option<Hold> {
+    let n = release.clone();
+    Some(Box::new(move || {
+        Box::pin(async move {
+            let _ = started.send(());
+            n.notified().await;
+        })
+    }))
+}
+
+/// A deterministic xorshift generator: the nemesis schedule is the same on every run.
+pub fn fastrand_like(seed: u64) -> impl FnMut() -> u64 {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    }
+}
+
+/// One nemesis worker: until `deadline`, calls the step on random keys with random terms (a
+/// 500 ms lease, the heartbeat off one time in four, rejecting or waiting when the key is in
+/// flight), actions that take 0 to 240 ms, and one call in ten abandoned after 150 ms as a
+/// cancelled request would be. `seed` fixes the schedule.
+pub async fn random_calls(
+    ctx: RunContext,
+    hist: History,
+    keys: Vec<String>,
+    deadline: tokio::time::Instant,
+    seed: u64,
+) {
+    let mut rng = fastrand_like(seed);
+    while tokio::time::Instant::now() < deadline {
+        let key = &keys[(rng() % keys.len() as u64) as usize];
+        let cfg = Cfg {
+            lease: Duration::from_millis(500),
+            heartbeat: !rng().is_multiple_of(4),
+            on_in_flight: if rng().is_multiple_of(2) {
+                OnInFlight::Reject
+            } else {
+                OnInFlight::Wait { timeout: Duration::from_secs(2) }
+            },
+        };
+        let work = rng() % 3;
+        let hold: Option<Hold> =
+            Some(Box::new(move || Box::pin(tokio::time::sleep(Duration::from_millis(work * 120)))));
+        let call = call(&ctx, &hist, key, cfg, hold, false);
+        if rng().is_multiple_of(10) {
+            let _ = tokio::time::timeout(Duration::from_millis(150), call).await;
+        } else {
+            call.await;
+        }
+    }
+}

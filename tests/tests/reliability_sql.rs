@@ -1,0 +1,77 @@
+//! Reliability of the SQL stores under faults: the workload and checker of `reliability.rs`
+//! (`idempotent_tests::workload`, `idempotent_tests::history`) against the database's own faults.
+//!
+//! SQLite: two stores on one file (as two processes would be), and a nemesis that takes the
+//! file's write lock from a third connection for random spans, some longer than the stores'
+//! busy timeout, and checkpoints the WAL meanwhile. Print the reports with `-- --nocapture`.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idempotent_core::{RunContext, SqliteStore};
+use idempotent_tests::history::History;
+use idempotent_tests::unique;
+use idempotent_tests::workload::{fastrand_like, final_pass_and_check, random_calls};
+use sqlx::{Connection, SqliteConnection};
+use tempfile::TempDir;
+
+/// How long a statement waits for the write lock before failing closed.
+const BUSY: Duration = Duration::from_millis(400);
+
+/// The nemesis's duration: IDEMPOTENT_NEMESIS_SECS, else `default`.
+fn nemesis_secs(default: u64) -> u64 {
+    std::env::var("IDEMPOTENT_NEMESIS_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(default)
+}
+
+async fn sqlite(path: &Path) -> SqliteStore {
+    SqliteStore::builder(path).busy_timeout(BUSY).max_connections(4).open().await.unwrap()
+}
+
+/// 8 workers on 40 keys through two stores on one file, while the nemesis holds the write lock
+/// (50 to 900 ms, so past the busy timeout about half the time) and checkpoints the WAL; then a
+/// final pass and the checker: no key's effect committed twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_nemesis_lock_contention_with_two_stores_on_one_file() {
+    let secs = nemesis_secs(15);
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("nemesis.db");
+    let run = unique("rel-sqlite");
+    let stores = [sqlite(&path).await, sqlite(&path).await];
+    let hist = History::new();
+    let keys: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    let mut workers = Vec::new();
+    for w in 0..8u64 {
+        let ctx = RunContext::new(stores[w as usize % 2].clone(), &run);
+        workers.push(tokio::spawn(random_calls(ctx, hist.clone(), keys.clone(), deadline, w + 1)));
+    }
+    let mut locker = SqliteConnection::connect(&format!("sqlite://{}", path.display())).await.unwrap();
+    let mut rng = fastrand_like(99);
+    let (mut locks, mut checkpoints) = (0u32, 0u32);
+    while tokio::time::Instant::now() < deadline {
+        if rng().is_multiple_of(3) {
+            // Waits for the workers' writes as long as it takes, then truncates the WAL.
+            sqlx::raw_sql("PRAGMA wal_checkpoint(TRUNCATE)").execute(&mut locker).await.unwrap();
+            checkpoints += 1;
+        } else {
+            sqlx::raw_sql("BEGIN IMMEDIATE").execute(&mut locker).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(50 + rng() % 850)).await;
+            sqlx::raw_sql("COMMIT").execute(&mut locker).await.unwrap();
+            locks += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(50 + rng() % 300)).await;
+    }
+    for w in workers {
+        w.await.unwrap();
+    }
+    let failures = hist.failures();
+    let timeouts = failures.iter().filter(|(_, o)| format!("{o:?}").contains("did not answer")).count();
+    let direct = RunContext::new(Arc::new(sqlite(&path).await) as Arc<dyn idempotent_core::Store>, &run);
+    let report = final_pass_and_check(&direct, &hist, &keys).await;
+    println!(
+        "sqlite nemesis: {secs} s, {locks} write locks held, {checkpoints} checkpoints, {timeouts} calls timed out; {report}"
+    );
+    assert!(report.ops > 100, "the workers barely ran: {report}");
+    assert!(timeouts > 0, "no call ever waited past the busy timeout: the nemesis did not bite ({report})");
+}
