@@ -293,3 +293,46 @@ async fn a_garbage_row_is_a_corrupt_error_not_a_replay() {
     assert!(matches!(&err, Error::Corrupt { detail, .. } if detail.contains("without a result")), "{err:?}");
     assert!(!err.is_store_failure());
 }
+
+/// Two OS processes × 32 tasks on one file, every task calling the step for each of 200 keys:
+/// each key's action runs once in all (counted in a ledger both processes append to), and every
+/// call in both processes returns that one execution's result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processes_of_32_tasks_run_each_action_once() {
+    let dir = TempDir::new().unwrap();
+    let (db, ledger) = (dir.path().join("multi.db"), dir.path().join("ledger"));
+    // The schema exists before the race (as after a deploy); creating it concurrently is covered
+    // by the child-process test above.
+    SqliteStore::open(&db).await.unwrap().close().await;
+    let spawn = || {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_step_worker"))
+            .arg(format!("sqlite://{}", db.display()))
+            .arg(&ledger)
+            .args(["32", "200"])
+            .output()
+    };
+    let (a, b) = tokio::join!(spawn(), spawn());
+    let mut results: HashMap<String, Vec<String>> = HashMap::new();
+    for out in [a.unwrap(), b.unwrap()] {
+        assert!(out.status.success(), "a worker failed: {}", String::from_utf8_lossy(&out.stderr));
+        for line in String::from_utf8(out.stdout).unwrap().lines() {
+            let (key, result) = line.split_once('=').unwrap();
+            results.entry(key.to_owned()).or_default().push(result.to_owned());
+        }
+    }
+    let ledger = std::fs::read_to_string(&ledger).unwrap();
+    let mut runs: HashMap<&str, u32> = HashMap::new();
+    for line in ledger.lines() {
+        *runs.entry(line.split(' ').next().unwrap()).or_default() += 1;
+    }
+    assert_eq!(runs.len(), 200, "some keys' actions never ran");
+    let twice: Vec<_> = runs.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(twice.is_empty(), "actions ran more than once: {twice:?}");
+    assert_eq!(results.len(), 200);
+    for (key, seen) in &results {
+        assert_eq!(seen.len(), 64, "key {key}: one call per task of each process");
+        assert!(seen.iter().all(|r| r == &seen[0]), "key {key}: calls saw different results: {seen:?}");
+    }
+    let pids: std::collections::HashSet<&str> = ledger.lines().map(|l| l.split(' ').nth(1).unwrap()).collect();
+    assert_eq!(pids.len(), 2, "both processes ran actions (they raced): {pids:?}");
+}
