@@ -15,9 +15,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-const INSTALL_HINT: &str = "The PostgreSQL tests need the server binaries (initdb, postgres), found neither on PATH nor \
-     in /usr/lib/postgresql/*/bin: install them with `sudo apt-get install -y postgresql` (Debian/Ubuntu), `sudo dnf \
-     install postgresql-server` (Fedora) or `brew install postgresql` (macOS), then run the tests again";
+const INSTALL_HINT: &str = "The PostgreSQL tests need the server binaries (initdb, postgres), found \
+     neither on PATH nor in /usr/lib/postgresql/*/bin: install them with `sudo apt-get install -y postgresql` \
+     (Debian/Ubuntu), `sudo dnf install postgresql-server` (Fedora) or `brew install postgresql` (macOS), then run \
+     the tests again";
 
 /// The server binaries and who runs them.
 #[derive(Debug)]
@@ -41,7 +42,10 @@ fn install() -> &'static Install {
                 )
             };
             Command::new("setpriv").arg("--version").output().unwrap_or_else(|e| {
-                panic!("the tests run as root and start postgres as the user `postgres` with setpriv (util-linux), which did not run: {e}")
+                panic!(
+                    "the tests run as root and start postgres as the user `postgres` with setpriv (util-linux), \
+                     which did not run: {e}"
+                )
             });
             (uid, gid)
         });

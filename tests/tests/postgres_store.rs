@@ -286,6 +286,67 @@ async fn a_paused_database_fails_calls_within_the_timeout_and_works_after_it_res
     assert_eq!((next.attempt.number(), next.attempt.recovered()), (2, false));
 }
 
+/// Waits until `n` backends wait for a lock.
+async fn wait_for_lock_waiters(conn: &mut PgConnection, n: i64) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while count(conn, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'").await != n {
+        assert!(Instant::now() < deadline, "no acquire came to wait for the lock");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The acquire's read and its upsert see different rows when another transaction writes the key
+/// in between: the statement then answers nothing and runs again, on the newer row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_racing_another_write_reads_again_and_answers_from_the_newer_row() {
+    let server = PgServer::start();
+    let store = PostgresStore::connect(server.url()).await.unwrap();
+    let mut conn = server.connection().await;
+    let mut other = server.connection().await;
+
+    // Absent when the acquire reads it; inserted (running, a live lease) by another transaction
+    // that commits while the acquire's insert waits for it.
+    sqlx::raw_sql("BEGIN").execute(&mut other).await.unwrap();
+    let far = "9000000000000000";
+    let insert =
+        format!("INSERT INTO idempotent_records VALUES ($1, $2, 'running', 'other', 1, 1, false, {far}, {far}, NULL)");
+    sqlx::query(sqlx::AssertSqlSafe(insert))
+        .bind(&key(1).as_bytes()[..])
+        .bind(&FP.as_bytes()[..])
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let before = store.statements();
+    let racing = {
+        let store = store.clone();
+        tokio::spawn(async move { store.acquire(&key(1), &FP, LEASE, KEEP).await })
+    };
+    wait_for_lock_waiters(&mut conn, 1).await;
+    sqlx::raw_sql("COMMIT").execute(&mut other).await.unwrap();
+    assert!(matches!(racing.await.unwrap().unwrap(), Acquire::InFlight { .. }));
+    assert_eq!(store.statements() - before, 2, "the acquire ran once more");
+
+    // Released (free) when the acquire reads it; done by another attempt that commits while the
+    // acquire's upsert waits for the row lock.
+    let g = acquired(&store, &key(2), LEASE).await;
+    store.release(&key(2), &g.token).await.unwrap();
+    sqlx::raw_sql("BEGIN").execute(&mut other).await.unwrap();
+    sqlx::query("UPDATE idempotent_records SET state = 'done', token = 'other', result = '\\x6f6b' WHERE key = $1")
+        .bind(&key(2).as_bytes()[..])
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let before = store.statements();
+    let racing = {
+        let store = store.clone();
+        tokio::spawn(async move { store.acquire(&key(2), &FP, LEASE, KEEP).await })
+    };
+    wait_for_lock_waiters(&mut conn, 1).await;
+    sqlx::raw_sql("COMMIT").execute(&mut other).await.unwrap();
+    assert_eq!(racing.await.unwrap().unwrap(), Acquire::Replay(Bytes::from_static(b"ok")));
+    assert_eq!(store.statements() - before, 2, "the acquire ran once more");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_rows_are_corrupt_errors_not_replays() {
     let server = PgServer::start();
@@ -370,10 +431,9 @@ async fn an_incompatible_table_is_refused_and_left_alone() {
     sqlx::raw_sql("UPDATE idempotent_schema SET version = 2 WHERE name = 'records'").execute(&mut conn).await.unwrap();
     let err = PostgresStore::builder(server.url()).table("records").connect().await.unwrap_err();
     assert!(matches!(&err, Error::Config(m) if m.contains("version 2")), "{err:?}");
-    sqlx::raw_sql("UPDATE idempotent_schema SET version = 1 WHERE name = 'records'; ALTER TABLE records ALTER COLUMN attempt TYPE integer")
-        .execute(&mut conn)
-        .await
-        .unwrap();
+    let changed = "UPDATE idempotent_schema SET version = 1 WHERE name = 'records';
+                   ALTER TABLE records ALTER COLUMN attempt TYPE integer";
+    sqlx::raw_sql(changed).execute(&mut conn).await.unwrap();
     let err = PostgresStore::builder(server.url()).table("records").connect().await.unwrap_err();
     assert!(
         matches!(&err, Error::Config(m) if m.contains("changed by hand") && m.contains("attempt integer")),
@@ -410,8 +470,8 @@ async fn expired_records_are_purged_in_bounded_batches() {
     let live = acquired(&store, &key(0), LEASE).await;
     let mut conn = server.connection().await;
     // 700 expired rows, written by hand (acquisitions would purge in the background).
-    let expired = "INSERT INTO idempotent_records SELECT decode(lpad(to_hex(n), 64, '0'), 'hex'), $1, 'done', 't', n, 1, \
-                   false, 0, 1000, '\\x00' FROM generate_series($2::int, $3::int) n";
+    let expired = "INSERT INTO idempotent_records SELECT decode(lpad(to_hex(n), 64, '0'), 'hex'), $1, 'done', \
+                   't', n, 1, false, 0, 1000, '\\x00' FROM generate_series($2::int, $3::int) n";
     sqlx::query(sqlx::AssertSqlSafe(expired)).bind(&[2u8; 32][..]).bind(1).bind(700).execute(&mut conn).await.unwrap();
     // One expired row is locked by a transaction: the purge skips it rather than wait.
     let mut locker = server.connection().await;

@@ -23,10 +23,11 @@
 //! deadlines are one arithmetic, as in [`SqliteStore`](super::SqliteStore); read them with
 //! `to_timestamp(expires_at / 1e6)`.
 //!
-//! The table is created on first use (by [`PostgresStore::connect`], or [`migrate`]) in one
-//! transaction under an advisory lock, so that processes starting at once do not both create it.
-//! A table of that name that this crate did not create, or of another version or shape, is an
-//! [`Error::Config`] saying what to do, and is never altered.
+//! The table is created on first use (by [`PostgresStore::connect`], or
+//! [`PostgresStore::migrate`]) in one transaction under an advisory lock, so that processes
+//! starting at once do not both create it. A table of that name that this crate did not create,
+//! or of another version or shape, is an [`Error::Config`] saying what to do, and is never
+//! altered.
 //!
 //! # Statements
 //!
@@ -177,7 +178,9 @@ const MAX_TABLE_LEN: usize = 48;
 /// let ctx = RunContext::new(store.clone(), "order-7");
 /// let id: String = ctx
 ///     .step("charge")
-///     .run(&("order-7", 1500), |attempt| async move { Ok::<_, idempotent_core::Error>(format!("ch_{}", attempt.fence())) })
+///     .run(&("order-7", 1500), |attempt| async move {
+///         Ok::<_, idempotent_core::Error>(format!("ch_{}", attempt.fence()))
+///     })
 ///     .await?;
 /// println!("{id}");
 /// // The password is never shown.
@@ -705,10 +708,10 @@ impl PostgresStore {
 
     /// After an acquire that failed once its statement was sent, the database may still take
     /// the key for `token` (when a paused server resumes, or in a commit whose reply a crash
-    /// lost), and nobody will run under it. A task of its own releases it instead: until the
-    /// database answers, then (after a store failure) once more two timeouts later, once a
-    /// statement still under way for the acquire has ended (its `statement_timeout` is the
-    /// timeout).
+    /// lost), and nobody will run under it; nor under the key an acquire dropped by its caller
+    /// took. A task of its own releases it instead: until the database answers, then (after a
+    /// store failure, `store_failure`) once more two timeouts later, once a statement still
+    /// under way for the acquire has ended (its `statement_timeout` is the timeout).
     fn release_orphan(&self, key: Key, token: Token, store_failure: bool) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         let store = self.clone();
@@ -826,9 +829,7 @@ impl Store for PostgresStore {
                         if flag.load(Ordering::Acquire) {
                             // Nobody will run under this grant: give the key back rather than
                             // leave it taken for a whole lease.
-                            if let Err(e) = store.release(&key, &grant.token).await {
-                                tracing::debug!(key = %key.short(), error = %e, "idempotent.postgres: could not release the key a dropped acquire took; the lease runs out on its own");
-                            }
+                            store.release_orphan(key, grant.token.clone(), false);
                         } else {
                             store.maybe_purge();
                         }
