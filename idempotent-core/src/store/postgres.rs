@@ -117,6 +117,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgConnectOptions, PgPool, PgPoolOptions, PgRow, Postgres};
 use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, Connection, Row, SqlSafeStr, SqlStr};
@@ -415,10 +416,21 @@ fn redact(url: &str) -> String {
     }
 }
 
-/// A call that failed, and whether its statement may have reached the database.
+/// A call that failed, and whether its statement may have taken effect.
 struct Failed {
     error: Error,
-    sent: bool,
+    effect: Effect,
+}
+
+/// Whether a failed statement may have changed the database.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Effect {
+    /// It was not sent (no connection).
+    NotSent,
+    /// The database rolled it back (a serialization failure or a deadlock): it may run again.
+    RolledBack,
+    /// It was sent and may have been committed.
+    Unknown,
 }
 
 impl PostgresStore {
@@ -588,45 +600,59 @@ impl PostgresStore {
         Error::Timeout { store: self.inner.describe.clone(), op, after: self.inner.timeout }
     }
 
-    /// Runs `query` on a connection of its own, all within the timeout, and returns its rows
-    /// (`rows`) or the number of rows it changed.
-    async fn call(
-        &self,
-        op: &'static str,
-        query: Query<'static, Postgres, PgArguments>,
-        rows: bool,
-    ) -> Result<Done, Failed> {
+    /// A connection of the pool for one statement, and the deadline of the call (the timeout
+    /// from now), which taking the connection counts against.
+    async fn connection(&self, op: &'static str) -> Result<(PoolConnection<Postgres>, Instant), Failed> {
         let inner = &self.inner;
         let deadline = Instant::now() + inner.timeout;
-        let mut conn = match tokio::time::timeout_at(deadline, inner.pool.acquire()).await {
-            Ok(Ok(conn)) => conn,
-            Ok(Err(e)) => return Err(Failed { error: self.error(op, e), sent: false }),
-            Err(_) => return Err(Failed { error: self.timed_out(op), sent: false }),
-        };
-        inner.statements.fetch_add(1, Ordering::Relaxed);
-        let run = async {
-            if rows {
-                query.fetch_all(&mut *conn).await.map(Done::Rows)
-            } else {
-                query.execute(&mut *conn).await.map(|r| Done::Count(r.rows_affected()))
+        match tokio::time::timeout_at(deadline, inner.pool.acquire()).await {
+            Ok(Ok(conn)) => {
+                inner.statements.fetch_add(1, Ordering::Relaxed);
+                Ok((conn, deadline))
             }
-        };
-        match tokio::time::timeout_at(deadline, run).await {
+            Ok(Err(e)) => Err(Failed { error: self.error(op, e), effect: Effect::NotSent }),
+            Err(_) => Err(Failed { error: self.timed_out(op), effect: Effect::NotSent }),
+        }
+    }
+
+    /// What a statement run on `conn` came to.
+    fn ended<T>(
+        &self,
+        op: &'static str,
+        mut conn: PoolConnection<Postgres>,
+        outcome: Result<Result<T, sqlx::Error>, tokio::time::error::Elapsed>,
+    ) -> Result<T, Failed> {
+        match outcome {
             Ok(Ok(done)) => Ok(done),
-            Ok(Err(e)) => Err(Failed { error: self.error(op, e), sent: true }),
+            Ok(Err(e)) => {
+                let effect = if serialization_failure(&e) { Effect::RolledBack } else { Effect::Unknown };
+                Err(Failed { error: self.error(op, e), effect })
+            }
             Err(_) => {
                 // The statement may still be in the connection's pipe: never hand it out again.
                 conn.close_on_drop();
-                Err(Failed { error: self.timed_out(op), sent: true })
+                Err(Failed { error: self.timed_out(op), effect: Effect::Unknown })
             }
         }
     }
 
+    /// Runs `query` on a connection of its own within the timeout, and returns its rows.
+    async fn fetch(
+        &self,
+        op: &'static str,
+        query: Query<'static, Postgres, PgArguments>,
+    ) -> Result<Vec<PgRow>, Failed> {
+        let (mut conn, deadline) = self.connection(op).await?;
+        let outcome = tokio::time::timeout_at(deadline, query.fetch_all(&mut *conn)).await;
+        self.ended(op, conn, outcome)
+    }
+
+    /// Runs `query` on a connection of its own within the timeout, and returns how many rows it
+    /// changed.
     async fn execute(&self, op: &'static str, query: Query<'static, Postgres, PgArguments>) -> Result<u64, Failed> {
-        match self.call(op, query, false).await? {
-            Done::Count(n) => Ok(n),
-            Done::Rows(_) => unreachable!("an execute answers a count"),
-        }
+        let (mut conn, deadline) = self.connection(op).await?;
+        let outcome = tokio::time::timeout_at(deadline, query.execute(&mut *conn)).await;
+        self.ended(op, conn, outcome).map(|done| done.rows_affected())
     }
 
     /// Every `PURGE_EVERY` acquisitions, one purge batch in the background (one at a time).
@@ -655,7 +681,6 @@ impl PostgresStore {
         retention: Duration,
     ) -> Result<Acquire, Failed> {
         let inner = &self.inner;
-        let mut sent = false;
         for _ in 0..ACQUIRE_TRIES {
             let q = sqlx::query(inner.sql.acquire.clone())
                 .bind(&key.as_bytes()[..])
@@ -663,22 +688,19 @@ impl PostgresStore {
                 .bind(token.as_str())
                 .bind(micros(lease))
                 .bind(micros(lease.max(retention)));
-            let rows = match self.call("acquire", q, true).await {
-                Ok(Done::Rows(rows)) => rows,
-                Ok(Done::Count(_)) => unreachable!("a fetch answers rows"),
+            let rows = match self.fetch("acquire", q).await {
+                Ok(rows) => rows,
                 // Nothing was committed: run it again on a fresh snapshot.
-                Err(Failed { error: Error::Unavailable { source: Some(source), .. }, .. })
-                    if source.downcast_ref::<sqlx::Error>().is_some_and(serialization_failure) =>
-                {
-                    sent = true;
-                    continue;
-                }
-                Err(f) => return Err(Failed { error: f.error, sent: sent || f.sent }),
+                Err(Failed { effect: Effect::RolledBack, .. }) => continue,
+                Err(failed) => return Err(failed),
             };
-            sent = true;
             match rows.first() {
-                Some(row) => return read_acquire(key, fp, token, row).map_err(|error| Failed { error, sent }),
-                // Changed between the statement's read and its upsert.
+                // A row of ours that cannot be read was taken all the same.
+                Some(row) => {
+                    return read_acquire(key, fp, token, row)
+                        .map_err(|error| Failed { error, effect: Effect::Unknown });
+                }
+                // Changed between the statement's read and its upsert; nothing was written.
                 None => continue,
             }
         }
@@ -689,7 +711,7 @@ impl PostgresStore {
                 reason: format!("the record changed under each of {ACQUIRE_TRIES} tries"),
                 source: None,
             },
-            sent,
+            effect: Effect::NotSent,
         })
     }
 
@@ -752,12 +774,6 @@ impl PostgresStoreBuilder {
             max_connections: 8,
         }
     }
-}
-
-/// What a statement answered.
-enum Done {
-    Rows(Vec<PgRow>),
-    Count(u64),
 }
 
 fn bind_transition<'q>(
@@ -836,8 +852,8 @@ impl Store for PostgresStore {
                     }
                     Ok(answer)
                 }
-                Err(Failed { error, sent }) => {
-                    if sent {
+                Err(Failed { error, effect }) => {
+                    if effect == Effect::Unknown {
                         store.release_orphan(key, token, error.is_store_failure());
                     }
                     Err(error)
