@@ -258,13 +258,19 @@ async fn a_paused_database_fails_calls_within_the_timeout_and_works_after_it_res
     // One connection, on which the acquire statement is prepared before the pause: the paused
     // acquire is then sent whole (a first use would wait for the server to parse it first).
     let store = PostgresStore::builder(server.url()).timeout(TIMEOUT).max_connections(1).connect().await.unwrap();
-    let held = acquired(&store, &key(2), LEASE).await;
     let mut conn = server.connection().await;
+    let held = acquired(&store, &key(2), LEASE).await;
+    // sqlx pings a connection as it goes back to the pool: wait for that before pausing.
+    while store.pool().num_idle() != 1 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
 
     server.pause();
     let t = Instant::now();
+    let sent = store.statements();
     let err = store.acquire(&key(1), &FP, Duration::from_secs(60), KEEP).await.unwrap_err();
     assert!(matches!(err, Error::Timeout { op: "acquire", .. }), "{err:?}");
+    assert_eq!(store.statements() - sent, 1, "the acquire was not sent: no connection in time");
     assert!(t.elapsed() >= TIMEOUT - Duration::from_millis(50) && t.elapsed() < TIMEOUT + MARGIN, "{:?}", t.elapsed());
     let t = Instant::now();
     assert_fails_closed("renew", t, store.renew(&key(2), &held.token, LEASE).await);

@@ -84,7 +84,8 @@
 //!
 //! Connections that sat idle for more than a second are pinged before use, so that after a
 //! database restart the pool replaces them rather than fail a call on each; connections in
-//! steady use are not, so a call is one round trip.
+//! steady use are not, so a call waits for one round trip. (sqlx itself checks each connection
+//! with a `Sync` message as it goes back to the pool, after the call has answered.)
 //!
 //! # Clock
 //!
