@@ -47,9 +47,11 @@
 //!   feature, [`RedisStore`] (standalone or cluster, deadpool pooled; a replay and a first
 //!   acquisition are one plain `SET NX GET`, the other transitions Lua scripts judged by the
 //!   server clock; fail-closed timeouts; [`RedisStore::preflight`] with [`Preflight::ensure`]
-//!   refuses at start-up a server that may lose records), and, under the `sqlite` feature,
-//!   `SqliteStore` (one file in WAL mode, shared by tasks and processes on one host; a first
-//!   execution is two statements, a replay one).
+//!   refuses at start-up a server that may lose records), under the `sqlite` feature,
+//!   `SqliteStore` (one file in WAL mode, shared by tasks and processes on one host), and under
+//!   the `postgres` feature, `PostgresStore` (one table, judged by the database clock; fail-closed
+//!   timeouts; on its own pool or the application's). For both SQL stores a first execution is
+//!   two statements, a replay one.
 //! - `#[idempotent]` (feature `macros`, on by default): the same as an attribute on an `async fn`.
 //!
 //! # Guarantees and limits
@@ -96,6 +98,8 @@ pub use lease::{
     OnInFlight, Terms,
 };
 pub use store::{IntoSharedStore, MemoryStore, SharedStore, Store};
+#[cfg(feature = "postgres")]
+pub use store::{PostgresStore, PostgresStoreBuilder};
 #[cfg(feature = "redis")]
 pub use store::{Preflight, RedisStore, RedisStoreBuilder, Risk};
 #[cfg(feature = "sqlite")]

@@ -1,5 +1,6 @@
-//! Test support for the workspace: throwaway `redis-server` processes, the store conformance
-//! suite, and [`hooked::HookedStore`] for stores with one transition changed.
+//! Test support for the workspace: throwaway `redis-server` processes, throwaway PostgreSQL
+//! servers ([`postgres::PgServer`]), the store conformance suite, and [`hooked::HookedStore`] for
+//! stores with one transition changed.
 //!
 //! Every server listens on a free loopback port in its own temporary directory, keeps its log
 //! there, and is killed when dropped. Tests never touch a Redis the machine may already run on
@@ -17,10 +18,12 @@ use idempotent_core::redis;
 pub mod conformance;
 pub mod history;
 pub mod hooked;
+pub mod postgres;
 pub mod proxy;
 pub mod workload;
 
 pub use hooked::HookedStore;
+pub use postgres::PgServer;
 
 const INSTALL_HINT: &str = "redis-server was not found on PATH. The Redis tests need a real server: \
      install it with `sudo apt-get install -y redis-server` (Debian/Ubuntu), `sudo dnf install redis` \

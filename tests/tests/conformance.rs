@@ -1,7 +1,7 @@
 //! The store conformance suite on every backend.
 
-use idempotent_core::{MemoryStore, RedisStore, SharedStore, SqliteStore};
-use idempotent_tests::{RedisCluster, RedisServer, conformance};
+use idempotent_core::{MemoryStore, PostgresStore, RedisStore, SharedStore, SqliteStore};
+use idempotent_tests::{PgServer, RedisCluster, RedisServer, conformance};
 use std::sync::Arc;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -16,6 +16,16 @@ async fn sqlite_store_conforms() {
     conformance::run_all(Arc::new(store.clone())).await;
     // A second store on the same file takes over and replays the first one's records.
     let other = SqliteStore::open(dir.path().join("records.db")).await.unwrap();
+    conformance::run_mixed(Arc::new(store), Arc::new(other)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_store_conforms() {
+    let server = PgServer::start();
+    let store = PostgresStore::connect(server.url()).await.unwrap();
+    conformance::run_all(Arc::new(store.clone())).await;
+    // A second store (its own pool) on the same table takes over and replays the first one's records.
+    let other = PostgresStore::connect(server.url()).await.unwrap();
     conformance::run_mixed(Arc::new(store), Arc::new(other)).await;
 }
 

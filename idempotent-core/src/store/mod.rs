@@ -3,7 +3,9 @@
 //! [`MemoryStore`] is the embedded default for one process and for tests. [`RedisStore`] (feature
 //! `redis`) shares records between processes and machines, on standalone Redis or Redis Cluster.
 //! [`SqliteStore`] (feature `sqlite`) keeps them in one SQLite file, durable across restarts and
-//! shared by the processes of one host. All pass the same conformance suite (`tests/src/conformance.rs`).
+//! shared by the processes of one host. [`PostgresStore`] (feature `postgres`) keeps them in a
+//! PostgreSQL table, shared by every process that reaches the database. All pass the same
+//! conformance suite (`tests/src/conformance.rs`).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -17,9 +19,11 @@ use crate::key::{Fingerprint, Key};
 use crate::record::{Acquire, Token, Transition};
 
 pub mod memory;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub mod sql;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
@@ -27,7 +31,9 @@ pub mod sqlite;
 #[cfg(feature = "redis")]
 pub use self::redis::{Preflight, Problem, RedisStore, RedisStoreBuilder, Risk};
 pub use memory::MemoryStore;
-#[cfg(feature = "sqlite")]
+#[cfg(feature = "postgres")]
+pub use postgres::{PostgresStore, PostgresStoreBuilder};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use sql::{CommitsWith, TransactionalStore};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SqliteStoreBuilder};

@@ -1,17 +1,25 @@
 //! What the SQL stores share: writing a step's outcome inside a transaction that also holds the
-//! step's own writes, so that both commit together or not at all.
+//! step's own writes, so that both commit together or not at all; and, inside the crate, how an
+//! acquire's row is judged and how a dropped acquire finishes.
 //!
-//! [`SqliteStore`](super::SqliteStore) and `PostgresStore` implement [`TransactionalStore`];
-//! `Step::run_in_transaction` drives it.
+//! [`SqliteStore`](super::SqliteStore) and [`PostgresStore`](super::PostgresStore) implement
+//! [`TransactionalStore`]; `Step::run_in_transaction` drives it.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 
 use super::{BoxFuture, Store};
+use crate::attempt::Attempt;
 use crate::error::Error;
-use crate::key::Key;
-use crate::record::{Token, Transition};
+use crate::key::{Fingerprint, Key};
+use crate::lease::FinishOnDrop;
+use crate::record::{Acquire, Grant, Token, Transition};
 
 /// A store whose records live in a SQL database, so that a step's completion can be written in
 /// the transaction that holds the step's business writes.
@@ -51,4 +59,94 @@ pub trait TransactionalStore: Store + Clone {
 pub trait CommitsWith: sqlx::Database {
     /// The store whose records live in this database.
     type Store: TransactionalStore<Database = Self>;
+}
+
+/// Durations are clamped to 100 years, so that `now + d` stays within an `i64` of µs.
+pub(crate) const MAX_US: i64 = 100 * 365 * 24 * 60 * 60 * 1_000_000;
+
+/// A duration in µs, as the SQL stores bind it.
+pub(crate) fn micros(d: Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(MAX_US).min(MAX_US)
+}
+
+/// The argument a transition binds after the key and the token.
+pub(crate) enum Arg {
+    /// complete: the outcome and its retention.
+    Result(Bytes, Duration),
+    /// renew: the new lease.
+    Lease(Duration),
+}
+
+/// The row an acquire statement returns, read out of the driver's row type.
+pub(crate) struct Found {
+    pub(crate) token: String,
+    pub(crate) fingerprint: Vec<u8>,
+    pub(crate) state: String,
+    pub(crate) fence: i64,
+    pub(crate) attempt: i64,
+    pub(crate) recovered: bool,
+    /// µs until the lease deadline (meaningful for a running record of another attempt).
+    pub(crate) left_us: i64,
+    pub(crate) result: Option<Vec<u8>>,
+}
+
+impl Found {
+    /// Tells the outcome of an acquire by `token` with `fingerprint` from the row it returned:
+    /// ours, the key was taken; another's, the row says replay, in flight or mismatch.
+    pub(crate) fn judge(self, key: &Key, fingerprint: &Fingerprint, token: &Token) -> Result<Acquire, Error> {
+        let corrupt = |detail: String| Error::Corrupt { key: key.short(), detail };
+        if self.token == token.as_str() {
+            let fence = u64::try_from(self.fence).map_err(|_| corrupt(format!("negative fence {}", self.fence)))?;
+            let attempt =
+                u32::try_from(self.attempt).map_err(|_| corrupt(format!("attempt {} out of range", self.attempt)))?;
+            return Ok(Acquire::Acquired(Grant {
+                token: token.clone(),
+                attempt: Attempt::new(fence, attempt, self.recovered),
+            }));
+        }
+        if self.fingerprint != fingerprint.as_bytes() {
+            return Ok(Acquire::Mismatch);
+        }
+        match self.state.as_str() {
+            "done" => {
+                let result = self.result.ok_or_else(|| corrupt("a done record without a result".to_owned()))?;
+                Ok(Acquire::Replay(Bytes::from(result)))
+            }
+            "running" => {
+                Ok(Acquire::InFlight { retry_after: Duration::from_micros(self.left_us.max(0).unsigned_abs()) })
+            }
+            other => Err(corrupt(format!("the record is {other:?} and another attempt's, yet was not taken"))),
+        }
+    }
+}
+
+/// An acquire in flight. Dropped before it answered (a timeout around the step, a caller that
+/// went away), it goes on in a task of its own: the statement may already be running on its
+/// connection, and only once it has ended can the key it may have taken be released. The work
+/// reads `abandoned` to know whether anyone will use what it took.
+pub(crate) struct AcquireCall<F: Future + Send + 'static> {
+    abandoned: Arc<AtomicBool>,
+    work: FinishOnDrop<F>,
+}
+
+impl<F: Future + Send + 'static> AcquireCall<F> {
+    /// Wraps `work`, which sees `abandoned` set once the call was dropped unanswered.
+    pub(crate) fn new(abandoned: Arc<AtomicBool>, work: F) -> Self {
+        AcquireCall { abandoned, work: FinishOnDrop::new(work) }
+    }
+}
+
+impl<F: Future + Send + 'static> Future for AcquireCall<F> {
+    type Output = F::Output;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        Pin::new(&mut self.work).poll(cx)
+    }
+}
+
+impl<F: Future + Send + 'static> Drop for AcquireCall<F> {
+    fn drop(&mut self) {
+        // Runs before `work` is dropped (and handed to a task), so that the task sees the flag.
+        self.abandoned.store(true, Ordering::Release);
+    }
 }

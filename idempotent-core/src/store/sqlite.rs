@@ -68,12 +68,9 @@
 //! prevent. A replay commits nothing, so it does not sync.
 
 use std::fmt;
-use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -82,12 +79,11 @@ use sqlx::sqlite::{
 };
 use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr};
 
+use super::sql::{AcquireCall, Arg, Found, micros};
 use super::{BoxFuture, Store};
-use crate::attempt::Attempt;
 use crate::error::{BoxError, Error};
 use crate::key::{Fingerprint, Key};
-use crate::lease::FinishOnDrop;
-use crate::record::{Acquire, Grant, Token, Transition};
+use crate::record::{Acquire, Token, Transition};
 
 /// The schema version this crate writes and reads.
 const SCHEMA_VERSION: i64 = 1;
@@ -97,8 +93,6 @@ const PURGE_BATCH: i64 = 256;
 const PURGE_EVERY: u64 = 64;
 /// The database clock in µs since the Unix epoch, read inside a statement.
 const NOW_US: &str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
-/// Durations are clamped to 100 years, so that `now + d` stays within an `i64` of µs.
-const MAX_US: i64 = 100 * 365 * 24 * 60 * 60 * 1_000_000;
 /// The columns of the table, in the order `migrate` creates them.
 const COLUMNS: [&str; 10] =
     ["key", "fingerprint", "state", "token", "fence", "attempt", "recovered", "lease_until", "expires_at", "result"];
@@ -505,71 +499,21 @@ impl SqliteStore {
     }
 }
 
-/// An acquire in flight. Dropped before it answered (a timeout around the step, a caller that
-/// went away), it goes on in a task of its own: the statement may already be running on its
-/// connection, and only once it has ended can the key it may have taken be released.
-struct AcquireCall<F: Future + Send + 'static> {
-    abandoned: Arc<AtomicBool>,
-    work: FinishOnDrop<F>,
-}
-
-impl<F: Future + Send + 'static> Future for AcquireCall<F> {
-    type Output = F::Output;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        Pin::new(&mut self.work).poll(cx)
-    }
-}
-
-impl<F: Future + Send + 'static> Drop for AcquireCall<F> {
-    fn drop(&mut self) {
-        // Runs before `work` is dropped (and handed to a task), so that the task sees the flag.
-        self.abandoned.store(true, Ordering::Release);
-    }
-}
-
-enum Arg {
-    Result(Bytes, Duration),
-    Lease(Duration),
-}
-
-fn micros(d: Duration) -> i64 {
-    i64::try_from(d.as_micros()).unwrap_or(MAX_US).min(MAX_US)
-}
-
 /// Tells the outcome of acquire from the row it returned.
 fn read_acquire(key: &Key, fp: &Fingerprint, token: &Token, row: &SqliteRow) -> Result<Acquire, Error> {
-    let corrupt = |detail: String| Error::Corrupt { key: key.short(), detail };
-    let get_err = |e: sqlx::Error| corrupt(format!("a column has the wrong type: {e}"));
-    let row_token: String = row.try_get(0).map_err(get_err)?;
-    let fingerprint: Vec<u8> = row.try_get(1).map_err(get_err)?;
-    let state: String = row.try_get(2).map_err(get_err)?;
-    if row_token == token.as_str() {
-        let fence: i64 = row.try_get(3).map_err(get_err)?;
-        let attempt: i64 = row.try_get(4).map_err(get_err)?;
-        let recovered: i64 = row.try_get(5).map_err(get_err)?;
-        let fence = u64::try_from(fence).map_err(|_| corrupt(format!("negative fence {fence}")))?;
-        let attempt = u32::try_from(attempt).map_err(|_| corrupt(format!("attempt {attempt} out of range")))?;
-        return Ok(Acquire::Acquired(Grant {
-            token: token.clone(),
-            attempt: Attempt::new(fence, attempt, recovered != 0),
-        }));
-    }
-    if fingerprint != fp.as_bytes() {
-        return Ok(Acquire::Mismatch);
-    }
-    match state.as_str() {
-        "done" => {
-            let result: Option<Vec<u8>> = row.try_get(7).map_err(get_err)?;
-            let result = result.ok_or_else(|| corrupt("a done record without a result".to_owned()))?;
-            Ok(Acquire::Replay(Bytes::from(result)))
-        }
-        "running" => {
-            let left: i64 = row.try_get(6).map_err(get_err)?;
-            Ok(Acquire::InFlight { retry_after: Duration::from_micros(left.max(0).unsigned_abs()) })
-        }
-        other => Err(corrupt(format!("the record is {other:?} and another attempt's, yet was not taken"))),
-    }
+    let get_err =
+        |e: sqlx::Error| Error::Corrupt { key: key.short(), detail: format!("a column has the wrong type: {e}") };
+    let found = Found {
+        token: row.try_get(0).map_err(get_err)?,
+        fingerprint: row.try_get(1).map_err(get_err)?,
+        state: row.try_get(2).map_err(get_err)?,
+        fence: row.try_get(3).map_err(get_err)?,
+        attempt: row.try_get(4).map_err(get_err)?,
+        recovered: row.try_get::<i64, _>(5).map_err(get_err)? != 0,
+        left_us: row.try_get(6).map_err(get_err)?,
+        result: row.try_get(7).map_err(get_err)?,
+    };
+    found.judge(key, fp, token)
 }
 
 fn store_error(describe: &str, op: &'static str, busy_timeout: Duration, e: sqlx::Error) -> Error {
@@ -599,7 +543,7 @@ impl Store for SqliteStore {
         let (key, fingerprint) = (*key, *fingerprint);
         let abandoned = Arc::new(AtomicBool::new(false));
         let flag = abandoned.clone();
-        let work = FinishOnDrop::new(async move {
+        let work = async move {
             let answer = store.acquire_now(&key, &fingerprint, lease, retention).await;
             if let Ok(Acquire::Acquired(grant)) = &answer
                 && flag.load(Ordering::Acquire)
@@ -611,8 +555,8 @@ impl Store for SqliteStore {
                 }
             }
             answer
-        });
-        Box::pin(AcquireCall { abandoned, work })
+        };
+        Box::pin(AcquireCall::new(abandoned, work))
     }
 
     fn complete<'a>(

@@ -1,0 +1,976 @@
+//! The PostgreSQL store, on sqlx: one table, shared by every process that reaches the database.
+//!
+//! # Schema (version 1)
+//!
+//! One row per key, in a table named by [`PostgresStoreBuilder::table`] (`idempotent_records`
+//! unless set), in the first schema of the connection's `search_path` (`current_schema()`):
+//!
+//! | column | type | meaning |
+//! |---|---|---|
+//! | `key` | `bytea PRIMARY KEY` | the key's 32 bytes |
+//! | `fingerprint` | `bytea` | the payload's 32 bytes |
+//! | `state` | `text` | `running`, `released` or `done` |
+//! | `token` | `text` | owner token of the last acquisition (kept when done or released, so that a repeated complete or release by it is acknowledged) |
+//! | `fence` | `bigint` | fencing token of the last acquisition |
+//! | `attempt` | `bigint` | its attempt number |
+//! | `recovered` | `boolean` | it took over a lease that ran out |
+//! | `lease_until` | `bigint` | lease deadline, µs since the Unix epoch on the database clock |
+//! | `expires_at` | `bigint` | when the row counts as absent, µs since the Unix epoch; indexed (`<table>_expires_at`) for the purge |
+//! | `result` | `bytea` | the stored outcome, when done |
+//!
+//! and a table `idempotent_schema (name, version)` saying which tables this crate created and
+//! at which version. Times are integers of µs rather than `timestamptz` so that the fence and the
+//! deadlines are one arithmetic, as in [`SqliteStore`](super::SqliteStore); read them with
+//! `to_timestamp(expires_at / 1e6)`.
+//!
+//! The table is created on first use (by [`PostgresStore::connect`], or
+//! [`PostgresStore::migrate`]) in one transaction under an advisory lock, so that processes
+//! starting at once do not both create it. A table of that name that this crate did not create,
+//! or of another version or shape, is an [`Error::Config`] saying what to do, and is never
+//! altered.
+//!
+//! # Statements
+//!
+//! Every call of the [`Store`] trait is one statement in autocommit, on a connection taken from
+//! the pool for that statement only and given back before the answer is (so no connection is held
+//! while the caller's action runs):
+//!
+//! - acquire: `WITH cur AS (SELECT … WHERE key = $1), taken AS (INSERT … SELECT … WHERE NOT
+//!   EXISTS (<cur is not free>) ON CONFLICT (key) DO UPDATE SET … WHERE <free> RETURNING …)
+//!   SELECT … FROM taken UNION ALL SELECT … FROM cur WHERE NOT free`. When the row the statement
+//!   reads says the key is not free (done, in flight, another payload) the insert does nothing
+//!   and the row is the answer: a replay is one pure read, which takes no row lock and writes no
+//!   WAL, so it does not wait for a disk flush either. Otherwise the upsert takes the key, judging
+//!   "free" again on the newest row version it locks, and returns it. The alternative, a `DO
+//!   UPDATE` that always updates with a `CASE` per column (as `SqliteStore` does), returns the row
+//!   in every case, but in PostgreSQL every replay would then write a row version, and even a `DO
+//!   UPDATE … WHERE false` locks the row, which is a WAL record and a flushed commit.
+//!
+//!   The read sees the statement's snapshot, while the upsert sees the newest committed row. They
+//!   differ only when another call changed the key in between (a first acquisition by two callers
+//!   at once, say): the upsert then finds the key taken and the read finds it absent or free, the
+//!   statement returns no row, and it is run again, once, on a fresh snapshot (a serialization
+//!   failure, under a database whose default isolation is stricter than `READ COMMITTED`, is
+//!   run again the same way). An answer from the snapshot is true as of the statement's start:
+//!   a done record stays done until it expires, and expiry is judged at that same time.
+//! - complete, release, renew: `UPDATE … WHERE key = $1 AND token = $2 AND state IN (…) AND
+//!   expires_at > now`; a repeat by the token that completed (or released) matches its own done
+//!   (released) row and changes nothing, so it is acknowledged.
+//!
+//! [`PostgresStore::statements`] counts them: a first execution is 2 (acquire, complete), a replay
+//! 1 (`tests/tests/postgres_store.rs` asserts both, and that replays leave the row version as it
+//! was: no new version, no lock).
+//!
+//! # Timeouts and failures
+//!
+//! [`PostgresStoreBuilder::timeout`] (5 s unless set) bounds each call as a whole: taking a
+//! connection from the pool (opening one included: the TCP connect and the handshake) and running
+//! the statement. A database that is down, unreachable or stopped fails the call with
+//! [`Error::Timeout`] or [`Error::Unavailable`] within it: acquire fails closed. A statement given
+//! up on closes its connection rather than return it to the pool. The store's own connections
+//! also run with `statement_timeout` set to the timeout, so that a statement the client gave up
+//! on (waiting for a row lock, say) does not go on in the server for long; this applies to the
+//! statements of a step's transaction on the store's pool too (raise it there with `SET LOCAL
+//! statement_timeout` if a step needs longer).
+//!
+//! An acquire that failed after its statement was sent may still take the key in the server (a
+//! paused server runs it when it resumes; a crash may lose the reply of a committed one). Nobody
+//! would run under that acquisition, so a task releases the key for the acquire's token: until
+//! the database answers (trying once a timeout, at most 32 times), then once more two timeouts
+//! later, once any statement still under way for it has ended. Releasing is safe whatever
+//! happened: it acts only on a record that token holds. An acquire dropped before it answered
+//! (a timeout around the step) goes on in a task of its own until its statement has ended, then
+//! releases the key if it took it.
+//!
+//! Connections that sat idle for more than a second are pinged before use, so that after a
+//! database restart the pool replaces them rather than fail a call on each; connections in
+//! steady use are not, so a call waits for one round trip. (sqlx itself checks each connection
+//! with a `Sync` message as it goes back to the pool, after the call has answered.)
+//!
+//! # Clock
+//!
+//! Time is the database's: `statement_timestamp()` (fixed for the statement, and the same for
+//! every caller), never the caller's clock. Fences are `greatest(previous fence + 1, now in µs)`,
+//! so they grow per key also after the row was purged, unless the database clock steps back
+//! further than the time since the key's last acquisition.
+//!
+//! # Purging
+//!
+//! A row expires `max(lease, retention)` after its acquisition, `retention` after its completion.
+//! An expired row counts as absent at once (acquire takes it over, the fence still grows); it is
+//! deleted by a purge that takes up to 256 expired rows by the `expires_at` index (`FOR UPDATE
+//! SKIP LOCKED`, so it never waits for a call) and deletes them, one batch for every 64
+//! acquisitions of a store (in a background task, one at a time). [`PostgresStore::purge`] runs a
+//! batch by hand.
+//!
+//! # Durability
+//!
+//! A record is as durable as the database's commits: with `synchronous_commit = on` (the default)
+//! and `fsync = on`, a completion that was answered survives a crash. With `synchronous_commit =
+//! off`, a crash can undo the last commits, and for this store an undone `done` means the action
+//! runs again on the retry; do not turn it off for this table's database. A replay commits
+//! nothing, so it never waits for a flush.
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgPool, PgPoolOptions, PgRow, Postgres};
+use sqlx::query::Query;
+use sqlx::{AssertSqlSafe, Connection, Row, SqlSafeStr, SqlStr};
+use tokio::time::Instant;
+
+use super::sql::{AcquireCall, Arg, CommitsWith, Found, TransactionalStore, micros};
+use super::{BoxFuture, Store};
+use crate::error::{BoxError, Error};
+use crate::key::{Fingerprint, Key};
+use crate::record::{Acquire, Token, Transition};
+
+/// The schema version this crate writes and reads.
+const SCHEMA_VERSION: i32 = 1;
+/// Expired rows deleted per purge batch at most.
+const PURGE_BATCH: i64 = 256;
+/// Acquisitions of one store between two purge batches.
+const PURGE_EVERY: u64 = 64;
+/// The database clock in µs since the Unix epoch, fixed for the statement.
+const NOW_US: &str = "(extract(epoch FROM statement_timestamp()) * 1000000)::bigint";
+/// The columns of the table and their types (as `format_type` spells them), in the order
+/// `migrate` creates them.
+const COLUMNS: [(&str, &str); 10] = [
+    ("key", "bytea"),
+    ("fingerprint", "bytea"),
+    ("state", "text"),
+    ("token", "text"),
+    ("fence", "bigint"),
+    ("attempt", "bigint"),
+    ("recovered", "boolean"),
+    ("lease_until", "bigint"),
+    ("expires_at", "bigint"),
+    ("result", "bytea"),
+];
+/// The advisory lock `migrate` holds for its transaction ("idempote" in ASCII).
+const MIGRATE_LOCK: i64 = 0x6964_656d_706f_7465;
+/// How often acquire runs its statement when the record keeps changing under it.
+const ACQUIRE_TRIES: u32 = 8;
+/// How often the release after a failed acquire is tried before the lease is left to run out.
+const ORPHAN_TRIES: u32 = 32;
+/// Connections idle for longer are pinged before use.
+const IDLE_PING: Duration = Duration::from_secs(1);
+/// The longest table name: the index name (`<table>_expires_at`) must fit PostgreSQL's 63 bytes.
+const MAX_TABLE_LEN: usize = 48;
+
+/// A store in one PostgreSQL table, safe for many tasks and for many processes on many hosts.
+///
+/// See the [module documentation](self) for the schema, the statements, the timeouts and the
+/// durability choices. Clones share the same pool.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use idempotent_core::{PostgresStore, RunContext, Store};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idempotent_core::Error> {
+/// let store = PostgresStore::builder("postgres://app:secret@127.0.0.1:5432/app")
+///     .timeout(Duration::from_secs(2))
+///     .connect()
+///     .await?;
+/// let ctx = RunContext::new(store.clone(), "order-7");
+/// let id: String = ctx
+///     .step("charge")
+///     .run(&("order-7", 1500), |attempt| async move {
+///         Ok::<_, idempotent_core::Error>(format!("ch_{}", attempt.fence()))
+///     })
+///     .await?;
+/// println!("{id}");
+/// // The password is never shown.
+/// assert_eq!(store.describe(), "postgres://app@127.0.0.1:5432/app");
+/// store.close().await;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct PostgresStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: PgPool,
+    describe: String,
+    table: String,
+    timeout: Duration,
+    sql: Statements,
+    acquisitions: AtomicU64,
+    statements: AtomicU64,
+    purging: AtomicBool,
+}
+
+struct Statements {
+    acquire: SqlStr,
+    complete: SqlStr,
+    release: SqlStr,
+    renew: SqlStr,
+    purge: SqlStr,
+}
+
+impl Statements {
+    fn new(table: &str) -> Self {
+        let t = format!("\"{table}\"");
+        let cols = COLUMNS.map(|(name, _)| name).join(", ");
+        // Judged on the snapshot's row `r` at the statement's time.
+        let free_now = format!(
+            "(r.expires_at <= {NOW_US} OR (r.fingerprint = $2 AND (r.state = 'released' OR (r.state = 'running' AND \
+             r.lease_until <= {NOW_US}))))"
+        );
+        // Judged on the newest row version `r`, which the upsert has locked; `excluded` is the
+        // row it would insert, whose `fence` column holds the clock.
+        let now = "excluded.fence";
+        let expired = format!("r.expires_at <= {now}");
+        let free = format!(
+            "({expired} OR (r.fingerprint = excluded.fingerprint AND (r.state = 'released' OR (r.state = 'running' \
+             AND r.lease_until <= {now}))))"
+        );
+        let acquire = format!(
+            "WITH cur AS (\n\
+             SELECT r.token, r.fingerprint, r.state, r.fence, r.attempt, r.recovered, r.lease_until - {NOW_US} AS \
+             left_us, r.result, {free_now} AS free\n\
+             FROM {t} r WHERE r.key = $1\n\
+             ), taken AS (\n\
+             INSERT INTO {t} AS r ({cols})\n\
+             SELECT $1, $2, 'running', $3, {NOW_US}, 1, false, {NOW_US} + $4, {NOW_US} + $5, NULL\n\
+             WHERE NOT EXISTS (SELECT FROM cur WHERE NOT cur.free)\n\
+             ON CONFLICT (key) DO UPDATE SET\n  \
+             fingerprint = excluded.fingerprint, state = 'running', token = excluded.token,\n  \
+             fence = greatest(r.fence + 1, {now}),\n  \
+             attempt = CASE WHEN {expired} THEN 1 ELSE r.attempt + 1 END,\n  \
+             recovered = NOT {expired} AND r.state = 'running',\n  \
+             lease_until = excluded.lease_until, expires_at = excluded.expires_at, result = NULL\n\
+             WHERE {free}\n\
+             RETURNING r.token, r.fingerprint, r.state, r.fence, r.attempt, r.recovered\n\
+             )\n\
+             SELECT token, fingerprint, state, fence, attempt, recovered, 0::bigint, NULL::bytea FROM taken\n\
+             UNION ALL\n\
+             SELECT token, fingerprint, state, fence, attempt, recovered, left_us, result FROM cur WHERE NOT free"
+        );
+        let owned = format!("key = $1 AND token = $2 AND expires_at > {NOW_US}");
+        let complete = format!(
+            "UPDATE {t} SET result = CASE WHEN state = 'done' THEN result ELSE $3 END,\n\
+             expires_at = CASE WHEN state = 'done' THEN expires_at ELSE {NOW_US} + $4 END,\n\
+             state = 'done'\n\
+             WHERE {owned} AND state IN ('running', 'done')"
+        );
+        let release = format!("UPDATE {t} SET state = 'released' WHERE {owned} AND state IN ('running', 'released')");
+        let renew = format!(
+            "UPDATE {t} SET lease_until = {NOW_US} + $3, expires_at = greatest(expires_at, {NOW_US} + $3)\n\
+             WHERE {owned} AND state = 'running'"
+        );
+        let purge = format!(
+            "DELETE FROM {t} WHERE key IN (\n\
+             SELECT key FROM {t} WHERE expires_at <= {NOW_US} ORDER BY expires_at LIMIT {PURGE_BATCH} FOR UPDATE SKIP \
+             LOCKED\n\
+             ) AND expires_at <= {NOW_US}"
+        );
+        let sql = |s: String| AssertSqlSafe(Arc::<str>::from(s)).into_sql_str();
+        Statements {
+            acquire: sql(acquire),
+            complete: sql(complete),
+            release: sql(release),
+            renew: sql(renew),
+            purge: sql(purge),
+        }
+    }
+}
+
+/// Where a [`PostgresStore`] gets its connections.
+#[derive(Debug, Clone)]
+enum Target {
+    Url(String),
+    Pool(PgPool),
+}
+
+/// Settings of a [`PostgresStore`], from [`PostgresStore::builder`] or
+/// [`PostgresStore::builder_with_pool`].
+#[derive(Debug, Clone)]
+pub struct PostgresStoreBuilder {
+    target: Target,
+    table: String,
+    timeout: Duration,
+    max_connections: u32,
+}
+
+impl PostgresStoreBuilder {
+    /// The table holding the records (default `idempotent_records`): an identifier of ASCII
+    /// letters, digits and `_`, not starting with a digit, at most 48 characters, not
+    /// `idempotent_schema`. It is created in the connection's `current_schema()`.
+    pub fn table(mut self, name: impl Into<String>) -> Self {
+        self.table = name.into();
+        self
+    }
+
+    /// How long a call may take as a whole, connecting included, before it fails with
+    /// [`Error::Timeout`] (default 5 s; at least 1 ms). The store's own connections also get it
+    /// as `statement_timeout`.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The most connections the store opens (default 8; at least 1). Ignored for a store on a
+    /// pool of the application's ([`PostgresStore::builder_with_pool`]).
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n.max(1);
+        self
+    }
+
+    /// Makes the pool (connections are opened as calls need them) and creates or checks the
+    /// table ([`PostgresStore::migrate`]).
+    ///
+    /// Fails with [`Error::Config`] for an invalid URL or table name or an incompatible existing
+    /// table, and with [`Error::Unavailable`] or [`Error::Timeout`] (op `open`) when the database
+    /// cannot be reached within the timeout.
+    pub async fn connect(self) -> Result<PostgresStore, Error> {
+        validate_table(&self.table)?;
+        let timeout = self.timeout;
+        let (pool, describe) = match self.target {
+            Target::Url(url) => {
+                let options = PgConnectOptions::from_str(&url).map_err(|e| {
+                    Error::Config(format!(
+                        "invalid PostgreSQL URL {}: {e}; expected postgres://user[:password]@host[:port]/database",
+                        redact(&url)
+                    ))
+                })?;
+                let describe = describe(&options);
+                let options = options.options([("statement_timeout", format!("{}ms", timeout.as_millis().max(1)))]);
+                let pool = PgPoolOptions::new()
+                    .max_connections(self.max_connections)
+                    .min_connections(0)
+                    .acquire_timeout(timeout)
+                    .test_before_acquire(false)
+                    .before_acquire(|conn, meta| {
+                        Box::pin(async move {
+                            if meta.idle_for > IDLE_PING {
+                                conn.ping().await?;
+                            }
+                            Ok(true)
+                        })
+                    })
+                    .connect_lazy_with(options);
+                (pool, describe)
+            }
+            Target::Pool(pool) => {
+                let describe = describe(&pool.connect_options());
+                (pool, describe)
+            }
+        };
+        let store = PostgresStore {
+            inner: Arc::new(Inner {
+                pool,
+                describe,
+                table: self.table.clone(),
+                timeout,
+                sql: Statements::new(&self.table),
+                acquisitions: AtomicU64::new(0),
+                statements: AtomicU64::new(0),
+                purging: AtomicBool::new(false),
+            }),
+        };
+        store.migrate_as("open").await?;
+        Ok(store)
+    }
+}
+
+fn validate_table(name: &str) -> Result<(), Error> {
+    let mut chars = name.chars();
+    let ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && name.len() <= MAX_TABLE_LEN
+        && !name.eq_ignore_ascii_case("idempotent_schema");
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Config(format!(
+            "PostgreSQL table name {name:?} is not a plain identifier (ASCII letters, digits and `_`, not starting \
+             with a digit, at most {MAX_TABLE_LEN} characters, not `idempotent_schema`); choose another with \
+             PostgresStoreBuilder::table"
+        )))
+    }
+}
+
+/// `postgres://user@host:port/database`: the connection's target without its password.
+fn describe(options: &PgConnectOptions) -> String {
+    let user = options.get_username();
+    let db = options.get_database().unwrap_or(user);
+    match options.get_socket() {
+        Some(dir) => format!("postgres://{user}@/{db}?host={}&port={}", dir.display(), options.get_port()),
+        None => format!("postgres://{user}@{}:{}/{db}", options.get_host(), options.get_port()),
+    }
+}
+
+/// The URL with the password of its user part, if any, replaced by `***`.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return "(not a URL)".to_owned() };
+    let Some((userinfo, host)) = rest.rsplit_once('@') else { return url.to_owned() };
+    match userinfo.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+        None => url.to_owned(),
+    }
+}
+
+/// A call that failed, and whether its statement may have taken effect.
+struct Failed {
+    error: Error,
+    effect: Effect,
+}
+
+/// Whether a failed statement may have changed the database.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Effect {
+    /// It was not sent (no connection).
+    NotSent,
+    /// The database rolled it back (a serialization failure or a deadlock): it may run again.
+    RolledBack,
+    /// It was sent and may have been committed.
+    Unknown,
+}
+
+impl PostgresStore {
+    /// Connects with the default settings (see [`PostgresStore::builder`]) and creates or checks
+    /// the table.
+    pub async fn connect(url: impl Into<String>) -> Result<PostgresStore, Error> {
+        PostgresStore::builder(url).connect().await
+    }
+
+    /// A store on a pool of the application's, with the default settings (see
+    /// [`PostgresStore::builder_with_pool`]); creates or checks the table.
+    pub async fn from_pool(pool: PgPool) -> Result<PostgresStore, Error> {
+        PostgresStore::builder_with_pool(pool).connect().await
+    }
+
+    /// Settings for a store on the database at `url` (`postgres://user:password@host:port/db`,
+    /// with the query parameters sqlx's `PgConnectOptions` reads), in its own pool.
+    pub fn builder(url: impl Into<String>) -> PostgresStoreBuilder {
+        PostgresStoreBuilder::new(Target::Url(url.into()))
+    }
+
+    /// Settings for a store on `pool`, shared with the application: the store takes a connection
+    /// for each statement and gives it back before it answers. Its connections keep the pool's
+    /// own settings (no `statement_timeout` is added; the store's timeout still bounds each call).
+    pub fn builder_with_pool(pool: PgPool) -> PostgresStoreBuilder {
+        PostgresStoreBuilder::new(Target::Pool(pool))
+    }
+
+    /// The pool the store runs on, to share with the application.
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    /// Creates the table if it is missing, or checks that it is the one this crate creates.
+    ///
+    /// [`connect`](Self::connect) runs it already; running it again changes nothing. An existing
+    /// table this crate did not create, or of another schema version or shape, is an
+    /// [`Error::Config`] saying what to do: it is never altered.
+    pub async fn migrate(&self) -> Result<(), Error> {
+        self.migrate_as("migrate").await
+    }
+
+    async fn migrate_as(&self, op: &'static str) -> Result<(), Error> {
+        let inner = &self.inner;
+        match tokio::time::timeout(inner.timeout, self.migrate_in(op)).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(Error::Timeout { store: inner.describe.clone(), op, after: inner.timeout }),
+        }
+    }
+
+    async fn migrate_in(&self, op: &'static str) -> Result<(), Error> {
+        let err = |e: sqlx::Error| self.error(op, e);
+        let table = self.inner.table.as_str();
+        let db = &self.inner.describe;
+        // One transaction under an advisory lock, so that processes opening the store at once do
+        // not both create the tables.
+        let mut tx = self.inner.pool.begin().await.map_err(err)?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(MIGRATE_LOCK).execute(&mut *tx).await.map_err(err)?;
+        sqlx::raw_sql(
+            "CREATE TABLE IF NOT EXISTS idempotent_schema (name text PRIMARY KEY NOT NULL, version integer NOT NULL)",
+        )
+        .execute(&mut *tx)
+        .await
+        .map_err(err)?;
+        let version: Option<i32> = sqlx::query_scalar("SELECT version FROM idempotent_schema WHERE name = $1")
+            .bind(table)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(err)?;
+        let columns: Vec<(String, String)> = sqlx::query_as(
+            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
+             WHERE a.attrelid = to_regclass(format('%I.%I', current_schema(), $1::text)) AND a.attnum > 0 \
+             AND NOT a.attisdropped ORDER BY a.attnum",
+        )
+        .bind(table)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(err)?;
+        let exists: bool =
+            sqlx::query_scalar("SELECT to_regclass(format('%I.%I', current_schema(), $1::text)) IS NOT NULL")
+                .bind(table)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(err)?;
+        let expected: Vec<(String, String)> = COLUMNS.iter().map(|(n, t)| (n.to_string(), t.to_string())).collect();
+        let shown =
+            |cols: &[(String, String)]| cols.iter().map(|(n, t)| format!("{n} {t}")).collect::<Vec<_>>().join(", ");
+        match version {
+            Some(SCHEMA_VERSION) if columns == expected => {}
+            Some(SCHEMA_VERSION) => {
+                return Err(Error::Config(format!(
+                    "{db}: table `{table}` is marked as idempotent schema version {SCHEMA_VERSION} but has the \
+                     columns ({}) instead of ({}); it was changed by hand. Restore it, or drop it and its row in \
+                     idempotent_schema (losing its records), or choose another table with PostgresStoreBuilder::table",
+                    shown(&columns),
+                    shown(&expected)
+                )));
+            }
+            Some(v) => {
+                return Err(Error::Config(format!(
+                    "{db}: table `{table}` has idempotent schema version {v}, and this version of idempotent-core \
+                     reads version {SCHEMA_VERSION} only; use the idempotent-core that wrote it, or choose another \
+                     table with PostgresStoreBuilder::table"
+                )));
+            }
+            None if exists => {
+                return Err(Error::Config(format!(
+                    "{db}: relation `{table}` exists (columns: {}) but was not created by idempotent-core; it was \
+                     left as it is. Choose another table with PostgresStoreBuilder::table, or drop that one",
+                    shown(&columns)
+                )));
+            }
+            None => {
+                let create = format!(
+                    "CREATE TABLE \"{table}\" (\n\
+                     key bytea PRIMARY KEY NOT NULL CHECK (length(key) = 32),\n\
+                     fingerprint bytea NOT NULL,\n\
+                     state text NOT NULL CHECK (state IN ('running', 'released', 'done')),\n\
+                     token text NOT NULL,\n\
+                     fence bigint NOT NULL,\n\
+                     attempt bigint NOT NULL,\n\
+                     recovered boolean NOT NULL,\n\
+                     lease_until bigint NOT NULL,\n\
+                     expires_at bigint NOT NULL,\n\
+                     result bytea\n\
+                     );\n\
+                     CREATE INDEX \"{table}_expires_at\" ON \"{table}\" (expires_at)"
+                );
+                sqlx::raw_sql(AssertSqlSafe(create)).execute(&mut *tx).await.map_err(err)?;
+                sqlx::query("INSERT INTO idempotent_schema (name, version) VALUES ($1, $2)")
+                    .bind(table)
+                    .bind(SCHEMA_VERSION)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(err)?;
+            }
+        }
+        tx.commit().await.map_err(err)
+    }
+
+    /// The number of statements this store (and its clones) ran for the [`Store`] calls,
+    /// [`TransactionalStore::complete_in`] and purges since it was made (not counting `connect`
+    /// and `migrate`).
+    pub fn statements(&self) -> u64 {
+        self.inner.statements.load(Ordering::Relaxed)
+    }
+
+    /// Runs one purge batch: deletes up to 256 expired rows (the longest expired first, skipping
+    /// rows a call has locked), and answers how many it deleted. The store runs one every 64
+    /// acquisitions on its own.
+    pub async fn purge(&self) -> Result<u64, Error> {
+        let q = sqlx::query(self.inner.sql.purge.clone());
+        self.execute("purge", q).await.map_err(|f| f.error)
+    }
+
+    /// Closes the pool's connections, waiting for the calls under way. On a store made with
+    /// [`from_pool`](Self::from_pool), this closes the application's pool.
+    pub async fn close(&self) {
+        self.inner.pool.close().await;
+    }
+
+    fn error(&self, op: &'static str, e: sqlx::Error) -> Error {
+        store_error(&self.inner.describe, op, self.inner.timeout, e)
+    }
+
+    fn timed_out(&self, op: &'static str) -> Error {
+        Error::Timeout { store: self.inner.describe.clone(), op, after: self.inner.timeout }
+    }
+
+    /// A connection of the pool for one statement, and the deadline of the call (the timeout
+    /// from now), which taking the connection counts against.
+    async fn connection(&self, op: &'static str) -> Result<(PoolConnection<Postgres>, Instant), Failed> {
+        let inner = &self.inner;
+        let deadline = Instant::now() + inner.timeout;
+        match tokio::time::timeout_at(deadline, inner.pool.acquire()).await {
+            Ok(Ok(conn)) => {
+                inner.statements.fetch_add(1, Ordering::Relaxed);
+                Ok((conn, deadline))
+            }
+            Ok(Err(e)) => Err(Failed { error: self.error(op, e), effect: Effect::NotSent }),
+            Err(_) => Err(Failed { error: self.timed_out(op), effect: Effect::NotSent }),
+        }
+    }
+
+    /// What a statement run on `conn` came to.
+    fn ended<T>(
+        &self,
+        op: &'static str,
+        mut conn: PoolConnection<Postgres>,
+        outcome: Result<Result<T, sqlx::Error>, tokio::time::error::Elapsed>,
+    ) -> Result<T, Failed> {
+        match outcome {
+            Ok(Ok(done)) => Ok(done),
+            Ok(Err(e)) => {
+                let effect = if serialization_failure(&e) { Effect::RolledBack } else { Effect::Unknown };
+                Err(Failed { error: self.error(op, e), effect })
+            }
+            Err(_) => {
+                // The statement may still be in the connection's pipe: never hand it out again.
+                conn.close_on_drop();
+                Err(Failed { error: self.timed_out(op), effect: Effect::Unknown })
+            }
+        }
+    }
+
+    /// Runs `query` on a connection of its own within the timeout, and returns its rows.
+    async fn fetch(
+        &self,
+        op: &'static str,
+        query: Query<'static, Postgres, PgArguments>,
+    ) -> Result<Vec<PgRow>, Failed> {
+        let (mut conn, deadline) = self.connection(op).await?;
+        let outcome = tokio::time::timeout_at(deadline, query.fetch_all(&mut *conn)).await;
+        self.ended(op, conn, outcome)
+    }
+
+    /// Runs `query` on a connection of its own within the timeout, and returns how many rows it
+    /// changed.
+    async fn execute(&self, op: &'static str, query: Query<'static, Postgres, PgArguments>) -> Result<u64, Failed> {
+        let (mut conn, deadline) = self.connection(op).await?;
+        let outcome = tokio::time::timeout_at(deadline, query.execute(&mut *conn)).await;
+        self.ended(op, conn, outcome).map(|done| done.rows_affected())
+    }
+
+    /// Every `PURGE_EVERY` acquisitions, one purge batch in the background (one at a time).
+    fn maybe_purge(&self) {
+        let n = self.inner.acquisitions.fetch_add(1, Ordering::Relaxed) + 1;
+        if !n.is_multiple_of(PURGE_EVERY) || self.inner.purging.swap(true, Ordering::Acquire) {
+            return;
+        }
+        let store = self.clone();
+        tokio::spawn(async move {
+            if let Err(e) = store.purge().await {
+                tracing::warn!(store = %store.inner.describe, error = %e, "idempotent.purge_failed");
+            }
+            store.inner.purging.store(false, Ordering::Release);
+        });
+    }
+
+    /// Acquire's work for `token`: the acquire statement, run again while the record changes
+    /// between its read and its upsert.
+    async fn take(
+        &self,
+        key: &Key,
+        fp: &Fingerprint,
+        token: &Token,
+        lease: Duration,
+        retention: Duration,
+    ) -> Result<Acquire, Failed> {
+        let inner = &self.inner;
+        for _ in 0..ACQUIRE_TRIES {
+            let q = sqlx::query(inner.sql.acquire.clone())
+                .bind(&key.as_bytes()[..])
+                .bind(&fp.as_bytes()[..])
+                .bind(token.as_str())
+                .bind(micros(lease))
+                .bind(micros(lease.max(retention)));
+            let rows = match self.fetch("acquire", q).await {
+                Ok(rows) => rows,
+                // Nothing was committed: run it again on a fresh snapshot.
+                Err(Failed { effect: Effect::RolledBack, .. }) => continue,
+                Err(failed) => return Err(failed),
+            };
+            match rows.first() {
+                // A row of ours that cannot be read was taken all the same.
+                Some(row) => {
+                    return read_acquire(key, fp, token, row)
+                        .map_err(|error| Failed { error, effect: Effect::Unknown });
+                }
+                // Changed between the statement's read and its upsert; nothing was written.
+                None => continue,
+            }
+        }
+        Err(Failed {
+            error: Error::Unavailable {
+                store: inner.describe.clone(),
+                op: "acquire",
+                reason: format!("the record changed under each of {ACQUIRE_TRIES} tries"),
+                source: None,
+            },
+            effect: Effect::NotSent,
+        })
+    }
+
+    async fn transition(
+        &self,
+        op: &'static str,
+        sql: &SqlStr,
+        key: &Key,
+        token: &Token,
+        arg: Option<Arg>,
+    ) -> Result<Transition, Error> {
+        let q = bind_transition(sqlx::query(sql.clone()), key, token, arg.as_ref());
+        let n = self.execute(op, q).await.map_err(|f| f.error)?;
+        Ok(if n == 1 { Transition::Ok } else { Transition::LeaseLost })
+    }
+
+    /// After an acquire that failed once its statement was sent, the database may still take
+    /// the key for `token` (when a paused server resumes, or in a commit whose reply a crash
+    /// lost), and nobody will run under it; nor under the key an acquire dropped by its caller
+    /// took. A task of its own releases it instead: until the database answers, then (after a
+    /// store failure, `store_failure`) once more two timeouts later, once a statement still
+    /// under way for the acquire has ended (its `statement_timeout` is the timeout).
+    fn release_orphan(&self, key: Key, token: Token, store_failure: bool) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let store = self.clone();
+        runtime.spawn(async move {
+            let timeout = store.inner.timeout;
+            let mut answered = false;
+            for _ in 0..ORPHAN_TRIES {
+                let started = Instant::now();
+                match store.release(&key, &token).await {
+                    Ok(Transition::Ok) => {
+                        tracing::debug!(key = %key.short(), "idempotent.postgres: released the key a failed acquire took");
+                        return;
+                    }
+                    Ok(Transition::LeaseLost) if answered || !store_failure => return,
+                    Ok(Transition::LeaseLost) => {
+                        answered = true;
+                        tokio::time::sleep(2 * timeout).await;
+                    }
+                    Err(e) => {
+                        if store.inner.pool.is_closed() {
+                            return;
+                        }
+                        tracing::debug!(key = %key.short(), error = %e, "idempotent.postgres: could not release after a failed acquire; trying again");
+                        tokio::time::sleep_until(started + timeout).await;
+                    }
+                }
+            }
+        });
+    }
+}
+
+impl PostgresStoreBuilder {
+    fn new(target: Target) -> Self {
+        PostgresStoreBuilder {
+            target,
+            table: "idempotent_records".to_owned(),
+            timeout: Duration::from_secs(5),
+            max_connections: 8,
+        }
+    }
+}
+
+fn bind_transition<'q>(
+    q: Query<'q, Postgres, PgArguments>,
+    key: &Key,
+    token: &Token,
+    arg: Option<&Arg>,
+) -> Query<'q, Postgres, PgArguments> {
+    let q = q.bind(&key.as_bytes()[..]).bind(token.as_str());
+    match arg {
+        Some(Arg::Result(result, retention)) => q.bind(&result[..]).bind(micros(*retention)),
+        Some(Arg::Lease(lease)) => q.bind(micros(*lease)),
+        None => q,
+    }
+}
+
+/// Tells the outcome of acquire from the row it returned.
+fn read_acquire(key: &Key, fp: &Fingerprint, token: &Token, row: &PgRow) -> Result<Acquire, Error> {
+    let get_err =
+        |e: sqlx::Error| Error::Corrupt { key: key.short(), detail: format!("a column has the wrong type: {e}") };
+    let found = Found {
+        token: row.try_get(0).map_err(get_err)?,
+        fingerprint: row.try_get(1).map_err(get_err)?,
+        state: row.try_get(2).map_err(get_err)?,
+        fence: row.try_get(3).map_err(get_err)?,
+        attempt: row.try_get(4).map_err(get_err)?,
+        recovered: row.try_get(5).map_err(get_err)?,
+        left_us: row.try_get(6).map_err(get_err)?,
+        result: row.try_get(7).map_err(get_err)?,
+    };
+    found.judge(key, fp, token)
+}
+
+/// A serialization failure or a deadlock: the statement was rolled back and may run again.
+fn serialization_failure(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("40001" | "40P01")))
+}
+
+fn store_error(describe: &str, op: &'static str, timeout: Duration, e: sqlx::Error) -> Error {
+    let timed_out = match &e {
+        sqlx::Error::PoolTimedOut => true,
+        // query_canceled (`statement_timeout`) and lock_not_available (`lock_timeout`).
+        sqlx::Error::Database(db) => matches!(db.code().as_deref(), Some("57014" | "55P03")),
+        _ => false,
+    };
+    if timed_out {
+        return Error::Timeout { store: describe.to_owned(), op, after: timeout };
+    }
+    Error::Unavailable { store: describe.to_owned(), op, reason: e.to_string(), source: Some(Box::new(e) as BoxError) }
+}
+
+impl Store for PostgresStore {
+    fn acquire<'a>(
+        &'a self,
+        key: &'a Key,
+        fingerprint: &'a Fingerprint,
+        lease: Duration,
+        retention: Duration,
+    ) -> BoxFuture<'a, Result<Acquire, Error>> {
+        let store = self.clone();
+        let (key, fingerprint) = (*key, *fingerprint);
+        let abandoned = Arc::new(AtomicBool::new(false));
+        let flag = abandoned.clone();
+        let work = async move {
+            let token = Token::unique();
+            match store.take(&key, &fingerprint, &token, lease, retention).await {
+                Ok(answer) => {
+                    if let Acquire::Acquired(grant) = &answer {
+                        if flag.load(Ordering::Acquire) {
+                            // Nobody will run under this grant: give the key back rather than
+                            // leave it taken for a whole lease.
+                            store.release_orphan(key, grant.token.clone(), false);
+                        } else {
+                            store.maybe_purge();
+                        }
+                    }
+                    Ok(answer)
+                }
+                Err(Failed { error, effect }) => {
+                    if effect == Effect::Unknown {
+                        store.release_orphan(key, token, error.is_store_failure());
+                    }
+                    Err(error)
+                }
+            }
+        };
+        Box::pin(AcquireCall::new(abandoned, work))
+    }
+
+    fn complete<'a>(
+        &'a self,
+        key: &'a Key,
+        token: &'a Token,
+        result: Bytes,
+        retention: Duration,
+    ) -> BoxFuture<'a, Result<Transition, Error>> {
+        Box::pin(self.transition(
+            "complete",
+            &self.inner.sql.complete,
+            key,
+            token,
+            Some(Arg::Result(result, retention)),
+        ))
+    }
+
+    fn release<'a>(&'a self, key: &'a Key, token: &'a Token) -> BoxFuture<'a, Result<Transition, Error>> {
+        Box::pin(self.transition("release", &self.inner.sql.release, key, token, None))
+    }
+
+    fn renew<'a>(
+        &'a self,
+        key: &'a Key,
+        token: &'a Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<Transition, Error>> {
+        Box::pin(self.transition("renew", &self.inner.sql.renew, key, token, Some(Arg::Lease(lease))))
+    }
+
+    fn describe(&self) -> String {
+        self.inner.describe.clone()
+    }
+}
+
+impl TransactionalStore for PostgresStore {
+    type Database = Postgres;
+
+    /// Begins a transaction on the store's pool (`BEGIN`, at the database's default isolation),
+    /// within the store's timeout.
+    fn begin(&self) -> BoxFuture<'_, Result<sqlx::Transaction<'static, Postgres>, Error>> {
+        Box::pin(async move {
+            match tokio::time::timeout(self.inner.timeout, self.inner.pool.begin()).await {
+                Ok(tx) => tx.map_err(|e| self.error("begin", e)),
+                Err(_) => Err(self.timed_out("begin")),
+            }
+        })
+    }
+
+    fn complete_in<'a>(
+        &'a self,
+        tx: &'a mut sqlx::Transaction<'static, Postgres>,
+        key: &'a Key,
+        token: &'a Token,
+        result: Bytes,
+        retention: Duration,
+    ) -> BoxFuture<'a, Result<Transition, Error>> {
+        Box::pin(async move {
+            let arg = Arg::Result(result, retention);
+            let q = bind_transition(sqlx::query(self.inner.sql.complete.clone()), key, token, Some(&arg));
+            self.inner.statements.fetch_add(1, Ordering::Relaxed);
+            let done = match tokio::time::timeout(self.inner.timeout, q.execute(&mut **tx)).await {
+                Ok(done) => done.map_err(|e| self.error("complete", e))?,
+                Err(_) => return Err(self.timed_out("complete")),
+            };
+            Ok(if done.rows_affected() == 1 { Transition::Ok } else { Transition::LeaseLost })
+        })
+    }
+
+    /// `true`: the transaction holds a lock on the record's row only from `complete_in` on, so
+    /// the lease is renewed from another connection while the step's own writes run.
+    fn renews_during_transaction(&self) -> bool {
+        true
+    }
+}
+
+impl CommitsWith for Postgres {
+    type Store = PostgresStore;
+}
+
+impl fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresStore").field("store", &self.inner.describe).finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names_must_be_identifiers() {
+        for good in ["idempotent_records", "_x", "Records2", &"a".repeat(48)] {
+            assert!(validate_table(good).is_ok(), "{good}");
+        }
+        for bad in
+            ["", "x; DROP TABLE y", "2x", "a-b", "\"q\"", "idempotent_schema", "IDEMPOTENT_SCHEMA", &"a".repeat(49)]
+        {
+            assert!(matches!(validate_table(bad), Err(Error::Config(_))), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn descriptions_and_errors_never_show_the_password() {
+        let options = PgConnectOptions::from_str("postgres://app:s3cret@db.internal:6543/orders").unwrap();
+        assert_eq!(describe(&options), "postgres://app@db.internal:6543/orders");
+        assert_eq!(redact("postgres://app:s3cret@db/x"), "postgres://app:***@db/x");
+        assert_eq!(redact("postgres://app@db/x"), "postgres://app@db/x");
+        assert!(!redact("postgres://a:b:c@d/x").contains('b'));
+    }
+}
