@@ -212,10 +212,11 @@ pub async fn run_mixed(a: SharedStore, b: SharedStore) {
     for (first, second) in [(&a, &b), (&b, &a)] {
         let key = fresh_key();
         // Taken by the first store, judged expired by the second.
-        let held = acquired(first, &key, &fp(1), Duration::from_millis(150)).await;
+        // A lease long enough for the two checks below on a loaded machine.
+        let held = acquired(first, &key, &fp(1), Duration::from_millis(400)).await;
         assert!(matches!(second.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap(), Acquire::InFlight { .. }));
         assert_eq!(second.acquire(&key, &fp(2), LEASE, KEEP).await.unwrap(), Acquire::Mismatch);
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        tokio::time::sleep(Duration::from_millis(650)).await;
         let taken = acquired(second, &key, &fp(1), LEASE).await;
         assert_eq!((taken.attempt.number(), taken.attempt.recovered()), (2, true));
         assert!(
