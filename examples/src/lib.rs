@@ -3,12 +3,13 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use idempotent_core::{Error, RedisStore, SharedStore, SqliteStore, Store};
+use idempotent_core::{Error, PostgresStore, RedisStore, SharedStore, SqliteStore, Store};
 
 /// The store the examples run on, with a description to print:
 ///
 /// - Redis when `REDIS_URL` is set (`redis://host:port`);
-/// - else the database `DATABASE_URL` names (`sqlite://path` or `sqlite:path`);
+/// - else the database `DATABASE_URL` names: PostgreSQL (`postgres://user@host/db`), or a
+///   SQLite file (`sqlite://path` or `sqlite:path`);
 /// - else the embedded default, a SQLite file in the system's temporary directory
 ///   (`idempotent-examples.db`), so that records outlive the process: run an example twice with
 ///   the same run id and the second run replays.
@@ -19,12 +20,17 @@ pub async fn store_from_env() -> Result<(SharedStore, String), Error> {
         return Ok((Arc::new(store), describe));
     }
     let path = match var("DATABASE_URL") {
+        Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
+            let store = PostgresStore::connect(url).await?;
+            let describe = format!("PostgresStore at {}", store.describe());
+            return Ok((Arc::new(store), describe));
+        }
         Some(url) => match url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")) {
             Some(path) => PathBuf::from(path),
             None => {
                 return Err(Error::Config(format!(
-                    "DATABASE_URL={url:?} is not a database the examples know: use sqlite://<path> (or set \
-                     REDIS_URL=redis://host:port for Redis)"
+                    "DATABASE_URL={url:?} is not a database the examples know: use postgres://… or sqlite://<path> \
+                     (or set REDIS_URL=redis://host:port for Redis)"
                 )));
             }
         },

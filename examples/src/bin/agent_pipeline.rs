@@ -5,6 +5,7 @@
 //! ```text
 //! cargo run -p idempotent-examples --bin agent_pipeline  # SQLite file (the embedded default)
 //! REDIS_URL=redis://127.0.0.1:6379 cargo run -p idempotent-examples --bin agent_pipeline  # Redis
+//! DATABASE_URL=postgres://postgres@127.0.0.1/postgres cargo run -p idempotent-examples --bin agent_pipeline  # PostgreSQL
 //! RUN_ID=turn-1 cargo run ... # run twice with one RUN_ID: the second run replays every tool
 //! RUST_LOG=idempotent_core=debug cargo run ... # the executor's events (acquired, replayed, ...)
 //! ```

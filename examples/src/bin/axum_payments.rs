@@ -3,6 +3,7 @@
 //! ```text
 //! cargo run -p idempotent-examples --bin axum_payments  # SQLite file (the embedded default), port 3000
 //! REDIS_URL=redis://127.0.0.1:6379 cargo run -p idempotent-examples --bin axum_payments # Redis
+//! DATABASE_URL=postgres://postgres@127.0.0.1/postgres cargo run -p idempotent-examples --bin axum_payments  # PostgreSQL
 //! cargo run -p idempotent-examples --bin axum_payments -- demo  # start on a free port, run the client sequence below, exit
 //! ```
 //!

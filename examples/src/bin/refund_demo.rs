@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run -p idempotent-examples --bin refund_demo  # SQLite file (the embedded default)
 //! REDIS_URL=redis://127.0.0.1:6379 cargo run -p idempotent-examples --bin refund_demo   # Redis
+//! DATABASE_URL=postgres://postgres@127.0.0.1/postgres cargo run -p idempotent-examples --bin refund_demo  # PostgreSQL
 //! ```
 //!
 //! The worker runs the workflow `refund order-1042`: step 1 asks the payment provider for a

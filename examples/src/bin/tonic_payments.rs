@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run -p idempotent-examples --bin tonic_payments  # SQLite file (the embedded default), port 50051
 //! REDIS_URL=redis://127.0.0.1:6379 cargo run -p idempotent-examples --bin tonic_payments # Redis
+//! DATABASE_URL=postgres://postgres@127.0.0.1/postgres cargo run -p idempotent-examples --bin tonic_payments  # PostgreSQL
 //! cargo run -p idempotent-examples --bin tonic_payments -- client [KEY]  # the client sequence against a running server
 //! cargo run -p idempotent-examples --bin tonic_payments -- demo          # server on a free port + client sequence, then exit
 //! ```
