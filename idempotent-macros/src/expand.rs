@@ -1,6 +1,8 @@
 //! Expanding an annotated `async fn` into a call of `idempotent_core`'s executor.
 //!
-//! The function keeps its signature. Its new body clones the run context, serializes every
+//! The function keeps its signature (less the `transaction = ..` parameter, if one is named:
+//! the step begins that transaction, and the body's action takes it as its first parameter, in
+//! `Step::run_in_transaction`). Its new body clones the run context, serializes every
 //! payload argument to canonical JSON (one call per argument, spanned at that parameter, so a
 //! non-serializable one is reported there and by name), and hands the original body to
 //! `Step::run` as the action, wrapped in an `async move` block whose type is pinned to the user's
@@ -10,7 +12,7 @@
 //!
 //! As in tracing-attributes, `check` reads the signature against the options (every error is
 //! found there, before any code is written), `gen_block` writes the new body and `gen_function`
-//! puts it back inside the untouched signature.
+//! puts it back inside the signature.
 
 use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens, format_ident, quote, quote_spanned};
@@ -156,7 +158,31 @@ fn transaction<'p, 'a>(
             format!("`transaction = {name}`: {WRITE}, and this type is not one"),
         ));
     }
+    if let Some(lifetime) = named_lifetime(ty) {
+        return Err(syn::Error::new_spanned(
+            lifetime,
+            format!(
+                "`transaction = {name}`: write `'_` for the transaction's lifetimes (`&mut sqlx::SqliteTransaction<'_>`): \
+                 the step begins the transaction and lends it to the body for the call only"
+            ),
+        ));
+    }
     Ok(Some(param))
+}
+
+/// The first lifetime written by name (not `'_`) in `&'a mut T<'b, ..>`.
+fn named_lifetime(ty: &Type) -> Option<&syn::Lifetime> {
+    let Type::Reference(r) = ty else { return None };
+    let named = |l: &&syn::Lifetime| l.ident != "_";
+    if let Some(l) = r.lifetime.as_ref().filter(named) {
+        return Some(l);
+    }
+    let Type::Path(TypePath { path, .. }) = ungroup_type(&r.elem) else { return None };
+    let syn::PathArguments::AngleBracketed(args) = &path.segments.last()?.arguments else { return None };
+    args.args.iter().find_map(|arg| match arg {
+        syn::GenericArgument::Lifetime(l) => Some(l).filter(named),
+        _ => None,
+    })
 }
 
 /// The type inside any parentheses and invisible groups.
