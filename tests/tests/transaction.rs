@@ -7,12 +7,21 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use axum::Router;
+use axum::body::{Body, to_bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, Request, StatusCode};
+use axum::routing::post;
 use idempotent_core::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use idempotent_core::sqlx::{self, SqliteTransaction};
 use idempotent_core::{Error, IntoSharedStore, MemoryStore, OnInFlight, RunContext, SqliteStore, idempotent};
+use idempotent_tests::HookedStore;
+use idempotent_tower::IDEMPOTENCY_KEY;
+use idempotent_tower::server::{IDEMPOTENT_STORED, IdempotencyLayer, client_key};
 use tempfile::TempDir;
 use tokio::io::AsyncBufReadExt;
 use tokio::sync::{Notify, Semaphore};
+use tower::ServiceExt;
 
 /// A store on a new file with the business table `invoices (order_id, fence)`.
 async fn setup(name: &str) -> (TempDir, PathBuf, SqliteStore) {
@@ -347,6 +356,24 @@ async fn a_store_of_another_kind_is_a_config_error() {
     assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
 
+#[tokio::test]
+async fn a_wrapper_around_a_sqlite_store_is_a_config_error() {
+    let (_dir, _path, store) = setup("wrapped.db").await;
+    let wrapped = HookedStore::new(store.clone().into_shared()).describe_as(|inner| format!("hooked {inner}"));
+    let ctx = RunContext::new(wrapped, "order-13");
+    let out = ctx
+        .step("create_invoice")
+        .run_in_transaction(&"order-13", async |tx: &mut SqliteTransaction<'_>, attempt| {
+            insert(tx, "order-13", attempt.fence()).await?;
+            Ok::<_, Error>(0)
+        })
+        .await;
+    let Err(Error::Config(message)) = out else { panic!("{out:?}") };
+    assert!(message.contains("but it is hooked sqlite://"), "{message}");
+    assert!(message.contains("not a wrapper around it"), "{message}");
+    assert_eq!(invoices(&store).await, []);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_call_is_send_and_can_be_spawned() {
     let (_dir, _path, store) = setup("send.db").await;
@@ -383,4 +410,81 @@ async fn the_macro_commits_the_body_with_the_record_and_replays() {
     let spawned = tokio::spawn(async move { create_invoice(&ctx, "order-16").await }).await.unwrap().unwrap();
     assert!(spawned > 0);
     assert_eq!(invoices(&store).await.len(), 2);
+}
+
+type Shared = (SqliteStore, Arc<AtomicU32>);
+
+/// A handler whose database write is a step keyed on the request's key, as the layer's docs say.
+async fn create_invoice_handler(
+    State((db, runs)): State<Shared>,
+    headers: HeaderMap,
+    order: String,
+) -> (StatusCode, String) {
+    runs.fetch_add(1, Ordering::SeqCst);
+    let key = client_key(&headers, &IDEMPOTENCY_KEY).expect("the layer admitted a key");
+    let ctx = RunContext::new(db.clone(), format!("http-key:{key}"));
+    let invoice = ctx
+        .step("create_invoice")
+        .run_in_transaction(&order, async |tx: &mut SqliteTransaction<'_>, attempt| {
+            insert(tx, &order, attempt.fence()).await?;
+            Ok::<_, Error>(attempt.fence())
+        })
+        .await;
+    match invoice {
+        Ok(fence) => (StatusCode::CREATED, format!("invoice {fence}")),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_response_the_layer_could_not_store_is_rebuilt_without_writing_twice() {
+    let (_dir, _path, store) = setup("http.db").await;
+    // The layer's store (the same file) fails to store the first response, as if the server
+    // had died between the handler's commit and the layer's `complete`.
+    let layer_store = HookedStore::with_state(store.clone().into_shared(), AtomicU32::new(1)).on_complete(|call| {
+        Box::pin(async move {
+            if call.store.state().swap(0, Ordering::SeqCst) == 1 {
+                return Err(Error::Unavailable {
+                    store: "test".into(),
+                    op: "complete",
+                    reason: "injected".into(),
+                    source: None,
+                });
+            }
+            call.forward().await
+        })
+    });
+    let runs = Arc::new(AtomicU32::new(0));
+    let app =
+        Router::new().route("/invoices", post(create_invoice_handler)).with_state((store.clone(), runs.clone())).layer(
+            IdempotencyLayer::new(layer_store)
+                .lease(Duration::from_millis(300))
+                .on_in_flight(OnInFlight::Wait { timeout: Duration::from_secs(30) }),
+        );
+    let request = |key: &'static str| {
+        Request::post("/invoices").header("idempotency-key", key).body(Body::from("order-20")).unwrap()
+    };
+    let body = |res: axum::response::Response| async move {
+        String::from_utf8(to_bytes(res.into_body(), 1 << 20).await.unwrap().to_vec()).unwrap()
+    };
+
+    let first = app.clone().oneshot(request("\"k-20\"")).await.unwrap();
+    assert_eq!(first.status(), 201);
+    assert_eq!(first.headers()[IDEMPOTENT_STORED], "false");
+    let first = body(first).await;
+
+    // The same key, bare: once the layer's lease has run out, the handler runs again, and its
+    // step replays the invoice instead of inserting a second one.
+    let retry = app.clone().oneshot(request("k-20")).await.unwrap();
+    assert_eq!(retry.status(), 201);
+    assert!(!retry.headers().contains_key(IDEMPOTENT_STORED), "the rebuilt response was stored");
+    assert_eq!(body(retry).await, first);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+
+    let replayed = app.clone().oneshot(request("k-20")).await.unwrap();
+    assert_eq!(replayed.headers()["idempotent-replayed"], "true");
+    assert_eq!(body(replayed).await, first);
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    let fence: i64 = first.strip_prefix("invoice ").unwrap().parse().unwrap();
+    assert_eq!(invoices(&store).await, [("order-20".to_owned(), fence)]);
 }
