@@ -72,7 +72,8 @@ pub enum Error {
     Unavailable {
         /// Which store (a URL without credentials, or "memory").
         store: String,
-        /// The operation: acquire, complete, release or renew.
+        /// The operation: acquire, complete, release or renew; for the SQL stores also open,
+        /// migrate and purge, and for steps in a transaction begin, complete_in and commit.
         op: &'static str,
         /// What went wrong.
         reason: String,
@@ -178,6 +179,16 @@ fn after_note(op: &str) -> &'static str {
             "; the action ran but its result was not stored, so the key stays locked until its lease \
              runs out and a retry may run the action again"
         }
+        "begin" => "; the action was not run, and the key was released",
+        "complete_in" => {
+            "; the action ran, but its transaction was rolled back and the key released, so a retry runs \
+             it again on a database without its writes"
+        }
+        "commit" => {
+            "; the key was released: the transaction was rolled back, so a retry runs the action again on \
+             a database without its writes (or, if only the reply was lost, it committed together with \
+             the step's record, and a retry replays its result)"
+        }
         _ => "",
     }
 }
@@ -197,14 +208,19 @@ impl Error {
     }
 
     /// Whether the side effect may have happened although the call failed.
+    ///
+    /// For [`Step::run_in_transaction`](crate::Step::run_in_transaction) this is about the
+    /// action having run at all: its database writes were rolled back (a failed `commit` may,
+    /// if only its reply was lost, have committed them together with the step's record), but
+    /// what it did outside the database happened.
     pub fn action_may_have_run(&self) -> bool {
         matches!(
             self,
             Error::LeaseLost { .. }
                 | Error::Encode { .. }
                 | Error::ResultTooLarge { .. }
-                | Error::Unavailable { op: "complete", .. }
-                | Error::Timeout { op: "complete", .. }
+                | Error::Unavailable { op: "complete" | "complete_in" | "commit", .. }
+                | Error::Timeout { op: "complete" | "complete_in" | "commit", .. }
         )
     }
 }

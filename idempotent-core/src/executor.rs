@@ -14,9 +14,12 @@ use crate::attempt::{Attempt, CURRENT_ATTEMPT};
 use crate::canonical::with_canonical;
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
-use crate::lease::{self, DEFAULT_LEASE, DEFAULT_RETENTION, FailMode, OnInFlight, Taken, Terms};
+use crate::lease::{self, DEFAULT_LEASE, DEFAULT_RETENTION, FailMode, Lease, OnInFlight, Taken, Terms};
 use crate::record::{TAG_ERR, TAG_OK, Transition};
 use crate::store::{IntoSharedStore, SharedStore};
+
+#[cfg(feature = "sqlite")]
+mod transaction;
 
 /// Default cap on a stored result: 16 MiB.
 pub const DEFAULT_MAX_RESULT_BYTES: usize = 16 << 20;
@@ -296,32 +299,10 @@ impl Step<'_> {
         Fut: Future<Output = Result<T, E>>,
     {
         let (key, fingerprint) = self.key_for(payload)?;
-        let step: &str = &self.name;
-        let opts = &self.options;
-        let short = key.short_key();
-        let in_flight = |retry_after| Error::InFlight { step: step.to_owned(), key: short.to_string(), retry_after };
-
-        let mut lease = match lease::acquire(&self.ctx.store, &key, &fingerprint, &opts.terms()).await {
-            Ok(Taken::Lease(lease)) => lease,
-            Ok(Taken::Replay(bytes)) => {
-                tracing::debug!(step, key = %short, "idempotent.replayed");
-                return decode(step, &key, &bytes, decode_err);
-            }
-            Ok(Taken::InFlight { retry_after }) => return Err(in_flight(retry_after).into()),
-            Ok(Taken::Mismatch) => {
-                tracing::warn!(step, key = %short, "idempotent.mismatch: same key, different payload");
-                return Err(Error::Mismatch { step: step.to_owned(), key: short.to_string() }.into());
-            }
-            // Lease or retention out of bounds (`lease::acquire` checks them): nothing was sent.
-            Err(e @ Error::Config(_)) => return Err(e.into()),
-            Err(e) if e.is_store_failure() && opts.fail_mode == FailMode::Open => {
-                tracing::warn!(step, key = %short, error = %e, "idempotent.store_error: failing open, running the action unprotected");
-                return action(Attempt::unprotected()).await;
-            }
-            Err(e) => {
-                tracing::warn!(step, key = %short, error = %e, "idempotent.store_error");
-                return Err(e.into());
-            }
+        let mut lease = match self.take(&key, &fingerprint, &self.options.terms(), decode_err).await {
+            Begun::Run(lease) => lease,
+            Begun::Answered(answer) => return answer,
+            Begun::FailOpen => return action(Attempt::unprotected()).await,
         };
 
         let attempt = lease.attempt().clone();
@@ -331,16 +312,85 @@ impl Step<'_> {
         };
         let fence = lease.attempt().fence();
 
-        let encoded: Option<Vec<u8>> = match &result {
+        match self.outcome(&key, &result, encode_err) {
+            Outcome::Store(bytes) => match lease.complete(bytes).await {
+                Ok(Transition::Ok) => result,
+                Ok(Transition::LeaseLost) => Err(self.lease_lost(&key, fence).into()),
+                Err(e) => Err(e.into()),
+            },
+            // The action's error is what the caller needs; a failed release frees itself when
+            // the lease runs out (logged by the lease).
+            Outcome::Release => {
+                let _ = lease.release().await;
+                result
+            }
+            Outcome::Fail(e) => {
+                let _ = lease.release().await;
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Acquires the key as `terms` say, and answers what the store answered without a lease:
+    /// a replay (decoded), a mismatch, a key in flight, or a store failure (which fails open
+    /// when the step says so).
+    async fn take<T, E>(
+        &self,
+        key: &Key,
+        fingerprint: &Fingerprint,
+        terms: &Terms,
+        decode_err: impl Fn(&[u8]) -> Result<E, ()>,
+    ) -> Begun<Result<T, E>>
+    where
+        T: DeserializeOwned,
+        E: From<Error>,
+    {
+        let step: &str = &self.name;
+        let short = key.short_key();
+        let answer = match lease::acquire(&self.ctx.store, key, fingerprint, terms).await {
+            Ok(Taken::Lease(lease)) => return Begun::Run(lease),
+            Ok(Taken::Replay(bytes)) => {
+                tracing::debug!(step, key = %short, "idempotent.replayed");
+                decode(step, key, &bytes, decode_err)
+            }
+            Ok(Taken::InFlight { retry_after }) => {
+                Err(Error::InFlight { step: step.to_owned(), key: short.to_string(), retry_after }.into())
+            }
+            Ok(Taken::Mismatch) => {
+                tracing::warn!(step, key = %short, "idempotent.mismatch: same key, different payload");
+                Err(Error::Mismatch { step: step.to_owned(), key: short.to_string() }.into())
+            }
+            // Lease or retention out of bounds (`lease::acquire` checks them): nothing was sent.
+            Err(e @ Error::Config(_)) => Err(e.into()),
+            Err(e) if e.is_store_failure() && self.options.fail_mode == FailMode::Open => {
+                tracing::warn!(step, key = %short, error = %e, "idempotent.store_error: failing open, running the action unprotected");
+                return Begun::FailOpen;
+            }
+            Err(e) => {
+                tracing::warn!(step, key = %short, error = %e, "idempotent.store_error");
+                Err(e.into())
+            }
+        };
+        Begun::Answered(answer)
+    }
+
+    /// What to do with the action's result: the bytes to store, or release the key (an `Err`
+    /// that is not stored), or release it and fail (a result that cannot be stored).
+    fn outcome<T: Serialize, E>(
+        &self,
+        key: &Key,
+        result: &Result<T, E>,
+        encode_err: impl Fn(&E) -> Option<serde_json::Result<Vec<u8>>>,
+    ) -> Outcome {
+        let step: &str = &self.name;
+        let short = key.short_key();
+        let encoded = match result {
             Ok(value) => {
                 let mut buf = vec![TAG_OK];
                 match serde_json::to_writer(&mut buf, value) {
-                    Ok(()) => Some(buf),
-                    Err(source) => {
-                        // Nothing to store; free the key so the operation is not stuck for a lease.
-                        let _ = lease.release().await;
-                        return Err(Error::Encode { step: step.to_owned(), source }.into());
-                    }
+                    Ok(()) => buf,
+                    // Nothing to store; free the key so the operation is not stuck for a lease.
+                    Err(source) => return Outcome::Fail(Error::Encode { step: step.to_owned(), source }),
                 }
             }
             Err(e) => match encode_err(e) {
@@ -348,38 +398,46 @@ impl Step<'_> {
                     let mut buf = Vec::with_capacity(json.len() + 1);
                     buf.push(TAG_ERR);
                     buf.extend_from_slice(&json);
-                    Some(buf)
+                    buf
                 }
                 Some(Err(err)) => {
                     tracing::warn!(step, key = %short, error = %err, "idempotent.store_error: the error could not be encoded; releasing the key instead");
-                    None
+                    return Outcome::Release;
                 }
-                None => None,
+                None => return Outcome::Release,
             },
         };
-
-        match encoded {
-            Some(bytes) if bytes.len() > opts.max_result_bytes => {
-                tracing::warn!(step, key = %short, size = bytes.len(), max = opts.max_result_bytes, "idempotent.store_error: result too large to store; releasing the key");
-                let _ = lease.release().await;
-                Err(Error::ResultTooLarge { step: step.to_owned(), size: bytes.len(), max: opts.max_result_bytes }
-                    .into())
-            }
-            Some(bytes) => match lease.complete(Bytes::from(bytes)).await {
-                Ok(Transition::Ok) => result,
-                Ok(Transition::LeaseLost) => {
-                    Err(Error::LeaseLost { step: step.to_owned(), key: short.to_string(), fence }.into())
-                }
-                Err(e) => Err(e.into()),
-            },
-            // The action's error is what the caller needs; a failed release frees itself when
-            // the lease runs out (logged by the lease).
-            None => {
-                let _ = lease.release().await;
-                result
-            }
+        let max = self.options.max_result_bytes;
+        if encoded.len() > max {
+            tracing::warn!(step, key = %short, size = encoded.len(), max, "idempotent.store_error: result too large to store; releasing the key");
+            return Outcome::Fail(Error::ResultTooLarge { step: step.to_owned(), size: encoded.len(), max });
         }
+        Outcome::Store(Bytes::from(encoded))
     }
+
+    fn lease_lost(&self, key: &Key, fence: u64) -> Error {
+        Error::LeaseLost { step: self.name.to_string(), key: key.short_key().to_string(), fence }
+    }
+}
+
+/// What acquiring the key left a call to do.
+enum Begun<R> {
+    /// The key is this call's: run the action under the lease.
+    Run(Lease),
+    /// The call is answered without running the action: a replay, or a refusal.
+    Answered(R),
+    /// The store failed and the step fails open: run the action unprotected.
+    FailOpen,
+}
+
+/// What becomes of an action's result.
+enum Outcome {
+    /// Store these bytes as the operation's outcome.
+    Store(Bytes),
+    /// Release the key and return the result (an `Err` the step does not store).
+    Release,
+    /// Release the key and fail: the result cannot be stored.
+    Fail(Error),
 }
 
 fn decode<T: DeserializeOwned, E: From<Error>>(

@@ -35,6 +35,11 @@ use crate::key::{Fingerprint, Key};
 use crate::record::{Acquire, Grant, Token, Transition};
 use crate::store::SharedStore;
 
+#[cfg(feature = "sqlite")]
+mod transaction;
+#[cfg(feature = "sqlite")]
+pub(crate) use transaction::ReleaseOnDrop;
+
 /// Default lease: how long a crashed worker blocks its key.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 /// Default retention: how long an outcome is kept and replayed.

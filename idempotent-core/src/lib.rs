@@ -97,13 +97,13 @@ pub use lease::{
     DEFAULT_LEASE, DEFAULT_RETENTION, DEFAULT_WAIT, FailMode, MAX_LEASE, MAX_RETENTION, MIN_LEASE, MIN_RETENTION,
     OnInFlight, Terms,
 };
+#[cfg(feature = "sqlite")]
+pub use store::{CommitsWith, SqliteStore, SqliteStoreBuilder, TransactionalStore};
 pub use store::{IntoSharedStore, MemoryStore, SharedStore, Store};
 #[cfg(feature = "postgres")]
 pub use store::{PostgresStore, PostgresStoreBuilder};
 #[cfg(feature = "redis")]
 pub use store::{Preflight, RedisStore, RedisStoreBuilder, Risk};
-#[cfg(feature = "sqlite")]
-pub use store::{SqliteStore, SqliteStoreBuilder};
 
 /// The Redis driver this crate uses, re-exported so that users share one version.
 #[cfg(feature = "redis")]
@@ -111,6 +111,11 @@ pub use deadpool_redis;
 /// The Redis client, re-exported from deadpool-redis.
 #[cfg(feature = "redis")]
 pub use deadpool_redis::redis;
+
+/// The SQL driver the SQL stores use, re-exported so that users share one version: the
+/// transactions of [`Step::run_in_transaction`] are its `sqlx::Transaction`s.
+#[cfg(feature = "sqlite")]
+pub use sqlx;
 
 #[cfg(feature = "macros")]
 pub use idempotent_macros::idempotent;

@@ -20,10 +20,11 @@ mod kw {
     syn::custom_keyword!(on_in_flight);
     syn::custom_keyword!(store_errors);
     syn::custom_keyword!(ctx);
+    syn::custom_keyword!(transaction);
 }
 
 const OPTIONS: &str = "`step`, `retention` (or `ttl`), `lease`, `key(..)`, `skip(..)`, `version`, \
-                       `on_in_flight`, `store_errors`, `ctx` or `crate`";
+                       `on_in_flight`, `store_errors`, `ctx`, `transaction` or `crate`";
 
 /// What a call does when another attempt is running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,6 +90,8 @@ pub(crate) struct Args {
     pub(crate) on_in_flight: Option<InFlight>,
     pub(crate) store_errors: bool,
     pub(crate) ctx: Option<ContextArg>,
+    /// `transaction = tx`: the parameter the body's transaction is bound to.
+    pub(crate) transaction: Option<Ident>,
     pub(crate) krate: Option<Path>,
 }
 
@@ -203,6 +206,9 @@ impl Parse for Args {
                         "`store_errors` takes no value: write `store_errors` to store and replay `Err` outcomes",
                     ));
                 }
+                if args.transaction.is_some() {
+                    return Err(store_errors_with_transaction(kw.span));
+                }
                 store_errors = Some(kw.span);
                 args.store_errors = true;
             } else if lookahead.peek(kw::ctx) {
@@ -210,6 +216,26 @@ impl Parse for Args {
                 once(&args.ctx, "ctx", kw.span)?;
                 equals(input, "ctx", kw.span, "ctx = run")?;
                 args.ctx = Some(context(input)?);
+            } else if lookahead.peek(kw::transaction) {
+                let kw: kw::transaction = input.parse()?;
+                once(&args.transaction, "transaction", kw.span)?;
+                equals(input, "transaction", kw.span, "transaction = tx")?;
+                if !input.peek(Ident::peek_any) || input.peek(Token![self]) {
+                    return Err(input.error(
+                        "`transaction` takes the name of a parameter of type `&mut sqlx::Transaction<'_, DB>`, \
+                         e.g. `transaction = tx`",
+                    ));
+                }
+                let name = input.call(Ident::parse_any)?;
+                if !input.is_empty() && !input.peek(Token![,]) {
+                    return Err(input.error(
+                        "`transaction` takes the name of a parameter, not an expression: e.g. `transaction = tx`",
+                    ));
+                }
+                if let Some(span) = store_errors {
+                    return Err(store_errors_with_transaction(span));
+                }
+                args.transaction = Some(name);
             } else if lookahead.peek(Token![crate]) {
                 let kw: Token![crate] = input.parse()?;
                 once(&args.krate, "crate", kw.span)?;
@@ -243,6 +269,16 @@ impl Parse for Args {
         }
         Ok(args)
     }
+}
+
+/// `store_errors` and `transaction` together, reported at `store_errors`.
+fn store_errors_with_transaction(span: Span) -> syn::Error {
+    syn::Error::new(
+        span,
+        "`store_errors` does not combine with `transaction`: an `Err` from the body rolls its transaction \
+         back and frees the key, so that a retry runs it again; remove `store_errors`, or return the \
+         permanent failure inside `Ok(..)`",
+    )
 }
 
 /// The `=` after an option's name; its absence is reported at the name.

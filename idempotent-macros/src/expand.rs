@@ -1,6 +1,8 @@
 //! Expanding an annotated `async fn` into a call of `idempotent_core`'s executor.
 //!
-//! The function keeps its signature. Its new body clones the run context, serializes every
+//! The function keeps its signature (less the `transaction = ..` parameter, if one is named:
+//! the step begins that transaction, and the body's action takes it as its first parameter, in
+//! `Step::run_in_transaction`). Its new body clones the run context, serializes every
 //! payload argument to canonical JSON (one call per argument, spanned at that parameter, so a
 //! non-serializable one is reported there and by name), and hands the original body to
 //! `Step::run` as the action, wrapped in an `async move` block whose type is pinned to the user's
@@ -10,7 +12,7 @@
 //!
 //! As in tracing-attributes, `check` reads the signature against the options (every error is
 //! found there, before any code is written), `gen_block` writes the new body and `gen_function`
-//! puts it back inside the untouched signature.
+//! puts it back inside the signature.
 
 use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens, format_ident, quote, quote_spanned};
@@ -41,14 +43,26 @@ impl Param<'_> {
 pub(crate) fn expand(args: Args, item: ItemFn) -> syn::Result<TokenStream> {
     let checked = check(&args, &item.sig)?;
     let body = gen_block(&args, &checked, &item.block);
-    Ok(gen_function(&item, body))
+    Ok(gen_function(&item, checked.transaction.as_ref(), body))
 }
 
-/// The function again, with its signature and attributes, around the new body.
-fn gen_function(item: &ItemFn, body: TokenStream) -> TokenStream {
+/// The function again, with its signature (less the `transaction` parameter, which the step
+/// provides) and attributes, around the new body.
+fn gen_function(item: &ItemFn, transaction: Option<&TransactionParam<'_>>, body: TokenStream) -> TokenStream {
     // `modifiers` is always empty: `default fn` does not parse as an `ItemFn`.
     let ItemFn { attrs, vis, sig, block: _, modifiers: _ } = item;
     let (outer, inner): (Vec<_>, Vec<_>) = attrs.iter().partition(|a| matches!(a.style, AttrStyle::Outer));
+    let mut sig = sig.clone();
+    if let Some(tx) = transaction {
+        // Found by address in the checked signature, `tx.ty` being borrowed from it.
+        sig.inputs = item
+            .sig
+            .inputs
+            .pairs()
+            .filter(|pair| !matches!(pair.value(), FnArg::Typed(arg) if std::ptr::eq(&*arg.ty, tx.ty)))
+            .map(|pair| pair.cloned())
+            .collect();
+    }
     quote! {
         #(#outer)*
         #vis #sig {
@@ -65,6 +79,15 @@ struct Checked<'a> {
     ctx: TokenStream,
     /// The payload parameters, in order.
     payload: Vec<&'a Ident>,
+    /// The parameter `transaction = ..` names.
+    transaction: Option<TransactionParam<'a>>,
+}
+
+/// The parameter the step's transaction is bound to: left out of the generated signature, and
+/// the first parameter of the action instead.
+struct TransactionParam<'a> {
+    pat: &'a Pat,
+    ty: &'a Type,
 }
 
 /// Checks the signature against the options: every misuse is an error at its token.
@@ -89,9 +112,86 @@ fn check<'a>(args: &'a Args, sig: &'a Signature) -> syn::Result<Checked<'a>> {
         .collect();
     let has_receiver = sig.inputs.iter().any(|a| matches!(a, FnArg::Receiver(_)));
     let ctx = context(args, sig, has_receiver, &params)?;
+    let transaction = transaction(args, &params, &ctx)?;
     check_listed(args, has_receiver, &params, &ctx)?;
     let payload = payload(args, sig, &params, &ctx)?;
-    Ok(Checked { ret, ctx: ctx.borrow(), payload })
+    let transaction = transaction.map(|p| TransactionParam { pat: &p.arg.pat, ty: &p.arg.ty });
+    Ok(Checked { ret, ctx: ctx.borrow(), payload, transaction })
+}
+
+/// The parameter `transaction = name` names: it exists, is not the context, and is a `&mut`
+/// borrow of a type whose name ends in `Transaction` (`sqlx::Transaction<'_, DB>`,
+/// `sqlx::SqliteTransaction<'_>`, an alias).
+fn transaction<'p, 'a>(
+    args: &Args,
+    params: &'p [Param<'a>],
+    ctx: &Context<'_, '_>,
+) -> syn::Result<Option<&'p Param<'a>>> {
+    const WRITE: &str = "the transaction parameter is a `&mut` borrow of a sqlx transaction, e.g. \
+                         `tx: &mut sqlx::SqliteTransaction<'_>` or `tx: &mut sqlx::Transaction<'_, sqlx::Postgres>`";
+    let Some(name) = &args.transaction else { return Ok(None) };
+    let Some(param) = params.iter().find(|p| p.is_named(name)) else {
+        return Err(syn::Error::new(
+            name.span(),
+            format!("`transaction = {name}`: this function has no parameter named `{name}`; add one ({WRITE})"),
+        ));
+    };
+    if ctx.is(param) {
+        return Err(syn::Error::new(
+            name.span(),
+            format!("`transaction = {name}`: `{name}` is the run context; {WRITE}"),
+        ));
+    }
+    let ty = ungroup_type(&param.arg.ty);
+    let is_transaction = match ty {
+        Type::Reference(r) if r.mutability.is_some() => match ungroup_type(&r.elem) {
+            Type::Path(TypePath { qself: None, path, attrs: _ }) => {
+                path.segments.last().is_some_and(|s| s.ident.unraw().to_string().ends_with("Transaction"))
+            }
+            _ => false,
+        },
+        _ => false,
+    };
+    if !is_transaction {
+        return Err(syn::Error::new_spanned(
+            &param.arg.ty,
+            format!("`transaction = {name}`: {WRITE}, and this type is not one"),
+        ));
+    }
+    if let Some(lifetime) = named_lifetime(ty) {
+        return Err(syn::Error::new_spanned(
+            lifetime,
+            format!(
+                "`transaction = {name}`: write `'_` for the transaction's lifetimes (`&mut sqlx::SqliteTransaction<'_>`): \
+                 the step begins the transaction and lends it to the body for the call only"
+            ),
+        ));
+    }
+    Ok(Some(param))
+}
+
+/// The first lifetime written by name (not `'_`) in `&'a mut T<'b, ..>`.
+fn named_lifetime(ty: &Type) -> Option<&syn::Lifetime> {
+    let Type::Reference(r) = ty else { return None };
+    let named = |l: &&syn::Lifetime| l.ident != "_";
+    if let Some(l) = r.lifetime.as_ref().filter(named) {
+        return Some(l);
+    }
+    let Type::Path(TypePath { path, .. }) = ungroup_type(&r.elem) else { return None };
+    let syn::PathArguments::AngleBracketed(args) = &path.segments.last()?.arguments else { return None };
+    args.args.iter().find_map(|arg| match arg {
+        syn::GenericArgument::Lifetime(l) => Some(l).filter(named),
+        _ => None,
+    })
+}
+
+/// The type inside any parentheses and invisible groups.
+fn ungroup_type(ty: &Type) -> &Type {
+    match ty {
+        Type::Paren(t) => ungroup_type(&t.elem),
+        Type::Group(t) => ungroup_type(&t.elem),
+        other => other,
+    }
 }
 
 /// `skip(..)` and `key(..)` name parameters that exist, and `key(..)` only payload ones.
@@ -115,6 +215,8 @@ fn check_listed(args: &Args, has_receiver: bool, params: &[Param<'_>], ctx: &Con
         }
         let not_payload = if name == "self" {
             Some("`self` is never part of the payload")
+        } else if args.transaction.as_ref().is_some_and(|tx| tx.unraw() == name.unraw()) {
+            Some("it is the transaction, not part of the payload")
         } else if ctx.is_named(name) {
             Some("it is the run context, not part of the payload")
         } else if skip.iter().any(|s| s.unraw() == name.unraw()) {
@@ -156,6 +258,11 @@ fn payload<'a>(
         if ctx.is(param) || is_context_type(&param.arg.ty) {
             continue;
         }
+        if let Some(tx) = &args.transaction
+            && param.is_named(tx)
+        {
+            continue;
+        }
         if let Some(ident) = param.ident
             && skip.iter().any(|s| s.unraw() == ident.unraw())
         {
@@ -192,7 +299,7 @@ fn gen_block(args: &Args, checked: &Checked<'_>, block: &Block) -> TokenStream {
     let payload = gen_payload(&p, &checked.payload, args.key.as_deref().unwrap_or_default());
     let step = args.step();
     let options = gen_options(args, &p);
-    let call = gen_call(args, &checked.ret, block);
+    let call = gen_call(args, checked, block);
     quote! {
         let #ctx_var: #p::RunContext = #p::RunContext::clone(#ctx_value);
         let (#payload_var, #identity_var) = #payload;
@@ -275,24 +382,44 @@ fn gen_options(args: &Args, p: &TokenStream) -> TokenStream {
     quote!(#version #retention #lease #on_in_flight)
 }
 
-/// `Step::run` (or `run_storing_errors`) with the old body as its action, awaited.
-fn gen_call(args: &Args, ret: &ResultType<'_>, block: &Block) -> TokenStream {
+/// `Step::run` (or `run_storing_errors`, or `run_in_transaction`) with the old body as its
+/// action, awaited.
+fn gen_call(args: &Args, checked: &Checked<'_>, block: &Block) -> TokenStream {
+    let ret = &checked.ret;
     let fake_return = gen_fake_return(ret);
     // Located at the return type (resolved at the call site, like the rest of the expansion):
     // unmet bounds on `T` and `E`, checked at the call and again at its `.await`, point there.
     let at_ret = Span::call_site().located_at(ret.span);
-    let run = Ident::new(if args.store_errors { "run_storing_errors" } else { "run" }, at_ret);
+    let run = match (&checked.transaction, args.store_errors) {
+        (Some(_), _) => "run_in_transaction",
+        (None, true) => "run_storing_errors",
+        (None, false) => "run",
+    };
+    let run = Ident::new(run, at_ret);
     // Those an error may be reported at keep the position of the user's token with `located_at`.
     let step_at_ret = Ident::new("__idempotent_step", Span::mixed_site().located_at(ret.span));
     let payload_at_ret = Ident::new("__idempotent_payload", Span::mixed_site().located_at(ret.span));
+    // The transaction is the async closure's parameter, with the user's pattern and type, so
+    // that the body's uses of it resolve to it and the closure's type names the database.
+    let action = match &checked.transaction {
+        Some(TransactionParam { pat, ty }) => quote_spanned! {at_ret=>
+            async move |#pat: #ty, _| {
+                #fake_return
+                #block
+            }
+        },
+        None => quote_spanned! {at_ret=>
+            move |_| async move {
+                #fake_return
+                #block
+            }
+        },
+    };
     // The parentheses keep the whole call expression in `at_ret`'s context: with the mixed-site
     // receiver first, rustc would see the call's span as another one and report the unmet bound
     // on `T` a second time.
     quote_spanned! {at_ret=>
-        (#step_at_ret).#run(&#payload_at_ret, move |_| async move {
-            #fake_return
-            #block
-        })
+        (#step_at_ret).#run(&#payload_at_ret, #action)
         .await
     }
 }

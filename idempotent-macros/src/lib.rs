@@ -54,7 +54,8 @@ struct ReadmeDoctest;
 ///   key; every retry of a run must use the same run id.
 /// - Every other parameter is the **payload**, by name: `self` (see
 ///   [below](#self-is-not-part-of-the-key)), the context (and any other `RunContext`
-///   parameter) and the parameters listed in `skip(..)` are left out. Payload parameters are
+///   parameter), the `transaction` parameter and the parameters listed in `skip(..)` are left
+///   out. Payload parameters are
 ///   serialized to canonical JSON and hashed into the key, so they must implement
 ///   `serde::Serialize`; forgetting to skip a
 ///   client or a connection is a compile error at that parameter. Their types must be concrete:
@@ -116,13 +117,15 @@ struct ReadmeDoctest;
 /// | `store_errors` | store and replay `Err` outcomes too (`E: Serialize + DeserializeOwned`); without it an `Err` frees the key so a retry runs the body again | off |
 /// | `ctx = name` | the parameter that holds the `RunContext` (when its type is not spelled `RunContext`, e.g. an `Arc<RunContext>`) | the parameter typed `RunContext` |
 /// | `ctx = self.ctx` | the field of the receiver that holds it (`self.ctx`, `self.inner.ctx`, `self.0`), of any type that derefs to `RunContext` (`RunContext`, `Arc<RunContext>`) | the parameter typed `RunContext` |
+/// | `transaction = tx` | run the body in a transaction of the store's database that also stores the result (see [below](#transaction--tx-writes-that-commit-with-the-record)): `tx` names a parameter of type `&mut sqlx::SqliteTransaction<'_>` (or `&mut sqlx::Transaction<'_, DB>`), which leaves the signature; callers do not pass it | no transaction |
 /// | `crate = "path"` | where `idempotent_core` is, when the dependency is renamed | `::idempotent_core` |
 ///
 /// Every misuse (a sync fn, a missing `step`, an option given twice or empty, an unknown option,
 /// a `retention` or `lease` that is not a positive integer, `skip`/`key` naming a parameter that
 /// does not exist, a `ctx` that is neither a parameter nor a field of `self`, no context, a return
-/// type that is not a `Result`, a generic parameter in the payload) is a compile error at the
-/// offending token.
+/// type that is not a `Result`, a generic parameter in the payload, a `transaction` that names no
+/// parameter or one that is not a `&mut` transaction, `transaction` with `store_errors`) is a
+/// compile error at the offending token.
 ///
 /// The upper bounds of `retention` and `lease` are the executor's, the same for every way of
 /// running a step: one above them compiles, and each call fails with `Error::Config` (naming the
@@ -253,6 +256,63 @@ struct ReadmeDoctest;
 /// # Ok(()) }
 /// ```
 ///
+/// ## `transaction = tx`: writes that commit with the record
+///
+/// With `transaction = tx`, the body runs inside a transaction that the step begins on its
+/// store's database, and the step's result is written in that same transaction
+/// (`Step::run_in_transaction`): the body's writes through `tx` and the `done` record commit
+/// together, or neither does, so **the database effect happens exactly once**, even when the
+/// process dies mid-body. The parameter `tx` is removed from the generated function: callers
+/// pass the other arguments only, and the body sees the step's transaction under that name
+/// (`&mut **tx` is the connection to execute on). Its type is `&mut sqlx::SqliteTransaction<'_>`
+/// or `&mut sqlx::Transaction<'_, DB>` (always `'_`): it names the database, and the context's
+/// store must be that database's SQL store (a `SqliteStore` for SQLite), or each call fails
+/// with `Error::Config`.
+///
+/// An `Err` from the body rolls the transaction back and frees the key, so a retry runs the
+/// body again on a database without the failed attempt's writes (`store_errors` does not
+/// combine with `transaction`). What the body does outside `tx` (an HTTP call, an email) is not
+/// covered: it can run again on a retry after a crash or a failed commit; pass the attempt's
+/// fence (`current_attempt()`) to such systems as their idempotency key. On SQLite the
+/// transaction holds the file's write lock until it commits: keep the body short.
+///
+/// ```
+/// use idempotent_core::sqlx::{self, SqliteTransaction};
+/// use idempotent_core::{idempotent, Error, RunContext, SqliteStore};
+///
+/// fn db(e: sqlx::Error) -> Error {
+///     Error::Config(e.to_string()) // your own error type would wrap it
+/// }
+///
+/// #[idempotent(step = "create_invoice", transaction = tx)]
+/// async fn create_invoice(ctx: &RunContext, tx: &mut SqliteTransaction<'_>, order_id: &str, cents: i64) -> Result<i64, Error> {
+///     let done = sqlx::query("INSERT INTO invoices (order_id, cents) VALUES (?1, ?2)")
+///         .bind(order_id)
+///         .bind(cents)
+///         .execute(&mut **tx)
+///         .await
+///         .map_err(db)?;
+///     Ok(done.last_insert_rowid())
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Error> {
+/// # let path = std::env::temp_dir().join(format!("idempotent-macro-doc-tx-{}.db", std::process::id()));
+/// let store = SqliteStore::open(&path).await?;
+/// sqlx::query("CREATE TABLE IF NOT EXISTS invoices (order_id TEXT, cents INTEGER)")
+///     .execute(store.pool())
+///     .await
+///     .map_err(db)?;
+/// let ctx = RunContext::new(store.clone(), "order-7");
+/// let id = create_invoice(&ctx, "order-7", 1500).await?; // no transaction to pass
+/// assert_eq!(create_invoice(&ctx, "order-7", 1500).await?, id); // replayed, nothing inserted
+/// let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM invoices").fetch_one(store.pool()).await.map_err(db)?;
+/// assert_eq!(rows, 1);
+/// # store.close().await;
+/// # for suffix in ["", "-wal", "-shm"] { let _ = std::fs::remove_file(format!("{}{suffix}", path.display())); }
+/// # Ok(()) }
+/// ```
+///
 /// # Reaching the `Attempt` from the body
 ///
 /// While the body runs, [`idempotent_core::current_attempt()`](https://docs.rs/idempotent-core)
@@ -286,8 +346,10 @@ struct ReadmeDoctest;
 /// The body becomes the step's action, wrapped in an `async move` block whose type is the
 /// declared return type (so type errors in the body point at your signature). The generated code
 /// clones the context, serializes each payload argument to canonical JSON, and calls
-/// `Step::run` (or `run_storing_errors`) with the payload's digest; it names only
-/// `idempotent_core::__private` items (or those under `crate = "path"`).
+/// `Step::run` (or `run_storing_errors`) with the payload's digest; with `transaction = tx` it
+/// calls `Step::run_in_transaction` with an async closure whose first parameter is `tx`, typed
+/// as written. It names only `idempotent_core::__private` items (or those under
+/// `crate = "path"`).
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let original = proc_macro2::TokenStream::from(item.clone());

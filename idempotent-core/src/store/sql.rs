@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use super::{BoxFuture, Store};
+use super::{BoxFuture, SharedStore, Store};
 use crate::attempt::Attempt;
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
@@ -149,4 +149,28 @@ impl<F: Future + Send + 'static> Drop for AcquireCall<F> {
         // Runs before `work` is dropped (and handed to a task), so that the task sees the flag.
         self.abandoned.store(true, Ordering::Release);
     }
+}
+
+/// The store behind `store` if it is `DB`'s ([`CommitsWith::Store`]), for work that commits in
+/// a transaction of `DB`; otherwise an [`Error::Config`] naming both and what to do, its message
+/// opening with `what` (the step).
+pub(crate) fn store_of<'s, DB: CommitsWith>(store: &'s SharedStore, what: &str) -> Result<&'s DB::Store, Error> {
+    let any: &dyn std::any::Any = &**store;
+    any.downcast_ref::<DB::Store>().ok_or_else(|| {
+        let wanted = short_type_name::<DB::Store>();
+        Error::Config(format!(
+            "{what}: run_in_transaction with a transaction of {db} needs the run context's store to be a \
+             {wanted}, the store whose records live in that database, but it is {found}; create the RunContext \
+             with a {wanted} (itself, not a wrapper around it) on the database the step writes to, or run the \
+             step with Step::run",
+            db = short_type_name::<DB>(),
+            found = store.describe(),
+        ))
+    })
+}
+
+/// `SqliteStore` for `idempotent_core::store::sqlite::SqliteStore`.
+fn short_type_name<T: ?Sized>() -> &'static str {
+    let name = std::any::type_name::<T>();
+    name.rsplit("::").next().unwrap_or(name)
 }

@@ -79,7 +79,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr};
 
-use super::sql::{AcquireCall, Arg, Found, micros};
+use super::sql::{AcquireCall, Arg, CommitsWith, Found, TransactionalStore, micros};
 use super::{BoxFuture, Store};
 use crate::error::{BoxError, Error};
 use crate::key::{Fingerprint, Key};
@@ -259,20 +259,8 @@ impl SqliteStoreBuilder {
             .await;
         let busy_timeout = self.busy_timeout;
         let pool = pool.map_err(|e| store_error(&describe, "open", busy_timeout, e))?;
-        let store = SqliteStore {
-            inner: Arc::new(Inner {
-                pool,
-                describe,
-                table: self.table.clone(),
-                busy_timeout,
-                sql: Statements::new(&self.table),
-                acquisitions: AtomicU64::new(0),
-                statements: AtomicU64::new(0),
-                purging: AtomicBool::new(false),
-                purge_cursor: AtomicI64::new(0),
-            }),
-        };
-        store.migrate_table(&self.table).await?;
+        let store = SqliteStore::on(pool, describe, self.table, busy_timeout);
+        store.migrate().await?;
         Ok(store)
     }
 }
@@ -299,6 +287,86 @@ impl SqliteStore {
     /// Opens the store in the file at `path` with the default settings (see [`SqliteStore::builder`]).
     pub async fn open(path: impl AsRef<Path>) -> Result<SqliteStore, Error> {
         SqliteStore::builder(path).open().await
+    }
+
+    /// A store on an application's own pool, with its records in `table` (created if missing,
+    /// or checked, as [`migrate`](Self::migrate) does): the application's queries, the store's
+    /// statements and the transactions of [`Step::run_in_transaction`](crate::Step::run_in_transaction)
+    /// then share one pool and one file.
+    ///
+    /// The pool's settings are kept as they are (its size, its timeouts, its `busy_timeout`), with
+    /// one requirement: its connections sync every commit (`synchronous = FULL` or `EXTRA`; sqlx's
+    /// default is `FULL`). With `NORMAL` or `OFF` a power loss can undo a committed `done`, and the
+    /// step runs again: that is an [`Error::Config`] saying how to set it. WAL mode
+    /// (`SqliteConnectOptions::journal_mode(SqliteJournalMode::Wal)`) is advised, not required: in
+    /// the rollback journal a reader blocks the writers' commits.
+    ///
+    /// ```
+    /// use idempotent_core::SqliteStore;
+    /// use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = std::env::temp_dir().join(format!("idempotent-doc-pool-{}", std::process::id()));
+    /// # std::fs::create_dir_all(&dir)?;
+    /// let options = SqliteConnectOptions::new()
+    ///     .filename(dir.join("app.db"))
+    ///     .create_if_missing(true)
+    ///     .journal_mode(SqliteJournalMode::Wal);
+    /// let pool = SqlitePoolOptions::new().connect_with(options).await?;
+    /// let store = SqliteStore::from_pool(pool.clone(), "idempotent_records").await?;
+    /// assert!(store.pool().size() >= 1);
+    /// # pool.close().await;
+    /// # std::fs::remove_dir_all(&dir)?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn from_pool(pool: SqlitePool, table: impl Into<String>) -> Result<SqliteStore, Error> {
+        let table = table.into();
+        validate_table(&table)?;
+        let describe = format!("sqlite://{}", pool.connect_options().get_filename().display());
+        // Until the pool's own busy timeout is read: sqlx's default.
+        let mut busy_timeout = Duration::from_secs(5);
+        let err = |busy_timeout, e| store_error(&describe, "open", busy_timeout, e);
+        let mut conn = pool.acquire().await.map_err(|e| err(busy_timeout, e))?;
+        let busy_ms: i64 =
+            sqlx::query_scalar("PRAGMA busy_timeout").fetch_one(&mut *conn).await.map_err(|e| err(busy_timeout, e))?;
+        busy_timeout = Duration::from_millis(busy_ms.max(0).unsigned_abs());
+        let synchronous: i64 =
+            sqlx::query_scalar("PRAGMA synchronous").fetch_one(&mut *conn).await.map_err(|e| err(busy_timeout, e))?;
+        drop(conn);
+        // 2 is FULL, 3 EXTRA.
+        if synchronous < 2 {
+            let mode = if synchronous == 1 { "NORMAL" } else { "OFF" };
+            return Err(Error::Config(format!(
+                "{describe}: the pool's connections run with synchronous = {mode}, so a power loss or OS crash can \
+                 undo the last commits, and an undone `done` makes the step run again; open the pool with \
+                 SqliteConnectOptions::synchronous(SqliteSynchronous::Full)"
+            )));
+        }
+        let store = SqliteStore::on(pool, describe, table, busy_timeout);
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    fn on(pool: SqlitePool, describe: String, table: String, busy_timeout: Duration) -> SqliteStore {
+        SqliteStore {
+            inner: Arc::new(Inner {
+                pool,
+                describe,
+                sql: Statements::new(&table),
+                table,
+                busy_timeout,
+                acquisitions: AtomicU64::new(0),
+                statements: AtomicU64::new(0),
+                purging: AtomicBool::new(false),
+                purge_cursor: AtomicI64::new(0),
+            }),
+        }
+    }
+
+    /// The store's pool: for the application's own queries on the same file (its business
+    /// tables), so that one pool serves both.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.inner.pool
     }
 
     /// Settings for a store in the file at `path` (created if missing).
@@ -486,17 +554,32 @@ impl SqliteStore {
         token: &Token,
         arg: Option<Arg>,
     ) -> Result<Transition, Error> {
-        let inner = &self.inner;
-        inner.statements.fetch_add(1, Ordering::Relaxed);
-        let mut q = sqlx::query(sql.clone()).bind(&key.as_bytes()[..]).bind(token.as_str());
-        match arg {
-            Some(Arg::Result(result, retention)) => q = q.bind(result.to_vec()).bind(micros(retention)),
-            Some(Arg::Lease(lease)) => q = q.bind(micros(lease)),
-            None => {}
-        }
-        let done = q.execute(&inner.pool).await.map_err(|e| self.error(op, e))?;
-        Ok(if done.rows_affected() == 1 { Transition::Ok } else { Transition::LeaseLost })
+        let done = self.transition_query(sql, key, token, arg).execute(&self.inner.pool).await;
+        Ok(transition_of(done.map_err(|e| self.error(op, e))?))
     }
+
+    /// One of the conditional `UPDATE`s with its arguments bound, counted in
+    /// [`statements`](Self::statements).
+    fn transition_query<'q>(
+        &self,
+        sql: &SqlStr,
+        key: &'q Key,
+        token: &'q Token,
+        arg: Option<Arg>,
+    ) -> sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments> {
+        self.inner.statements.fetch_add(1, Ordering::Relaxed);
+        let q = sqlx::query(sql.clone()).bind(&key.as_bytes()[..]).bind(token.as_str());
+        match arg {
+            Some(Arg::Result(result, retention)) => q.bind(result.to_vec()).bind(micros(retention)),
+            Some(Arg::Lease(lease)) => q.bind(micros(lease)),
+            None => q,
+        }
+    }
+}
+
+/// A conditional `UPDATE` changed the owner's row, or found none: another attempt holds the key.
+fn transition_of(done: sqlx::sqlite::SqliteQueryResult) -> Transition {
+    if done.rows_affected() == 1 { Transition::Ok } else { Transition::LeaseLost }
 }
 
 /// Tells the outcome of acquire from the row it returned.
@@ -591,6 +674,42 @@ impl Store for SqliteStore {
     fn describe(&self) -> String {
         self.inner.describe.clone()
     }
+}
+
+/// Transactions begin with `BEGIN IMMEDIATE`, which takes the file's write lock at once (waiting
+/// up to the busy timeout for it): a deferred `BEGIN` would take it at the first write, and fail
+/// there with `SQLITE_BUSY` when another connection wrote since the transaction's first read. The
+/// lock is held until the commit, so the lease is not renewed meanwhile (a renewal from another
+/// connection would wait for that very lock) and no other attempt can take the key over either.
+impl TransactionalStore for SqliteStore {
+    type Database = sqlx::Sqlite;
+
+    fn begin(&self) -> BoxFuture<'_, Result<sqlx::Transaction<'static, sqlx::Sqlite>, Error>> {
+        Box::pin(async move { self.inner.pool.begin_with("BEGIN IMMEDIATE").await.map_err(|e| self.error("begin", e)) })
+    }
+
+    fn complete_in<'a>(
+        &'a self,
+        tx: &'a mut sqlx::Transaction<'static, sqlx::Sqlite>,
+        key: &'a Key,
+        token: &'a Token,
+        result: Bytes,
+        retention: Duration,
+    ) -> BoxFuture<'a, Result<Transition, Error>> {
+        Box::pin(async move {
+            let arg = Some(Arg::Result(result, retention));
+            let done = self.transition_query(&self.inner.sql.complete, key, token, arg).execute(&mut **tx).await;
+            Ok(transition_of(done.map_err(|e| self.error("complete_in", e))?))
+        })
+    }
+
+    fn renews_during_transaction(&self) -> bool {
+        false
+    }
+}
+
+impl CommitsWith for sqlx::Sqlite {
+    type Store = SqliteStore;
 }
 
 impl fmt::Debug for SqliteStore {

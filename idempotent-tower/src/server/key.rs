@@ -52,6 +52,20 @@ pub(crate) fn parse<'h>(headers: &'h HeaderMap, name: &HeaderName) -> Result<Opt
     parse_value(value.as_bytes()).map(Some)
 }
 
+/// The client's idempotency key in `headers[name]` as the layer reads it: the contents of an
+/// sf-string (`"8e03978e-40d5"`) or the bare value (`8e03978e-40d5`), which name the same key;
+/// `None` when the header is missing, repeated or not a valid key.
+///
+/// For a handler behind [`IdempotencyLayer`](super::IdempotencyLayer) that keys work of its own
+/// on the request's key, such as a step whose database writes commit with its record (see
+/// [Database writes](super#database-writes-that-commit-exactly-once)): the raw header value
+/// would differ between the two forms, and a retry sent in the other form would be another
+/// operation. Add the tenant the layer scopes keys by (its
+/// [`tenant`](super::IdempotencyLayer::tenant) extractor) to whatever the key names.
+pub fn client_key(headers: &HeaderMap, name: &HeaderName) -> Option<String> {
+    parse(headers, name).ok().flatten().map(Cow::into_owned)
+}
+
 /// Parses one header value (sf-string or bare form) into the key string, borrowed from the
 /// value in the bare form.
 pub(crate) fn parse_value(raw: &[u8]) -> Result<Cow<'_, str>, KeyError> {
@@ -116,6 +130,19 @@ mod tests {
     #[test]
     fn missing_is_none() {
         assert_eq!(parse(&HeaderMap::new(), &HeaderName::from_static("idempotency-key")), Ok(None));
+    }
+
+    #[test]
+    fn client_key_is_the_parsed_key_or_none() {
+        let name = HeaderName::from_static("idempotency-key");
+        let mut h = HeaderMap::new();
+        assert_eq!(client_key(&h, &name), None);
+        h.insert(&name, HeaderValue::from_static("\"k-1\""));
+        assert_eq!(client_key(&h, &name).as_deref(), Some("k-1"));
+        h.insert(&name, HeaderValue::from_static("k-1"));
+        assert_eq!(client_key(&h, &name).as_deref(), Some("k-1"));
+        h.insert(&name, HeaderValue::from_static("\"unterminated"));
+        assert_eq!(client_key(&h, &name), None);
     }
 
     #[test]

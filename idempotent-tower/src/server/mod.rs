@@ -92,6 +92,84 @@
 //! retry in that window gets 409, and the retry after it runs the request again with
 //! [`Attempt::recovered`] set.
 //!
+//! # Database writes that commit exactly once
+//!
+//! The layer stores the response after the handler has answered, in its own store; the
+//! handler's database writes have committed before that, on their own. Between the two, a
+//! crash, a store failure while the response is stored (`Idempotent-Stored: false`), or a lease
+//! another attempt took over leaves the writes committed and no response stored: the retry runs
+//! the handler again, and the writes happen twice.
+//!
+//! To make the database effect exactly once, the handler makes its writes a step whose record
+//! commits with them ([`Step::run_in_transaction`](idempotent_core::Step::run_in_transaction),
+//! on a [`SqliteStore`](idempotent_core::SqliteStore) or another SQL store of the database the
+//! handler writes to), keyed on the request's key ([`client_key`], plus the tenant). The writes
+//! and the step's record commit together or not at all; a retry that runs the handler again
+//! finds the step done, gets its stored result back without writing anything, builds the same
+//! response from it, and the layer stores that one. Build the response from the step's result
+//! only, so that the rebuilt response is the first one.
+//!
+//! ```
+//! use axum::extract::State;
+//! use axum::http::{HeaderMap, Request, StatusCode};
+//! use axum::{Router, body::Body, routing::post};
+//! use idempotent_core::sqlx::{self, SqliteTransaction};
+//! use idempotent_core::{Error, RunContext, SqliteStore};
+//! use idempotent_tower::IDEMPOTENCY_KEY;
+//! use idempotent_tower::server::{IdempotencyLayer, client_key};
+//! use tower::ServiceExt;
+//!
+//! async fn create_invoice(State(db): State<SqliteStore>, headers: HeaderMap, order: String) -> (StatusCode, String) {
+//!     // The layer admitted the request, so it has a valid key.
+//!     let key = client_key(&headers, &IDEMPOTENCY_KEY).expect("a key");
+//!     let ctx = RunContext::new(db.clone(), format!("http-key:{key}"));
+//!     let invoice = ctx
+//!         .step("create_invoice")
+//!         .run_in_transaction(&order, async |tx: &mut SqliteTransaction<'_>, _| {
+//!             let done = sqlx::query("INSERT INTO invoices (order_id) VALUES (?1)")
+//!                 .bind(&order)
+//!                 .execute(&mut **tx)
+//!                 .await
+//!                 .map_err(|e| Error::Config(e.to_string()))?; // your own error type here
+//!             Ok::<_, Error>(done.last_insert_rowid())
+//!         })
+//!         .await;
+//!     match invoice {
+//!         Ok(id) => (StatusCode::CREATED, format!("invoice {id}")),
+//!         // 503: the default store policy releases the key, so the client's retry runs again.
+//!         Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let path = std::env::temp_dir().join(format!("idempotent-tower-doc-{}.db", std::process::id()));
+//! let db = SqliteStore::open(&path).await?;
+//! sqlx::query("CREATE TABLE IF NOT EXISTS invoices (order_id TEXT)").execute(db.pool()).await?;
+//! let app = Router::new()
+//!     .route("/invoices", post(create_invoice))
+//!     .with_state(db.clone())
+//!     .layer(IdempotencyLayer::new(db.clone()));
+//! let request = || Request::post("/invoices").header("idempotency-key", "k-7").body(Body::from("order-7")).unwrap();
+//! assert_eq!(app.clone().oneshot(request()).await?.status(), 201);
+//! assert_eq!(app.clone().oneshot(request()).await?.headers()["idempotent-replayed"], "true");
+//! let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM invoices").fetch_one(db.pool()).await?;
+//! assert_eq!(rows, 1);
+//! # db.close().await;
+//! # for suffix in ["", "-wal", "-shm"] { let _ = std::fs::remove_file(format!("{}{suffix}", path.display())); }
+//! # Ok(()) }
+//! ```
+//!
+//! What this does not make atomic is the response itself: the step's result is stored twice
+//! (in the step's record, with the writes, and as the layer's stored response), and they are
+//! kept apart because the layer keeps one store for every route while the handler's writes go
+//! to its own database. The layer does not begin transactions for handlers: it would need the
+//! database's type, a shared handle to the transaction in the request's extensions (which must
+//! be `Clone`, so a handler could keep it past its response), the whole response body read
+//! before the commit (on SQLite, with the file's write lock held all that time), and a 2xx
+//! turned into a 503 when the commit fails; see DESIGN.md ("Steps that commit with their
+//! record").
+//!
 //! Refusals are `application/problem+json` documents (RFC 9457) whose `detail` tells the
 //! client what to do. Events are logged with `tracing` (`idempotent.acquired`, `.replayed`,
 //! `.stored`, `.released`, `.in_flight`, `.mismatch`, `.store_error`, `.lease_lost`,
@@ -228,6 +306,7 @@ mod service;
 pub use body::{RequestBody, ResponseBody};
 pub use future::ResponseFuture;
 pub use idempotent_core::Attempt;
+pub use key::client_key;
 pub use layer::{
     DEFAULT_KEY_HEADER, DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_STORED_RESPONSE, IdempotencyLayer, STORE_DOWN_RETRY_AFTER,
 };
