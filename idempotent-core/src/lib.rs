@@ -50,7 +50,12 @@
 //!   refuses at start-up a server that may lose records), and, under the `sqlite` feature,
 //!   `SqliteStore` (one file in WAL mode, shared by tasks and processes on one host; a first
 //!   execution is two statements, a replay one).
-//! - `#[idempotent]` (feature `macros`, on by default): the same as an attribute on an `async fn`.
+//! - Steps that commit with their record (feature `sqlite`): `Step::run_in_transaction` runs the
+//!   action in a transaction of the SQL store's database and marks the record done in that same
+//!   transaction, so the action's writes through it happen exactly once; the store implements
+//!   `TransactionalStore`, and its database `CommitsWith` it. `sqlx` is re-exported.
+//! - `#[idempotent]` (feature `macros`, on by default): the same as an attribute on an `async fn`
+//!   (`transaction = tx` for a transactional step).
 //!
 //! # Guarantees and limits
 //!
