@@ -18,7 +18,7 @@ use crate::lease::{self, DEFAULT_LEASE, DEFAULT_RETENTION, FailMode, Lease, OnIn
 use crate::record::{TAG_ERR, TAG_OK, Transition};
 use crate::store::{IntoSharedStore, SharedStore};
 
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod transaction;
 
 /// Default cap on a stored result: 16 MiB.

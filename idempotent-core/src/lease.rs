@@ -35,9 +35,9 @@ use crate::key::{Fingerprint, Key};
 use crate::record::{Acquire, Grant, Token, Transition};
 use crate::store::SharedStore;
 
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod transaction;
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) use transaction::ReleaseOnDrop;
 
 /// Default lease: how long a crashed worker blocks its key.

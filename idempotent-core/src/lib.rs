@@ -52,7 +52,12 @@
 //!   the `postgres` feature, `PostgresStore` (one table, judged by the database clock; fail-closed
 //!   timeouts; on its own pool or the application's). For both SQL stores a first execution is
 //!   two statements, a replay one.
-//! - `#[idempotent]` (feature `macros`, on by default): the same as an attribute on an `async fn`.
+//! - Steps that commit with their record (features `sqlite`, `postgres`): `Step::run_in_transaction`
+//!   runs the action in a transaction of the SQL store's database and marks the record done in
+//!   that same transaction, so the action's writes through it happen exactly once; the store
+//!   implements `TransactionalStore`, and its database `CommitsWith` it. `sqlx` is re-exported.
+//! - `#[idempotent]` (feature `macros`, on by default): the same as an attribute on an `async fn`
+//!   (`transaction = tx` for a transactional step).
 //!
 //! # Guarantees and limits
 //!
@@ -97,13 +102,15 @@ pub use lease::{
     DEFAULT_LEASE, DEFAULT_RETENTION, DEFAULT_WAIT, FailMode, MAX_LEASE, MAX_RETENTION, MIN_LEASE, MIN_RETENTION,
     OnInFlight, Terms,
 };
-#[cfg(feature = "sqlite")]
-pub use store::{CommitsWith, SqliteStore, SqliteStoreBuilder, TransactionalStore};
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use store::{CommitsWith, TransactionalStore};
 pub use store::{IntoSharedStore, MemoryStore, SharedStore, Store};
 #[cfg(feature = "postgres")]
 pub use store::{PostgresStore, PostgresStoreBuilder};
 #[cfg(feature = "redis")]
 pub use store::{Preflight, RedisStore, RedisStoreBuilder, Risk};
+#[cfg(feature = "sqlite")]
+pub use store::{SqliteStore, SqliteStoreBuilder};
 
 /// The Redis driver this crate uses, re-exported so that users share one version.
 #[cfg(feature = "redis")]
@@ -114,7 +121,7 @@ pub use deadpool_redis::redis;
 
 /// The SQL driver the SQL stores use, re-exported so that users share one version: the
 /// transactions of [`Step::run_in_transaction`] are its `sqlx::Transaction`s.
-#[cfg(feature = "sqlite")]
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use sqlx;
 
 #[cfg(feature = "macros")]

@@ -14,7 +14,7 @@ use axum::http::{HeaderMap, Request, StatusCode};
 use axum::routing::post;
 use idempotent_core::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use idempotent_core::sqlx::{self, SqliteTransaction};
-use idempotent_core::{Error, IntoSharedStore, MemoryStore, OnInFlight, RunContext, SqliteStore, idempotent};
+use idempotent_core::{Error, FailMode, IntoSharedStore, MemoryStore, OnInFlight, RunContext, SqliteStore, idempotent};
 use idempotent_tests::HookedStore;
 use idempotent_tower::IDEMPOTENCY_KEY;
 use idempotent_tower::server::{IDEMPOTENT_STORED, IdempotencyLayer, client_key};
@@ -372,6 +372,30 @@ async fn a_wrapper_around_a_sqlite_store_is_a_config_error() {
     assert!(message.contains("but it is hooked sqlite://"), "{message}");
     assert!(message.contains("not a wrapper around it"), "{message}");
     assert_eq!(invoices(&store).await, []);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_open_runs_the_action_in_a_transaction_of_its_own() {
+    let (_dir, _path, store) = setup("open.db").await;
+    // The records' table is gone: every acquire fails (a store failure), while the database
+    // still takes the action's writes.
+    sqlx::raw_sql("DROP TABLE idempotent_records").execute(store.pool()).await.unwrap();
+    let ctx = RunContext::new(store.clone(), "order-17");
+    let call = |mode| {
+        ctx.step("create_invoice").fail_mode(mode).run_in_transaction(
+            &"order-17",
+            async |tx: &mut SqliteTransaction<'_>, attempt| {
+                assert!(attempt.is_unprotected());
+                insert(tx, "order-17", attempt.fence()).await?;
+                Ok::<_, Error>(attempt.fence())
+            },
+        )
+    };
+    let closed = call(FailMode::Closed).await;
+    assert!(matches!(closed, Err(Error::Unavailable { op: "acquire", .. })), "{closed:?}");
+    assert_eq!(invoices(&store).await, []);
+    assert_eq!(call(FailMode::Open).await.unwrap(), 0, "the unprotected attempt's fence is 0");
+    assert_eq!(invoices(&store).await, [("order-17".to_owned(), 0)]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

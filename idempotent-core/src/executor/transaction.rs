@@ -114,7 +114,7 @@ impl Step<'_> {
     ///
     /// # Fail-open
     ///
-    /// With [`FailMode::Open`], a store failure at acquire runs the action in a transaction of
+    /// With [`FailMode::Open`](crate::FailMode::Open), a store failure at acquire runs the action in a transaction of
     /// its own, committed without any record and with an unprotected [`Attempt`]: the writes
     /// are the action's alone, and a retry runs it again. The store and the action's database
     /// being one, such a failure usually makes the transaction fail too.
@@ -128,8 +128,9 @@ impl Step<'_> {
         DB: CommitsWith,
         F: for<'t> AsyncFnOnce(&mut sqlx::Transaction<'t, DB>, Attempt) -> Result<T, E>,
     {
-        let step = format!("step `{}`", self.name);
-        let store = sql::store_of::<DB>(&self.ctx.store, &step)?;
+        let Some(store) = sql::store_of::<DB>(&self.ctx.store) else {
+            return Err(sql::wrong_store::<DB>(&self.ctx.store, &format!("step `{}`", self.name)).into());
+        };
         let (key, fingerprint) = self.key_for(payload)?;
         let opts = &self.options;
         let terms = opts.terms().heartbeat(opts.heartbeat && store.renews_during_transaction());
@@ -219,7 +220,7 @@ async fn commit<S: TransactionalStore>(store: &S, tx: sqlx::Transaction<'static,
             reason: e.to_string(),
             source: Some(Box::new(e)),
         };
-        tracing::warn!(error = %error, "idempotent.store_error: the transaction did not commit; releasing the key");
+        tracing::warn!(error = %error, "idempotent.store_error: the transaction did not commit; its writes are rolled back");
         error
     })
 }

@@ -6,7 +6,7 @@ use bytes::Bytes;
 use super::Lease;
 use crate::error::Error;
 use crate::record::Transition;
-use crate::store::sql::{CommitsWith, TransactionalStore};
+use crate::store::sql::{self, CommitsWith, TransactionalStore};
 
 impl Lease {
     /// Stores `outcome` with the statement of [`Store::complete`](crate::Store::complete) run
@@ -23,7 +23,9 @@ impl Lease {
         outcome: Bytes,
     ) -> Result<Transition, Error> {
         self.check_deadline();
-        let store = crate::store::sql::store_of::<DB>(&self.store, "Lease::complete_in")?;
+        let Some(store) = sql::store_of::<DB>(&self.store) else {
+            return Err(sql::wrong_store::<DB>(&self.store, "Lease::complete_in"));
+        };
         let answer = store.complete_in(tx, &self.key, &self.token, outcome, self.retention).await;
         let (short, fence) = (self.key.short_key(), self.attempt.fence());
         match &answer {

@@ -152,21 +152,24 @@ impl<F: Future + Send + 'static> Drop for AcquireCall<F> {
 }
 
 /// The store behind `store` if it is `DB`'s ([`CommitsWith::Store`]), for work that commits in
-/// a transaction of `DB`; otherwise an [`Error::Config`] naming both and what to do, its message
-/// opening with `what` (the step).
-pub(crate) fn store_of<'s, DB: CommitsWith>(store: &'s SharedStore, what: &str) -> Result<&'s DB::Store, Error> {
+/// a transaction of `DB`.
+pub(crate) fn store_of<DB: CommitsWith>(store: &SharedStore) -> Option<&DB::Store> {
     let any: &dyn std::any::Any = &**store;
-    any.downcast_ref::<DB::Store>().ok_or_else(|| {
-        let wanted = short_type_name::<DB::Store>();
-        Error::Config(format!(
-            "{what}: run_in_transaction with a transaction of {db} needs the run context's store to be a \
-             {wanted}, the store whose records live in that database, but it is {found}; create the RunContext \
-             with a {wanted} (itself, not a wrapper around it) on the database the step writes to, or run the \
-             step with Step::run",
-            db = short_type_name::<DB>(),
-            found = store.describe(),
-        ))
-    })
+    any.downcast_ref::<DB::Store>()
+}
+
+/// The [`Error::Config`] for a `store` that is not `DB`'s, naming both and what to do; the
+/// message opens with `what` (the step).
+pub(crate) fn wrong_store<DB: CommitsWith>(store: &SharedStore, what: &str) -> Error {
+    let wanted = short_type_name::<DB::Store>();
+    Error::Config(format!(
+        "{what}: run_in_transaction with a transaction of {db} needs the run context's store to be a \
+         {wanted}, the store whose records live in that database, but it is {found}; create the RunContext \
+         with a {wanted} (itself, not a wrapper around it) on the database the step writes to, or run the \
+         step with Step::run",
+        db = short_type_name::<DB>(),
+        found = store.describe(),
+    ))
 }
 
 /// `SqliteStore` for `idempotent_core::store::sqlite::SqliteStore`.

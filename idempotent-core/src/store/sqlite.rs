@@ -41,6 +41,18 @@
 //! [`SqliteStore::statements`] counts them: a first execution is 2 (acquire, complete), a replay
 //! 1 (`tests/tests/sqlite_store.rs` asserts both, and that replays leave the WAL as it was).
 //!
+//! # Transactions
+//!
+//! The store is a [`TransactionalStore`], for steps whose writes commit with their record
+//! ([`Step::run_in_transaction`](crate::Step::run_in_transaction)): [`begin`](TransactionalStore::begin)
+//! is `BEGIN IMMEDIATE` on a connection of the store's pool, and
+//! [`complete_in`](TransactionalStore::complete_in) the complete statement above, run in that
+//! transaction (and counted in [`statements`](SqliteStore::statements)); the lease is not renewed
+//! while the transaction holds the file's write lock. The business tables must be in the same
+//! file: write them through the step's transaction, and elsewhere through
+//! [`SqliteStore::pool`], or open the store on the application's pool with
+//! [`SqliteStore::from_pool`].
+//!
 //! An acquire dropped before it answered (a timeout around the step) goes on in a task of its own
 //! until its statement has ended, then releases the key if it took it, so that the key is not
 //! held for a lease that nobody runs under.
@@ -462,8 +474,9 @@ impl SqliteStore {
         }
     }
 
-    /// The number of statements this store (and its clones) ran for the [`Store`] calls and
-    /// purges since it was opened (not counting [`open`](Self::open) and `migrate`).
+    /// The number of statements this store (and its clones) ran for the [`Store`] calls,
+    /// [`complete_in`](TransactionalStore::complete_in) and purges since it was opened (not
+    /// counting [`open`](Self::open), `migrate`, nor a transaction's `BEGIN` and `COMMIT`).
     pub fn statements(&self) -> u64 {
         self.inner.statements.load(Ordering::Relaxed)
     }
