@@ -94,22 +94,26 @@ enum Path {
     OursFirst,
     StoreFirst,
     FloorFirst,
+    FloorFirstGated,
     PeerFirst,
     OursReplay,
     StoreReplay,
     FloorReplay,
+    FloorUpsert,
     PeerReplay,
 }
 
 impl Path {
-    const ALL: [Path; 8] = [
+    const ALL: [Path; 10] = [
         Path::OursFirst,
         Path::StoreFirst,
         Path::FloorFirst,
+        Path::FloorFirstGated,
         Path::PeerFirst,
         Path::OursReplay,
         Path::StoreReplay,
         Path::FloorReplay,
+        Path::FloorUpsert,
         Path::PeerReplay,
     ];
 
@@ -118,10 +122,12 @@ impl Path {
             Path::OursFirst => "first execution (ours)",
             Path::StoreFirst => "diag: store acquire + complete, no executor",
             Path::FloorFirst => "floor: INSERT ON CONFLICT DO NOTHING + UPDATE",
+            Path::FloorFirstGated => "diag: floor, writes behind one in-process lock",
             Path::PeerFirst => "peer: agent-effects first execution",
             Path::OursReplay => "replay (ours)",
             Path::StoreReplay => "diag: store acquire (replay), no executor",
             Path::FloorReplay => "floor: SELECT by key",
+            Path::FloorUpsert => "diag: floor no-op upsert RETURNING by key",
             Path::PeerReplay => "peer: agent-effects replay",
         }
     }
@@ -129,8 +135,8 @@ impl Path {
     /// The floor this path is compared with.
     fn floor(self) -> Option<Path> {
         match self {
-            Path::OursFirst | Path::StoreFirst | Path::PeerFirst => Some(Path::FloorFirst),
-            Path::OursReplay | Path::StoreReplay | Path::PeerReplay => Some(Path::FloorReplay),
+            Path::OursFirst | Path::StoreFirst | Path::FloorFirstGated | Path::PeerFirst => Some(Path::FloorFirst),
+            Path::OursReplay | Path::StoreReplay | Path::FloorUpsert | Path::PeerReplay => Some(Path::FloorReplay),
             Path::FloorFirst | Path::FloorReplay => None,
         }
     }
@@ -139,7 +145,7 @@ impl Path {
     fn side(self) -> Side {
         match self {
             Path::OursFirst | Path::StoreFirst | Path::OursReplay | Path::StoreReplay => Side::Ours,
-            Path::FloorFirst | Path::FloorReplay => Side::Floor,
+            Path::FloorFirst | Path::FloorFirstGated | Path::FloorReplay | Path::FloorUpsert => Side::Floor,
             Path::PeerFirst | Path::PeerReplay => Side::Peer,
         }
     }
@@ -212,6 +218,9 @@ trait Target: Send + Sync + 'static {
     type PeerStore: EffectStore;
     /// What a probe holds between its two readings.
     type Probe: Send;
+    /// Whether the database has one write lock for the whole file (SQLite), which the gated floor
+    /// row queues for in the process.
+    const SINGLE_WRITER: bool;
 
     /// The database, its version and its settings, for the report.
     fn describe(&self) -> impl Future<Output = String> + Send;
@@ -223,8 +232,16 @@ trait Target: Send + Sync + 'static {
     fn peer(&self) -> Option<&agent_effects::Runtime<Self::PeerStore>>;
     /// The first-execution floor for a fresh `key`: claim the key, then store the outcome.
     fn floor_first(&self, key: &[u8; 32], stored: &[u8]) -> impl Future<Output = ()> + Send;
+    /// A diagnostic next to the first-execution floor: the same statements, each taking one lock of
+    /// this process first, so that the pool's connections queue for the database's write lock
+    /// in the process instead of in SQLite's busy handler (which sleeps 1, 2, 5, 10 … ms between
+    /// tries). `None` where the database has no such single write lock.
+    fn floor_first_gated(&self, key: &[u8; 32], stored: &[u8]) -> Option<impl Future<Output = ()> + Send>;
     /// The replay floor: read a done row by key.
     fn floor_replay(&self, key: &[u8; 32]) -> impl Future<Output = ()> + Send;
+    /// A diagnostic next to the replay floor: an upsert of a done row that changes nothing and
+    /// returns it (the shape of our acquire on a replay: a write statement, so the write lock).
+    fn floor_upsert(&self, key: &[u8; 32]) -> impl Future<Output = ()> + Send;
     /// Writes realistic done rows straight into a side's tables, in one statement, until it holds
     /// `total` records; returns how many it wrote.
     fn prefill(&self, side: Side, total: u64, stored: &[u8]) -> impl Future<Output = u64> + Send;
@@ -307,6 +324,8 @@ struct SqliteTarget {
     admin: [SqlitePool; 3],
     /// Peer effects prefilled so far (their ids are numbered).
     peer_prefilled: AtomicU64,
+    /// The in-process lock of the gated floor row.
+    write_gate: tokio::sync::Mutex<()>,
 }
 
 impl SqliteTarget {
@@ -377,7 +396,16 @@ impl SqliteTarget {
         };
         let admin =
             [admin(Side::Ours).await.unwrap(), admin(Side::Floor).await.unwrap(), admin(Side::Peer).await.unwrap()];
-        SqliteTarget { dir: dir.to_owned(), ours, floor, floor_hooks, peer, admin, peer_prefilled: AtomicU64::new(0) }
+        SqliteTarget {
+            dir: dir.to_owned(),
+            ours,
+            floor,
+            floor_hooks,
+            peer,
+            admin,
+            peer_prefilled: AtomicU64::new(0),
+            write_gate: tokio::sync::Mutex::new(()),
+        }
     }
 
     fn admin(&self, side: Side) -> &SqlitePool {
@@ -419,6 +447,43 @@ impl SqliteTarget {
         assert_eq!(row.get::<i64, _>(0), 0, "the TRUNCATE checkpoint of {} was blocked", side.label());
     }
 
+    /// The first-execution floor's two statements, each under `gate` if given.
+    async fn floor_writes(&self, key: &[u8; 32], stored: &[u8], gate: Option<&tokio::sync::Mutex<()>>) {
+        let now = now_us();
+        let held = match gate {
+            Some(g) => Some(g.lock().await),
+            None => None,
+        };
+        let claimed = sqlx::query(
+            "INSERT INTO floor_records (key, fingerprint, state, token, fence, attempt, recovered, lease_until, \
+             expires_at, result) VALUES (?1, ?2, 'running', ?3, ?4, 1, 0, ?5, ?6, NULL) ON CONFLICT(key) DO NOTHING",
+        )
+        .bind(&key[..])
+        .bind(&[7u8; 32][..])
+        .bind("0123456789abcdef0123456789abcdef")
+        .bind(now)
+        .bind(now + 60_000_000)
+        .bind(now + 86_400_000_000)
+        .execute(&self.floor)
+        .await
+        .expect("floor INSERT");
+        assert_eq!(claimed.rows_affected(), 1, "a fresh floor key was taken");
+        drop(held);
+        let held = match gate {
+            Some(g) => Some(g.lock().await),
+            None => None,
+        };
+        let done = sqlx::query("UPDATE floor_records SET state = 'done', result = ?2, expires_at = ?3 WHERE key = ?1")
+            .bind(&key[..])
+            .bind(stored)
+            .bind(now + 86_400_000_000)
+            .execute(&self.floor)
+            .await
+            .expect("floor UPDATE");
+        drop(held);
+        assert_eq!(done.rows_affected(), 1);
+    }
+
     async fn columns(&self, side: Side, table: &str) -> Vec<String> {
         sqlx::query_scalar("SELECT name FROM pragma_table_info(?1) ORDER BY cid")
             .bind(table)
@@ -439,6 +504,7 @@ struct SqliteProbe {
 impl Target for SqliteTarget {
     type PeerStore = agent_effects_sqlite::SqliteStore;
     type Probe = SqliteProbe;
+    const SINGLE_WRITER: bool = true;
 
     async fn describe(&self) -> String {
         let version: String =
@@ -464,29 +530,11 @@ impl Target for SqliteTarget {
     }
 
     async fn floor_first(&self, key: &[u8; 32], stored: &[u8]) {
-        let now = now_us();
-        let claimed = sqlx::query(
-            "INSERT INTO floor_records (key, fingerprint, state, token, fence, attempt, recovered, lease_until, \
-             expires_at, result) VALUES (?1, ?2, 'running', ?3, ?4, 1, 0, ?5, ?6, NULL) ON CONFLICT(key) DO NOTHING",
-        )
-        .bind(&key[..])
-        .bind(&[7u8; 32][..])
-        .bind("0123456789abcdef0123456789abcdef")
-        .bind(now)
-        .bind(now + 60_000_000)
-        .bind(now + 86_400_000_000)
-        .execute(&self.floor)
-        .await
-        .expect("floor INSERT");
-        assert_eq!(claimed.rows_affected(), 1, "a fresh floor key was taken");
-        let done = sqlx::query("UPDATE floor_records SET state = 'done', result = ?2, expires_at = ?3 WHERE key = ?1")
-            .bind(&key[..])
-            .bind(stored)
-            .bind(now + 86_400_000_000)
-            .execute(&self.floor)
-            .await
-            .expect("floor UPDATE");
-        assert_eq!(done.rows_affected(), 1);
+        self.floor_writes(key, stored, None).await
+    }
+
+    fn floor_first_gated(&self, key: &[u8; 32], stored: &[u8]) -> Option<impl Future<Output = ()> + Send> {
+        Some(self.floor_writes(key, stored, Some(&self.write_gate)))
     }
 
     async fn floor_replay(&self, key: &[u8; 32]) {
@@ -495,6 +543,23 @@ impl Target for SqliteTarget {
             .fetch_one(&self.floor)
             .await
             .expect("floor SELECT");
+        let result: Option<Vec<u8>> = row.get(2);
+        black_box((row.get::<&[u8], _>(0), row.get::<&str, _>(1)));
+        assert!(result.is_some(), "the floor's replay row is done");
+    }
+
+    async fn floor_upsert(&self, key: &[u8; 32]) {
+        let row = sqlx::query(
+            "INSERT INTO floor_records (key, fingerprint, state, token, fence, attempt, recovered, lease_until, \
+             expires_at, result) VALUES (?1, ?2, 'running', ?3, 0, 1, 0, 0, 0, NULL) \
+             ON CONFLICT(key) DO UPDATE SET state = floor_records.state RETURNING fingerprint, state, result",
+        )
+        .bind(&key[..])
+        .bind(&[7u8; 32][..])
+        .bind("0123456789abcdef0123456789abcdef")
+        .fetch_one(&self.floor)
+        .await
+        .expect("floor upsert");
         let result: Option<Vec<u8>> = row.get(2);
         black_box((row.get::<&[u8], _>(0), row.get::<&str, _>(1)));
         assert!(result.is_some(), "the floor's replay row is done");
@@ -725,6 +790,13 @@ impl<T: Target> Env<T> {
                 assert_eq!(t, Transition::Ok);
             }
             Path::FloorFirst => self.target.floor_first(&random_key(), &self.stored).await,
+            Path::FloorFirstGated => {
+                let key = random_key();
+                self.target
+                    .floor_first_gated(&key, &self.stored)
+                    .expect("gated rows run only where there is a gate")
+                    .await
+            }
             Path::PeerFirst => {
                 let peer = self.target.peer().expect("peer rows run only with a peer");
                 let payload = self.payload.with_seq(self.seq.fetch_add(1, Ordering::Relaxed));
@@ -753,6 +825,7 @@ impl<T: Target> Env<T> {
                 assert!(matches!(a, Acquire::Replay(_)));
             }
             Path::FloorReplay => self.target.floor_replay(&self.floor_keys[replay_index(task, i) as usize]).await,
+            Path::FloorUpsert => self.target.floor_upsert(&self.floor_keys[replay_index(task, i) as usize]).await,
             Path::PeerReplay => {
                 let peer = self.target.peer().expect("peer rows run only with a peer");
                 let n = replay_index(task, i);
@@ -859,7 +932,12 @@ where
     let paths: Vec<Path> = Path::ALL
         .iter()
         .copied()
-        .filter(|p| p.label().contains(opts.only.as_str()) && (has_peer || !p.is_peer()))
+        // `--only` keeps the floor of each row it picks, so that the ratio is there.
+        .filter(|p| {
+            Path::ALL.iter().any(|q| q.label().contains(opts.only.as_str()) && (q == p || q.floor() == Some(*p)))
+        })
+        .filter(|p| has_peer || !p.is_peer())
+        .filter(|p| T::SINGLE_WRITER || *p != Path::FloorFirstGated)
         .collect();
     let mut table: BTreeMap<(usize, Path), TimedRow> = BTreeMap::new();
     let started = Instant::now();
