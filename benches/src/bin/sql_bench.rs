@@ -35,7 +35,7 @@
 //!
 //! Rows are interleaved round by round (every row once, then every row again …) so that noise
 //! from other processes lands on all rows alike; calls/s is the median of the rounds, p50/p99 are
-//! over all rounds' calls together. The record-count rows run one round each.
+//! over all rounds' calls together.
 //!
 //! Options: `--seconds` per row and round (2), `--rounds` (3), `--concurrency` (`1,64`),
 //! `--workers` (tokio worker threads, the cores), `--only <part of a row name>`, `--records` (a
@@ -1050,7 +1050,8 @@ where
     let first: Vec<Path> =
         [Path::OursFirst, Path::FloorFirst, Path::PeerFirst].into_iter().filter(|p| has_peer || !p.is_peer()).collect();
     println!(
-        "First executions by records already stored (fresh files, prefilled; 1 round × {} s per row):\n",
+        "First executions by records already stored (fresh files, prefilled; {} rounds × {} s per row, interleaved):\n",
+        opts.rounds,
         opts.duration.as_secs_f64()
     );
     println!(
@@ -1065,33 +1066,47 @@ where
             env.call(Path::PeerFirst, 0, 0).await;
         }
         for &side in &[Side::Ours, Side::Floor, Side::Peer][..if has_peer { 3 } else { 2 }] {
+            let t = Instant::now();
             let added = env.target.prefill(side, records, &env.stored).await;
-            eprintln!("prefill {}: {} rows", side.label(), fmt_rate(added as f64));
+            eprintln!(
+                "prefill {}: {} rows in {:.1} s",
+                side.label(),
+                fmt_rate(added as f64),
+                t.elapsed().as_secs_f64()
+            );
         }
         let prefill = t0.elapsed();
-        for &concurrency in &opts.concurrencies {
-            let mut rates = BTreeMap::new();
-            for &path in &first {
-                run(&env, path, concurrency, opts.warmup).await;
-                let s = run(&env, path, concurrency, opts.duration).await;
-                eprintln!(
-                    "{records} records c={concurrency:<3} {:<48} {:>9} calls/s",
-                    path.label(),
-                    fmt_rate(s.rate())
-                );
-                rates.insert(path, s.rate());
+        let mut rates: BTreeMap<(usize, Path), Rounds> = BTreeMap::new();
+        for round in 0..opts.rounds {
+            for &concurrency in &opts.concurrencies {
+                for &path in &first {
+                    run(&env, path, concurrency, opts.warmup).await;
+                    let s = run(&env, path, concurrency, opts.duration).await;
+                    eprintln!(
+                        "{records} records, round {}/{} c={concurrency:<3} {:<48} {:>9} calls/s",
+                        round + 1,
+                        opts.rounds,
+                        path.label(),
+                        fmt_rate(s.rate())
+                    );
+                    rates.entry((concurrency, path)).or_default().push(s);
+                }
             }
-            let floor = rates[&Path::FloorFirst];
-            let peer = rates.get(&Path::PeerFirst).copied();
+        }
+        for &concurrency in &opts.concurrencies {
+            let rate = |p: Path| rates.get(&(concurrency, p)).map(Rounds::median_rate);
+            let (ours, floor, peer) = (rate(Path::OursFirst), rate(Path::FloorFirst), rate(Path::PeerFirst));
+            let per_floor = |r: Option<f64>| show(r.zip(floor).map(|(r, f)| r / f), 2);
+            let fmt = |r: Option<f64>| r.map(fmt_rate).unwrap_or_else(|| "—".into());
             println!(
-                "| {} | {:.1} | {concurrency} | {} | {} | {:.2} | {} | {} |",
+                "| {} | {:.1} | {concurrency} | {} | {} | {} | {} | {} |",
                 fmt_rate(records as f64),
                 prefill.as_secs_f64(),
-                fmt_rate(rates[&Path::OursFirst]),
-                fmt_rate(floor),
-                rates[&Path::OursFirst] / floor,
-                peer.map(fmt_rate).unwrap_or_else(|| "—".into()),
-                show(peer.map(|p| p / floor), 2),
+                fmt(ours),
+                fmt(floor),
+                per_floor(ours),
+                fmt(peer),
+                per_floor(peer),
             );
         }
         for side in Side::ALL {
