@@ -98,13 +98,14 @@ enum Path {
     PeerFirst,
     OursReplay,
     StoreReplay,
+    ReadFirstReplay,
     FloorReplay,
     FloorUpsert,
     PeerReplay,
 }
 
 impl Path {
-    const ALL: [Path; 10] = [
+    const ALL: [Path; 11] = [
         Path::OursFirst,
         Path::StoreFirst,
         Path::FloorFirst,
@@ -112,6 +113,7 @@ impl Path {
         Path::PeerFirst,
         Path::OursReplay,
         Path::StoreReplay,
+        Path::ReadFirstReplay,
         Path::FloorReplay,
         Path::FloorUpsert,
         Path::PeerReplay,
@@ -126,6 +128,7 @@ impl Path {
             Path::PeerFirst => "peer: agent-effects first execution",
             Path::OursReplay => "replay (ours)",
             Path::StoreReplay => "diag: store acquire (replay), no executor",
+            Path::ReadFirstReplay => "diag: read-first replay on our table (proposed)",
             Path::FloorReplay => "floor: SELECT by key",
             Path::FloorUpsert => "diag: floor no-op upsert RETURNING by key",
             Path::PeerReplay => "peer: agent-effects replay",
@@ -136,7 +139,9 @@ impl Path {
     fn floor(self) -> Option<Path> {
         match self {
             Path::OursFirst | Path::StoreFirst | Path::FloorFirstGated | Path::PeerFirst => Some(Path::FloorFirst),
-            Path::OursReplay | Path::StoreReplay | Path::FloorUpsert | Path::PeerReplay => Some(Path::FloorReplay),
+            Path::OursReplay | Path::StoreReplay | Path::ReadFirstReplay | Path::FloorUpsert | Path::PeerReplay => {
+                Some(Path::FloorReplay)
+            }
             Path::FloorFirst | Path::FloorReplay => None,
         }
     }
@@ -144,10 +149,17 @@ impl Path {
     /// Whose database file (or tables) the path writes to.
     fn side(self) -> Side {
         match self {
-            Path::OursFirst | Path::StoreFirst | Path::OursReplay | Path::StoreReplay => Side::Ours,
+            Path::OursFirst | Path::StoreFirst | Path::OursReplay | Path::StoreReplay | Path::ReadFirstReplay => {
+                Side::Ours
+            }
             Path::FloorFirst | Path::FloorFirstGated | Path::FloorReplay | Path::FloorUpsert => Side::Floor,
             Path::PeerFirst | Path::PeerReplay => Side::Peer,
         }
+    }
+
+    /// Whether our store's `statements()` counts this path's statements.
+    fn through_store(self) -> bool {
+        matches!(self, Path::OursFirst | Path::StoreFirst | Path::OursReplay | Path::StoreReplay)
     }
 
     fn is_peer(self) -> bool {
@@ -239,6 +251,10 @@ trait Target: Send + Sync + 'static {
     fn floor_first_gated(&self, key: &[u8; 32], stored: &[u8]) -> Option<impl Future<Output = ()> + Send>;
     /// The replay floor: read a done row by key.
     fn floor_replay(&self, key: &[u8; 32]) -> impl Future<Output = ()> + Send;
+    /// A diagnostic next to the replay floor: what our acquire's replay would cost as a read
+    /// statement (`SELECT` of the record by key on our store's table, answered as acquire answers a
+    /// done record), through a pool with the store's settings on its file. `None` where not written.
+    fn read_first_replay(&self, key: &Key, fp: &Fingerprint) -> Option<impl Future<Output = ()> + Send>;
     /// A diagnostic next to the replay floor: an upsert of a done row that changes nothing and
     /// returns it (the shape of our acquire on a replay: a write statement, so the write lock).
     fn floor_upsert(&self, key: &[u8; 32]) -> impl Future<Output = ()> + Send;
@@ -308,6 +324,29 @@ fn with_hooks(options: SqlitePoolOptions, hooks: &Arc<Hooks>) -> SqlitePoolOptio
     })
 }
 
+/// A pool with the connection and pool settings `SqliteStoreBuilder::open` uses (sqlite.rs), and
+/// the hooks: the floor's, and the read-first replay row's on our store's file.
+async fn store_like_pool(path: &FsPath, hooks: &Arc<Hooks>) -> SqlitePool {
+    with_hooks(
+        SqlitePoolOptions::new()
+            .max_connections(MAX_CONNECTIONS)
+            .min_connections(0)
+            .acquire_timeout(BUSY_TIMEOUT)
+            .test_before_acquire(false),
+        hooks,
+    )
+    .connect_with(
+        SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(BUSY_TIMEOUT),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("open {}: {e}", path.display()))
+}
+
 fn now_us() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_micros() as i64
 }
@@ -318,6 +357,8 @@ struct SqliteTarget {
     ours: SqliteStore,
     floor: SqlitePool,
     floor_hooks: Arc<Hooks>,
+    /// A pool with the store's settings on our store's file, for the read-first replay row.
+    ours_reader: SqlitePool,
     peer: Option<(agent_effects::Runtime<agent_effects_sqlite::SqliteStore>, Arc<Hooks>)>,
     /// Per side, a pool of two connections of the bench's own on that file: prefill, probes,
     /// storage (one connection holds a read snapshot while the other checkpoints).
@@ -339,26 +380,9 @@ impl SqliteTarget {
             .await
             .expect("open the SqliteStore under test");
 
-        // The floor: the connection and pool settings `SqliteStoreBuilder::open` uses (sqlite.rs).
         let floor_hooks = Arc::new(Hooks::default());
-        let floor = with_hooks(
-            SqlitePoolOptions::new()
-                .max_connections(MAX_CONNECTIONS)
-                .min_connections(0)
-                .acquire_timeout(BUSY_TIMEOUT)
-                .test_before_acquire(false),
-            &floor_hooks,
-        )
-        .connect_with(
-            SqliteConnectOptions::new()
-                .filename(file(Side::Floor))
-                .create_if_missing(true)
-                .journal_mode(SqliteJournalMode::Wal)
-                .synchronous(SqliteSynchronous::Full)
-                .busy_timeout(BUSY_TIMEOUT),
-        )
-        .await
-        .expect("open the floor's file");
+        let ours_reader = store_like_pool(&file(Side::Ours), &Arc::new(Hooks::default())).await;
+        let floor = store_like_pool(&file(Side::Floor), &floor_hooks).await;
         sqlx::raw_sql(FLOOR_TABLE).execute(&floor).await.expect("create the floor's table");
 
         // The peer: the settings of `agent_effects_sqlite::SqliteStore::open` (its lib.rs), with the
@@ -401,6 +425,7 @@ impl SqliteTarget {
             ours,
             floor,
             floor_hooks,
+            ours_reader,
             peer,
             admin,
             peer_prefilled: AtomicU64::new(0),
@@ -548,6 +573,26 @@ impl Target for SqliteTarget {
         assert!(result.is_some(), "the floor's replay row is done");
     }
 
+    fn read_first_replay(&self, key: &Key, fp: &Fingerprint) -> Option<impl Future<Output = ()> + Send> {
+        let (key, fp) = (*key, *fp);
+        Some(async move {
+            let row = sqlx::query(
+                "SELECT token, fingerprint, state, fence, attempt, recovered, \
+                 lease_until - CAST(unixepoch('subsec') * 1000000 AS INTEGER), result FROM idempotent_records \
+                 WHERE key = ?1 AND expires_at > CAST(unixepoch('subsec') * 1000000 AS INTEGER)",
+            )
+            .bind(&key.as_bytes()[..])
+            .fetch_optional(&self.ours_reader)
+            .await
+            .expect("read-first SELECT");
+            let row = row.expect("a replay record is there");
+            let (token, fingerprint, state): (String, Vec<u8>, String) = (row.get(0), row.get(1), row.get(2));
+            assert!(state == "done" && fingerprint == fp.as_bytes(), "the record is done and ours");
+            let result: Option<Vec<u8>> = row.get(7);
+            black_box((token, Acquire::Replay(Bytes::from(result.expect("a done record has a result")))));
+        })
+    }
+
     async fn floor_upsert(&self, key: &[u8; 32]) {
         let row = sqlx::query(
             "INSERT INTO floor_records (key, fingerprint, state, token, fence, attempt, recovered, lease_until, \
@@ -634,6 +679,8 @@ impl Target for SqliteTarget {
                 tx.commit().await.unwrap();
             }
         }
+        // Into the database file, so that the timed rows do not pay for copying the prefill.
+        self.checkpoint_truncate(side).await;
         add
     }
 
@@ -824,6 +871,10 @@ impl<T: Target> Env<T> {
                 let a = self.store.acquire(key, fp, DEFAULT_LEASE, DEFAULT_RETENTION).await.expect("acquire");
                 assert!(matches!(a, Acquire::Replay(_)));
             }
+            Path::ReadFirstReplay => {
+                let (key, fp) = &self.replay_keys[replay_index(task, i) as usize];
+                self.target.read_first_replay(key, fp).expect("the read-first row runs only where written").await
+            }
             Path::FloorReplay => self.target.floor_replay(&self.floor_keys[replay_index(task, i) as usize]).await,
             Path::FloorUpsert => self.target.floor_upsert(&self.floor_keys[replay_index(task, i) as usize]).await,
             Path::PeerReplay => {
@@ -877,7 +928,7 @@ async fn count_pass<T: Target>(env: &Arc<Env<T>>, path: Path) -> Counted {
     let n = COUNT_CALLS as f64;
     let sqlx = (sqlx1 - sqlx0) as f64 / n;
     Counted {
-        statements: if side == Side::Ours { (ours1 - ours0) as f64 / n } else { sqlx },
+        statements: if path.through_store() { (ours1 - ours0) as f64 / n } else { sqlx },
         sqlx,
         commits: written.commits.map(|c| c as f64 / n),
         rows: written.rows.map(|r| r as f64 / n),
