@@ -10,7 +10,11 @@
 //!
 //! - first execution (a fresh payload) and replay (a payload already done) through
 //!   `RunContext::step(..).run(..)` with a trivial action on our store, and the store's
-//!   `acquire` + `complete` without the executor (diagnostic rows);
+//!   `acquire` + `complete` without the executor (diagnostic rows, as are the next three);
+//! - a replay answered by a read statement on our table (what a read-first acquire would cost),
+//!   a no-op upsert `RETURNING` on the floor's table (the shape of our acquire on a replay: a
+//!   write statement), and the first-execution floor with its writes queued on one lock of the
+//!   process instead of in SQLite's busy handler;
 //! - the floor, on a table of the same shape as ours, through the same driver (sqlx) with the
 //!   store's connection and pool settings (for SQLite: WAL, `synchronous = FULL`, 8 connections,
 //!   5 s busy timeout, no ping before a statement), each statement in autocommit and by primary
@@ -223,8 +227,9 @@ impl Storage {
 /// pool settings for the floor, on a table shaped like the store's (`INSERT … ON CONFLICT DO
 /// NOTHING` + `UPDATE`, and `SELECT`, by primary key); `agent_effects_postgres::PostgresStore` for
 /// the peer; commits and WAL bytes from `pg_stat_database.xact_commit` and
-/// `pg_current_wal_lsn()` deltas; storage from `pg_total_relation_size`. `main` then runs it
-/// when `--postgres <url>` is given.
+/// `pg_current_wal_lsn()` deltas; storage from `pg_total_relation_size`; `SINGLE_WRITER = false`
+/// and `None` from the SQLite-only diagnostics. `main` then runs it when `--postgres <url>` is
+/// given, instead of exiting with the message that it is not wired.
 trait Target: Send + Sync + 'static {
     /// The peer's store on this database.
     type PeerStore: EffectStore;
