@@ -230,6 +230,28 @@ async fn concurrent_duplicates_on_two_pools_insert_one_row() {
     assert_eq!(invoices(&store).await, [("order-11".to_owned(), fences[0] as i64)]);
 }
 
+/// Makes every COMMIT of a transaction that inserted into `invoices` wait (in a deferred
+/// trigger) until the test lets go of advisory lock 7 on the connection returned:
+/// `SELECT pg_advisory_unlock(7)`.
+async fn hold_commits(server: &PgServer) -> PgConnection {
+    let mut gate = server.connection().await;
+    sqlx::raw_sql(
+        "CREATE FUNCTION hold_commit() RETURNS trigger LANGUAGE plpgsql AS\n\
+           $$ BEGIN PERFORM pg_advisory_xact_lock_shared(7); RETURN NULL; END $$;\n\
+         CREATE CONSTRAINT TRIGGER hold_commit AFTER INSERT ON invoices DEFERRABLE INITIALLY DEFERRED\n\
+           FOR EACH ROW EXECUTE FUNCTION hold_commit();\n\
+         SELECT pg_advisory_lock(7)",
+    )
+    .execute(&mut gate)
+    .await
+    .unwrap();
+    gate
+}
+
+/// Counts the backends waiting in a held COMMIT.
+const HELD_COMMITS: &str =
+    "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'";
+
 /// A duplicate of `order-18` on `store`, counting its runs in `runs`.
 fn duplicate(
     store: PostgresStore,
@@ -252,19 +274,8 @@ fn duplicate(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_during_the_commit_waits_for_it_and_replays() {
     let (server, store) = setup().await;
-    // A deferred trigger holds the winner's COMMIT (after its `complete_in`) until the test
-    // lets go of an advisory lock.
-    let mut gate = server.connection().await;
-    sqlx::raw_sql(
-        "CREATE FUNCTION hold_commit() RETURNS trigger LANGUAGE plpgsql AS\n\
-           $$ BEGIN PERFORM pg_advisory_xact_lock_shared(7); RETURN NULL; END $$;\n\
-         CREATE CONSTRAINT TRIGGER hold_commit AFTER INSERT ON invoices DEFERRABLE INITIALLY DEFERRED\n\
-           FOR EACH ROW EXECUTE FUNCTION hold_commit();\n\
-         SELECT pg_advisory_lock(7)",
-    )
-    .execute(&mut gate)
-    .await
-    .unwrap();
+    // The winner's COMMIT (after its `complete_in`) is held.
+    let mut gate = hold_commits(&server).await;
     let runs = Arc::new(AtomicU32::new(0));
     let winner = tokio::spawn({
         let ctx = RunContext::new(store.clone(), "order-18");
@@ -281,12 +292,7 @@ async fn a_duplicate_during_the_commit_waits_for_it_and_replays() {
         }
     });
     let mut probe = server.connection().await;
-    wait_for(
-        &mut probe,
-        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND wait_event = 'advisory'",
-        1,
-    )
-    .await;
+    wait_for(&mut probe, HELD_COMMITS, 1).await;
     // The winner is in its COMMIT: nothing of it is visible yet, and the record's row is locked.
     assert_eq!(record_state(&store).await.as_deref(), Some("running"));
     assert_eq!(invoices(&store).await, []);
@@ -413,6 +419,35 @@ async fn a_cancelled_call_rolls_back_and_the_retry_runs_at_once() {
         .await
         .unwrap();
     assert_eq!(invoices(&store).await, [("order-12".to_owned(), fence as i64)]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_cancelled_during_its_commit_leaves_one_outcome_and_the_retry_agrees() {
+    let (server, store) = setup().await;
+    let mut gate = hold_commits(&server).await;
+    let ctx = RunContext::new(store.clone(), "order-21");
+    let runs = AtomicU32::new(0);
+    let step = || {
+        ctx.step("create_invoice").run_in_transaction(&"order-21", async |tx: &mut PgTransaction<'_>, attempt| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            insert(tx, "order-21", attempt.fence()).await?;
+            Ok::<_, Error>(attempt.fence())
+        })
+    };
+    let mut probe = server.connection().await;
+    tokio::select! {
+        out = step() => panic!("the commit is held, yet the call ended with {out:?}"),
+        () = wait_for(&mut probe, HELD_COMMITS, 1) => {}
+    }
+    // Dropped with its COMMIT sent: a release is on its way (it waits for the record's row).
+    sqlx::query("SELECT pg_advisory_unlock(7)").execute(&mut gate).await.unwrap();
+    sqlx::raw_sql("DROP TRIGGER hold_commit ON invoices").execute(&mut gate).await.unwrap();
+    // The server had the COMMIT and finishes it without the client: the invoice and the done
+    // record are committed, the late release changes nothing, and the retry replays.
+    let fence = step().await.unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the retry replayed the dropped call's committed outcome");
+    assert_eq!(invoices(&store).await, [("order-21".to_owned(), fence as i64)]);
+    assert_eq!(record_state(&store).await.as_deref(), Some("done"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
