@@ -117,7 +117,7 @@ struct ReadmeDoctest;
 /// | `store_errors` | store and replay `Err` outcomes too (`E: Serialize + DeserializeOwned`); without it an `Err` frees the key so a retry runs the body again | off |
 /// | `ctx = name` | the parameter that holds the `RunContext` (when its type is not spelled `RunContext`, e.g. an `Arc<RunContext>`) | the parameter typed `RunContext` |
 /// | `ctx = self.ctx` | the field of the receiver that holds it (`self.ctx`, `self.inner.ctx`, `self.0`), of any type that derefs to `RunContext` (`RunContext`, `Arc<RunContext>`) | the parameter typed `RunContext` |
-/// | `transaction = tx` | run the body in a transaction of the store's database that also stores the result (see [below](#transaction--tx-writes-that-commit-with-the-record)): `tx` names a parameter of type `&mut sqlx::SqliteTransaction<'_>` (or `&mut sqlx::Transaction<'_, DB>`), which leaves the signature; callers do not pass it | no transaction |
+/// | `transaction = tx` | run the body in a transaction of the store's database that also stores the result (see [below](#transaction--tx-writes-that-commit-with-the-record)): `tx` names a parameter of type `&mut sqlx::SqliteTransaction<'_>` or `&mut sqlx::PgTransaction<'_>` (or `&mut sqlx::Transaction<'_, DB>`), which leaves the signature; callers do not pass it | no transaction |
 /// | `crate = "path"` | where `idempotent_core` is, when the dependency is renamed | `::idempotent_core` |
 ///
 /// Every misuse (a sync fn, a missing `step`, an option given twice or empty, an unknown option,
@@ -264,17 +264,20 @@ struct ReadmeDoctest;
 /// together, or neither does, so **the database effect happens exactly once**, even when the
 /// process dies mid-body. The parameter `tx` is removed from the generated function: callers
 /// pass the other arguments only, and the body sees the step's transaction under that name
-/// (`&mut **tx` is the connection to execute on). Its type is `&mut sqlx::SqliteTransaction<'_>`
-/// or `&mut sqlx::Transaction<'_, DB>` (always `'_`): it names the database, and the context's
-/// store must be that database's SQL store (a `SqliteStore` for SQLite), or each call fails
-/// with `Error::Config`.
+/// (`&mut **tx` is the connection to execute on). Its type is `&mut sqlx::SqliteTransaction<'_>`,
+/// `&mut sqlx::PgTransaction<'_>` or `&mut sqlx::Transaction<'_, DB>` (always `'_`): it names the
+/// database, and the context's store must be that database's SQL store (a `SqliteStore` for
+/// SQLite, a `PostgresStore` for PostgreSQL), or each call fails with `Error::Config`.
 ///
 /// An `Err` from the body rolls the transaction back and frees the key, so a retry runs the
 /// body again on a database without the failed attempt's writes (`store_errors` does not
 /// combine with `transaction`). What the body does outside `tx` (an HTTP call, an email) is not
 /// covered: it can run again on a retry after a crash or a failed commit; pass the attempt's
 /// fence (`current_attempt()`) to such systems as their idempotency key. On SQLite the
-/// transaction holds the file's write lock until it commits: keep the body short.
+/// transaction holds the file's write lock until it commits: keep the body short. On PostgreSQL
+/// it holds a connection of the store's pool (the heartbeat renews the lease from another one
+/// while the body runs), and the store's `statement_timeout` applies to the body's statements;
+/// `Step::run_in_transaction` says more for each store.
 ///
 /// ```
 /// use idempotent_core::sqlx::{self, SqliteTransaction};

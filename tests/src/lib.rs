@@ -20,6 +20,7 @@ pub mod history;
 pub mod hooked;
 pub mod postgres;
 pub mod proxy;
+pub mod txn;
 pub mod workload;
 
 pub use hooked::HookedStore;

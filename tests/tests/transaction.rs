@@ -16,10 +16,10 @@ use idempotent_core::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, Sql
 use idempotent_core::sqlx::{self, SqliteTransaction};
 use idempotent_core::{Error, FailMode, IntoSharedStore, MemoryStore, OnInFlight, RunContext, SqliteStore, idempotent};
 use idempotent_tests::HookedStore;
+use idempotent_tests::txn::{InvoiceError, db, kill_child_before_commit};
 use idempotent_tower::IDEMPOTENCY_KEY;
 use idempotent_tower::server::{IDEMPOTENT_STORED, IdempotencyLayer, client_key};
 use tempfile::TempDir;
-use tokio::io::AsyncBufReadExt;
 use tokio::sync::{Notify, Semaphore};
 use tower::ServiceExt;
 
@@ -46,10 +46,6 @@ async fn invoices(store: &SqliteStore) -> Vec<(String, i64)> {
 /// The state of the one record in the store's table.
 async fn record_state(store: &SqliteStore) -> String {
     sqlx::query_scalar("SELECT state FROM idempotent_records").fetch_one(store.pool()).await.unwrap()
-}
-
-fn db(e: sqlx::Error) -> Error {
-    Error::Config(format!("test database: {e}"))
 }
 
 async fn insert(tx: &mut SqliteTransaction<'_>, order_id: &str, fence: u64) -> Result<(), Error> {
@@ -85,18 +81,6 @@ async fn business_rows_and_the_done_record_commit_together_and_replay() {
     assert_eq!(record_state(&store).await, "done");
     // Acquire and complete for the first call, one acquire for each replay.
     assert_eq!(store.statements(), 4);
-}
-
-#[derive(Debug)]
-enum InvoiceError {
-    Declined,
-    Idempotency(#[allow(dead_code, reason = "shown by Debug when a test fails")] Error),
-}
-
-impl From<Error> for InvoiceError {
-    fn from(e: Error) -> Self {
-        InvoiceError::Idempotency(e)
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -306,20 +290,8 @@ async fn a_cancelled_call_rolls_back_and_the_retry_runs_at_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_process_killed_before_its_commit_leaves_nothing_and_the_retry_recovers() {
     let (_dir, path, store) = setup("crash.db").await;
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_sqlite_txn_child"))
-        .arg(&path)
-        .arg("300")
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let line = lines.next_line().await.unwrap().expect("the child printed its insert");
-    let child_fence: u64 = line.strip_prefix("inserted ").expect(&line).parse().unwrap();
-    // SIGKILL: between the business insert and the commit.
-    child.start_kill().unwrap();
-    let status = child.wait().await.unwrap();
-    assert!(!status.success());
+    let url = format!("sqlite://{}", path.display());
+    let child_fence = kill_child_before_commit(env!("CARGO_BIN_EXE_txn_child"), &url, 300).await;
     assert_eq!(invoices(&store).await, []);
     assert_eq!(record_state(&store).await, "running", "no done record: the key is the dead child's");
 

@@ -22,16 +22,18 @@ impl Step<'_> {
     /// neither does. The **database effect happens exactly once**.
     ///
     /// The run context's store must be the SQL store of `DB` (for `sqlx::Sqlite`, a
-    /// [`SqliteStore`](crate::SqliteStore)), on the database the action writes to; any other
+    /// [`SqliteStore`](crate::SqliteStore); for `sqlx::Postgres`, a
+    /// [`PostgresStore`](crate::PostgresStore)), on the database the action writes to; any other
     /// store (a `MemoryStore`, or a wrapper around a SQL store) is an [`Error::Config`], and
     /// nothing runs. The transaction is the store's ([`TransactionalStore::begin`]): open the
-    /// store on the application's own pool ([`SqliteStore::from_pool`](crate::SqliteStore::from_pool))
-    /// or on the file that holds the business tables.
+    /// store on the application's own pool ([`SqliteStore::from_pool`](crate::SqliteStore::from_pool),
+    /// [`PostgresStore::from_pool`](crate::PostgresStore::from_pool)), on the file that holds the
+    /// business tables, or on the database that does.
     ///
     /// The action is an async closure taking the transaction and the [`Attempt`]. Write the
-    /// transaction's type, with `'_` for its lifetime (`&mut sqlx::SqliteTransaction<'_>`, or
-    /// `&mut sqlx::Transaction<'_, DB>`): it names the database, and so the store the call
-    /// needs.
+    /// transaction's type, with `'_` for its lifetime (`&mut sqlx::SqliteTransaction<'_>`,
+    /// `&mut sqlx::PgTransaction<'_>`, or `&mut sqlx::Transaction<'_, DB>`): it names the
+    /// database, and so the store the call needs.
     ///
     /// ```
     /// use idempotent_core::{Error, RunContext, SqliteStore, sqlx};
@@ -66,12 +68,41 @@ impl Step<'_> {
     /// # Ok(()) }
     /// ```
     ///
+    /// On PostgreSQL the same, with a [`PostgresStore`](crate::PostgresStore), `$1` placeholders
+    /// and `sqlx::PgTransaction<'_>`:
+    ///
+    /// ```no_run
+    /// use idempotent_core::{Error, PostgresStore, RunContext, sqlx};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+    /// # let e = |e: sqlx::Error| Error::Config(e.to_string());
+    /// let store = PostgresStore::connect("postgres://app@127.0.0.1:5432/app").await?;
+    /// let ctx = RunContext::new(store.clone(), "order-7");
+    /// let fence: u64 = ctx
+    ///     .step("create_invoice")
+    ///     .run_in_transaction(&("order-7", 1500), async |tx: &mut sqlx::PgTransaction<'_>, attempt| {
+    ///         sqlx::query("INSERT INTO invoices (order_id, amount, fence) VALUES ($1, $2, $3)")
+    ///             .bind("order-7")
+    ///             .bind(1500)
+    ///             .bind(attempt.fence() as i64)
+    ///             .execute(&mut **tx)
+    ///             .await
+    ///             .map_err(e)?;
+    ///         Ok::<_, Error>(attempt.fence())
+    ///     })
+    ///     .await?;
+    /// # let _ = fence;
+    /// # Ok(()) }
+    /// ```
+    ///
     /// # What happens
     ///
     /// 1. The key is acquired and that is committed on its own, as for [`run`](Self::run): a
     ///    concurrent duplicate sees the operation in flight; a replay, a mismatch or a key in
     ///    flight are answered the same way, and the action does not run.
-    /// 2. A transaction begins ([`TransactionalStore::begin`]; on SQLite `BEGIN IMMEDIATE`).
+    /// 2. A transaction begins ([`TransactionalStore::begin`]; on SQLite `BEGIN IMMEDIATE`, on
+    ///    PostgreSQL `BEGIN` at the database's default isolation, on a connection of the store's
+    ///    pool).
     /// 3. The action runs with the transaction and its [`Attempt`] (also
     ///    [`current_attempt`](crate::current_attempt)). It writes through the transaction
     ///    (`&mut **tx` is the connection).
@@ -111,6 +142,22 @@ impl Step<'_> {
     /// action (they would wait for this very lock). The lease is not renewed while the
     /// transaction is open ([`TransactionalStore::renews_during_transaction`]): no other
     /// attempt can take the key over while the lock is held.
+    ///
+    /// On PostgreSQL the transaction holds one connection of the store's pool from `begin` to
+    /// the commit, and locks only the rows it writes. While the action runs, the heartbeat
+    /// renews the lease from another connection of the pool (give the pool two connections at
+    /// least), so an action may run longer than the lease. From
+    /// [`Lease::complete_in`](crate::lease::Lease::complete_in) (after the action) until the
+    /// commit, the transaction holds the lock of the record's row: a duplicate meanwhile sees
+    /// the key in flight (and, with
+    /// [`OnInFlight::Wait`](crate::OnInFlight::Wait), waits for the outcome); one that finds the
+    /// lease run out (the heartbeat ends with the action) waits for that row lock, then finds
+    /// the record done and replays it, so no second attempt starts while the commit is under
+    /// way. On a store made with [`PostgresStore::connect`](crate::PostgresStore::connect) or
+    /// [`builder`](crate::PostgresStore::builder), the connections run with `statement_timeout`
+    /// set to the store's timeout, and it applies to the action's statements too: raise it with
+    /// `SET LOCAL statement_timeout` in the action if a statement needs longer. (A store on the
+    /// application's pool keeps that pool's settings.)
     ///
     /// # Fail-open
     ///

@@ -32,12 +32,15 @@ pub trait TransactionalStore: Store + Clone {
     type Database: sqlx::Database;
 
     /// Begins a transaction on the store's pool (on SQLite, `BEGIN IMMEDIATE`: the write lock is
-    /// taken at once, so the transaction cannot fail later for want of it).
+    /// taken at once, so the transaction cannot fail later for want of it; on PostgreSQL,
+    /// `BEGIN` at the database's default isolation, with the `statement_timeout` of the store's
+    /// connections).
     fn begin(&self) -> BoxFuture<'_, Result<sqlx::Transaction<'static, Self::Database>, Error>>;
 
     /// The statement of [`Store::complete`], run inside `tx` and not committed: marks the key
     /// done with `result` if `token` still owns it ([`Transition::Ok`]), or changes nothing
-    /// ([`Transition::LeaseLost`]).
+    /// ([`Transition::LeaseLost`]). On PostgreSQL the record's row stays locked until `tx`
+    /// ends: an acquire that would take the key over waits for the commit, then finds it done.
     fn complete_in<'a>(
         &'a self,
         tx: &'a mut sqlx::Transaction<'static, Self::Database>,
@@ -51,6 +54,9 @@ pub trait TransactionalStore: Store + Clone {
     ///
     /// `false` for SQLite: an open write transaction holds the file's one write lock, so a
     /// renewal would wait for it, and no other attempt can take the key over meanwhile anyway.
+    /// `true` for PostgreSQL: the transaction locks the record's row only from `complete_in` on,
+    /// so the heartbeat renews the lease from another connection of the pool while the action
+    /// runs.
     fn renews_during_transaction(&self) -> bool;
 }
 
