@@ -10,8 +10,8 @@ use bytes::Bytes;
 use futures_util::future::join_all;
 use idempotent_core::record::{Acquire, Grant, Transition};
 use idempotent_core::store::TransactionalStore;
-use idempotent_core::{Error, Fingerprint, Key, PostgresStore, RunContext, Store};
-use idempotent_tests::PgServer;
+use idempotent_core::{Error, Fingerprint, Key, PostgresStore, RunContext, SharedStore, Store};
+use idempotent_tests::{PgServer, contention};
 use sqlx::PgConnection;
 
 const FP: Fingerprint = Fingerprint::from_bytes([1; 32]);
@@ -87,27 +87,8 @@ async fn one_key_under_64_tasks_on_4_pools_runs_the_action_once() {
             .unwrap();
     let mut conn = server.connection().await;
     assert_eq!(count(&mut conn, "SELECT count(*) FROM idempotent_schema").await, 1);
-    let runs = Arc::new(AtomicUsize::new(0));
-    let tasks: Vec<_> = (0..64)
-        .map(|t| {
-            let store = stores[t % 4].clone();
-            let runs = runs.clone();
-            tokio::spawn(async move {
-                let ctx = RunContext::new(store, "race-1");
-                ctx.step("charge")
-                    .run(&"once", |attempt| async move {
-                        runs.fetch_add(1, Ordering::SeqCst);
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        Ok::<_, Error>(attempt.fence())
-                    })
-                    .await
-                    .unwrap()
-            })
-        })
-        .collect();
-    let fences: Vec<u64> = join_all(tasks).await.into_iter().map(Result::unwrap).collect();
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "the action ran more than once");
-    assert!(fences.iter().all(|f| *f == fences[0]), "callers saw different outcomes: {fences:?}");
+    let shared: Vec<SharedStore> = stores.into_iter().map(|s| Arc::new(s) as SharedStore).collect();
+    contention::one_key_runs_once(&shared, 64).await;
     assert_eq!(count(&mut conn, "SELECT count(*) FROM idempotent_records").await, 1);
 }
 
@@ -118,35 +99,10 @@ async fn two_hundred_keys_by_eight_callers_run_200_actions() {
         PostgresStore::builder(server.url()).max_connections(4).connect().await.unwrap(),
         PostgresStore::builder(server.url()).max_connections(4).connect().await.unwrap(),
     ];
-    let runs: Arc<Vec<AtomicUsize>> = Arc::new((0..200).map(|_| AtomicUsize::new(0)).collect());
-    let tasks: Vec<_> = (0..8usize)
-        .map(|caller| {
-            let store = stores[caller % 2].clone();
-            let runs = runs.clone();
-            tokio::spawn(async move {
-                let ctx = RunContext::new(store, "batch-1");
-                // Each caller walks all keys from its own starting point.
-                for i in (0..200usize).map(|i| (i + caller * 25) % 200) {
-                    let runs = runs.clone();
-                    let got: usize = ctx
-                        .step("item")
-                        .run(&i, |_| async move {
-                            runs[i].fetch_add(1, Ordering::SeqCst);
-                            Ok::<_, Error>(i * 10)
-                        })
-                        .await
-                        .unwrap();
-                    assert_eq!(got, i * 10);
-                }
-            })
-        })
-        .collect();
-    for t in join_all(tasks).await {
-        t.unwrap();
-    }
-    let per_key: Vec<usize> = runs.iter().map(|r| r.load(Ordering::SeqCst)).collect();
-    assert!(per_key.iter().all(|&n| n == 1), "a key ran other than once: {per_key:?}");
-    assert_eq!(per_key.iter().sum::<usize>(), 200);
+    let shared: Vec<SharedStore> = stores.into_iter().map(|s| Arc::new(s) as SharedStore).collect();
+    contention::every_key_runs_once(&shared, 200, 8).await;
+    let mut conn = server.connection().await;
+    assert_eq!(count(&mut conn, "SELECT count(*) FROM idempotent_records WHERE state = 'done'").await, 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use idempotent_core::record::{Acquire, Transition};
-use idempotent_core::{Error, Fingerprint, Key, RunContext, SqliteStore, Store};
+use idempotent_core::{Error, Fingerprint, Key, RunContext, SharedStore, SqliteStore, Store};
+use idempotent_tests::contention;
 use sqlx::{Connection, SqliteConnection};
 use tempfile::TempDir;
 
@@ -335,4 +336,30 @@ async fn two_processes_of_32_tasks_run_each_action_once() {
     }
     let pids: std::collections::HashSet<&str> = ledger.lines().map(|l| l.split(' ').nth(1).unwrap()).collect();
     assert_eq!(pids.len(), 2, "both processes ran actions (they raced): {pids:?}");
+}
+
+/// 64 tasks on 4 stores (4 pools) on one file, at one key: the action runs once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn one_key_under_64_tasks_on_4_pools_runs_the_action_once() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("race.db");
+    let mut stores: Vec<SharedStore> = Vec::new();
+    for _ in 0..4 {
+        stores.push(Arc::new(SqliteStore::builder(&path).max_connections(4).open().await.unwrap()));
+    }
+    contention::one_key_runs_once(&stores, 64).await;
+    assert_eq!(count_rows(&path, "idempotent_records").await, 1);
+}
+
+/// 200 keys by 8 callers on 2 stores on one file: 200 actions, each once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_hundred_keys_by_eight_callers_run_200_actions() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("batch.db");
+    let mut stores: Vec<SharedStore> = Vec::new();
+    for _ in 0..2 {
+        stores.push(Arc::new(SqliteStore::builder(&path).max_connections(4).open().await.unwrap()));
+    }
+    contention::every_key_runs_once(&stores, 200, 8).await;
+    assert_eq!(count_rows(&path, "idempotent_records").await, 200);
 }
