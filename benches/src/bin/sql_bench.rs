@@ -5,8 +5,9 @@
 //! cargo run --release -p idempotent-benches --bin sql_bench [-- --seconds 2 --rounds 3 --records 10000,1000000]
 //! ```
 //!
-//! For each database under test (SQLite; PostgreSQL with `--postgres <url>` once its [`Target`]
-//! is written), at concurrency 1 and 64, from one process and one runtime:
+//! For the database under test (SQLite by default; PostgreSQL instead with `--postgres <url>`, on
+//! tables of the bench's own there: see [`PostgresTarget`]), at concurrency 1 and 64, from one
+//! process and one runtime:
 //!
 //! - first execution (a fresh payload) and replay (a payload already done) through
 //!   `RunContext::step(..).run(..)` with a trivial action on our store, and the store's
@@ -223,14 +224,7 @@ impl Storage {
 /// A database under test: our store on it, the raw floor through the same driver and pool
 /// settings, and the peer crate's store on it.
 ///
-/// A PostgreSQL target is a second implementation: `PostgresStore::builder(url)…open()` for
-/// [`store`](Target::store) and [`statements`](Target::statements); a `PgPool` with the store's
-/// pool settings for the floor, on a table shaped like the store's (`INSERT … ON CONFLICT DO
-/// NOTHING` + `UPDATE`, and `SELECT`, by primary key); `agent_effects_postgres::PostgresStore` for
-/// the peer; commits and WAL bytes from `pg_stat_database.xact_commit` and
-/// `pg_current_wal_lsn()` deltas; storage from `pg_total_relation_size`; `SINGLE_WRITER = false`
-/// and `None` from the SQLite-only diagnostics. `main` then runs it when `--postgres <url>` is
-/// given, instead of exiting with the message that it is not wired.
+/// Two implementations: [`SqliteTarget`] and [`PostgresTarget`].
 trait Target: Send + Sync + 'static {
     /// The peer's store on this database.
     type PeerStore: EffectStore;
@@ -778,7 +772,17 @@ const PG_FLOOR_TABLE: &str = "CREATE TABLE sql_bench_floor (
 CREATE INDEX sql_bench_floor_expires_at ON sql_bench_floor (expires_at)";
 
 /// PostgreSQL: our store in table `sql_bench_ours`, the floor in `sql_bench_floor` through the
-/// store's own pool, the peer in schema `sql_bench_peer`, all in the database of the URL.
+/// store's own pool (`PostgresStore::pool`), the peer in schema `sql_bench_peer`, all in the
+/// database of the URL; dropped before and after a run.
+///
+/// What a call writes is read from the whole cluster at concurrency 1 (so it includes whatever
+/// else runs on the server meanwhile): WAL bytes from `pg_current_wal_insert_lsn()` deltas, and,
+/// in the "write commits" column, transaction ids assigned (`pg_snapshot_xmax` of the current
+/// snapshot), one per write transaction. `pg_stat_database.xact_commit` is not used: backends
+/// flush it to shared memory at most once a second, or after 10 s idle, so a delta right after
+/// the pass would miss commits. Rows written are not counted. Storage is `pg_table_size` of each
+/// table (heap and TOAST, dead row versions included) and `pg_relation_size` of each index, and
+/// `pg_column_size` of the rows as payload.
 struct PostgresTarget {
     ours: PostgresStore,
     peer: Option<agent_effects::Runtime<agent_effects_postgres::PostgresStore>>,
