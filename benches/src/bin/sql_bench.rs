@@ -5,8 +5,9 @@
 //! cargo run --release -p idempotent-benches --bin sql_bench [-- --seconds 2 --rounds 3 --records 10000,1000000]
 //! ```
 //!
-//! For each database under test (SQLite; PostgreSQL with `--postgres <url>` once its [`Target`]
-//! is written), at concurrency 1 and 64, from one process and one runtime:
+//! For the database under test (SQLite by default; PostgreSQL instead with `--postgres <url>`, on
+//! tables of the bench's own there: see [`PostgresTarget`]), at concurrency 1 and 64, from one
+//! process and one runtime:
 //!
 //! - first execution (a fresh payload) and replay (a payload already done) through
 //!   `RunContext::step(..).run(..)` with a trivial action on our store, and the store's
@@ -61,8 +62,9 @@ use idempotent_benches::{
 };
 use idempotent_core::record::{Acquire, Transition};
 use idempotent_core::{
-    DEFAULT_LEASE, DEFAULT_RETENTION, Error, Fingerprint, Key, RunContext, SharedStore, SqliteStore,
+    DEFAULT_LEASE, DEFAULT_RETENTION, Error, Fingerprint, Key, PostgresStore, RunContext, SharedStore, SqliteStore,
 };
+use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{AssertSqlSafe, Row};
 use tracing::subscriber::Interest;
@@ -222,14 +224,7 @@ impl Storage {
 /// A database under test: our store on it, the raw floor through the same driver and pool
 /// settings, and the peer crate's store on it.
 ///
-/// A PostgreSQL target is a second implementation: `PostgresStore::builder(url)…open()` for
-/// [`store`](Target::store) and [`statements`](Target::statements); a `PgPool` with the store's
-/// pool settings for the floor, on a table shaped like the store's (`INSERT … ON CONFLICT DO
-/// NOTHING` + `UPDATE`, and `SELECT`, by primary key); `agent_effects_postgres::PostgresStore` for
-/// the peer; commits and WAL bytes from `pg_stat_database.xact_commit` and
-/// `pg_current_wal_lsn()` deltas; storage from `pg_total_relation_size`; `SINGLE_WRITER = false`
-/// and `None` from the SQLite-only diagnostics. `main` then runs it when `--postgres <url>` is
-/// given, instead of exiting with the message that it is not wired.
+/// Two implementations: [`SqliteTarget`] and [`PostgresTarget`].
 trait Target: Send + Sync + 'static {
     /// The peer's store on this database.
     type PeerStore: EffectStore;
@@ -238,6 +233,9 @@ trait Target: Send + Sync + 'static {
     /// Whether the database has one write lock for the whole file (SQLite), which the gated floor
     /// row queues for in the process.
     const SINGLE_WRITER: bool;
+    /// Whether [`read_first_replay`](Target::read_first_replay) is written (it is not where our
+    /// store's acquire reads first already).
+    const READ_FIRST: bool;
 
     /// The database, its version and its settings, for the report.
     fn describe(&self) -> impl Future<Output = String> + Send;
@@ -535,6 +533,7 @@ impl Target for SqliteTarget {
     type PeerStore = agent_effects_sqlite::SqliteStore;
     type Probe = SqliteProbe;
     const SINGLE_WRITER: bool = true;
+    const READ_FIRST: bool = true;
 
     async fn describe(&self) -> String {
         let version: String =
@@ -742,6 +741,368 @@ impl Target for SqliteTarget {
         }
         let file = self.dir.join(format!("{}.sqlite", ["ours", "floor", "peer"][side as usize]));
         Storage { records: self.count(side).await, file_bytes: std::fs::metadata(file).unwrap().len(), btrees }
+    }
+}
+
+/// The pool size of our PostgreSQL store, which the floor shares (it is the store's pool) and the
+/// peer's pool is given too.
+const PG_CONNECTIONS: u32 = 16;
+/// Our PostgreSQL store's per-call timeout (the builder's default is 5 s; at c=64 on 16
+/// connections a call may wait for a connection behind 48 others on a loaded machine).
+const PG_TIMEOUT: Duration = Duration::from_secs(10);
+/// Our store's table, the floor's table (both in the connection's `current_schema()`), and the
+/// peer's schema: the bench's own names, dropped at the start and at the end of a run.
+const PG_OURS: &str = "sql_bench_ours";
+const PG_FLOOR: &str = "sql_bench_floor";
+const PG_PEER_SCHEMA: &str = "sql_bench_peer";
+/// The floor's table: the columns, types, constraints and index of ours (`postgres.rs`, schema
+/// version 1).
+const PG_FLOOR_TABLE: &str = "CREATE TABLE sql_bench_floor (
+    key bytea PRIMARY KEY NOT NULL CHECK (length(key) = 32),
+    fingerprint bytea NOT NULL,
+    state text NOT NULL CHECK (state IN ('running', 'released', 'done')),
+    token text NOT NULL,
+    fence bigint NOT NULL,
+    attempt bigint NOT NULL,
+    recovered boolean NOT NULL,
+    lease_until bigint NOT NULL,
+    expires_at bigint NOT NULL,
+    result bytea
+);
+CREATE INDEX sql_bench_floor_expires_at ON sql_bench_floor (expires_at)";
+
+/// PostgreSQL: our store in table `sql_bench_ours`, the floor in `sql_bench_floor` through the
+/// store's own pool (`PostgresStore::pool`), the peer in schema `sql_bench_peer`, all in the
+/// database of the URL; dropped before and after a run.
+///
+/// What a call writes is read from the whole cluster at concurrency 1 (so it includes whatever
+/// else runs on the server meanwhile): WAL bytes from `pg_current_wal_insert_lsn()` deltas, and,
+/// in the "write commits" column, transaction ids assigned (`pg_snapshot_xmax` of the current
+/// snapshot), one per write transaction. `pg_stat_database.xact_commit` is not used: backends
+/// flush it to shared memory at most once a second, or after 10 s idle, so a delta right after
+/// the pass would miss commits. Rows written are not counted. Storage is `pg_table_size` of each
+/// table (heap and TOAST, dead row versions included) and `pg_relation_size` of each index, and
+/// `pg_column_size` of the rows as payload.
+struct PostgresTarget {
+    ours: PostgresStore,
+    peer: Option<agent_effects::Runtime<agent_effects_postgres::PostgresStore>>,
+    /// Two connections of the bench's own: prefill, probes, storage, cleanup.
+    admin: PgPool,
+    /// Peer effects prefilled so far (their ids are numbered).
+    peer_prefilled: AtomicU64,
+}
+
+/// The cluster's WAL insert position and next transaction id at the start of a probe.
+struct PgProbe {
+    lsn: String,
+    next_xid: i64,
+}
+
+impl PostgresTarget {
+    async fn open(url: &str, peer: bool) -> PostgresTarget {
+        let admin = PgPoolOptions::new()
+            .max_connections(2)
+            .connect(url)
+            .await
+            .unwrap_or_else(|e| panic!("sql_bench: cannot connect to {url}: {e}; start the server or fix the URL"));
+        Self::drop_tables(&admin).await;
+        let ours = PostgresStore::builder(url)
+            .table(PG_OURS)
+            .max_connections(PG_CONNECTIONS)
+            .timeout(PG_TIMEOUT)
+            .connect()
+            .await
+            .expect("open the PostgresStore under test");
+        sqlx::raw_sql(PG_FLOOR_TABLE).execute(ours.pool()).await.expect("create the floor's table");
+        let peer = if peer {
+            // `PostgresOptions::connect`: its own pool (of `PG_CONNECTIONS`), its migrations, in a
+            // schema of the bench's.
+            let store = agent_effects_postgres::PostgresOptions::new()
+                .schema(PG_PEER_SCHEMA)
+                .max_connections(PG_CONNECTIONS)
+                .connect(url)
+                .await
+                .expect("open the peer's store");
+            Some(agent_effects::Runtime::new(store))
+        } else {
+            None
+        };
+        PostgresTarget { ours, peer, admin, peer_prefilled: AtomicU64::new(0) }
+    }
+
+    /// Drops the bench's tables and schema, and our table's line in `idempotent_schema` (and that
+    /// table, if nothing else is in it).
+    async fn drop_tables(admin: &PgPool) {
+        let sql = format!(
+            "DROP TABLE IF EXISTS \"{PG_OURS}\", \"{PG_FLOOR}\";\n\
+             DROP SCHEMA IF EXISTS \"{PG_PEER_SCHEMA}\" CASCADE;\n\
+             DO $$ BEGIN\n\
+               IF to_regclass('idempotent_schema') IS NOT NULL THEN\n\
+                 DELETE FROM idempotent_schema WHERE name = '{PG_OURS}';\n\
+                 IF NOT EXISTS (SELECT 1 FROM idempotent_schema) THEN DROP TABLE idempotent_schema; END IF;\n\
+               END IF;\n\
+             END $$"
+        );
+        sqlx::raw_sql(AssertSqlSafe(sql)).execute(admin).await.expect("drop the bench's tables");
+    }
+
+    /// The side's tables, schema-qualified where needed, main table first.
+    fn tables(side: Side) -> &'static [&'static str] {
+        match side {
+            Side::Ours => &[PG_OURS],
+            Side::Floor => &[PG_FLOOR],
+            Side::Peer => {
+                &["sql_bench_peer.effects", "sql_bench_peer.effect_events", "sql_bench_peer.late_observations"]
+            }
+        }
+    }
+
+    async fn count(&self, side: Side) -> u64 {
+        let sql = format!("SELECT count(*) FROM {}", Self::tables(side)[0]);
+        let n: i64 = sqlx::query_scalar(AssertSqlSafe(sql)).fetch_one(&self.admin).await.unwrap();
+        n as u64
+    }
+
+    async fn columns(&self, table: &str) -> Vec<String> {
+        sqlx::query_scalar(
+            "SELECT column_name::text FROM information_schema.columns WHERE table_schema = $1 AND table_name = $2 \
+             ORDER BY ordinal_position",
+        )
+        .bind(PG_PEER_SCHEMA)
+        .bind(table)
+        .fetch_all(&self.admin)
+        .await
+        .unwrap()
+    }
+}
+
+impl Target for PostgresTarget {
+    type PeerStore = agent_effects_postgres::PostgresStore;
+    type Probe = PgProbe;
+    const SINGLE_WRITER: bool = false;
+    const READ_FIRST: bool = false;
+
+    async fn describe(&self) -> String {
+        let row = sqlx::query(
+            "SELECT current_setting('server_version'), current_setting('fsync'), \
+             current_setting('synchronous_commit'), inet_server_port()",
+        )
+        .fetch_one(&self.admin)
+        .await
+        .unwrap();
+        let (version, fsync, sync): (String, String, String) = (row.get(0), row.get(1), row.get(2));
+        let port: Option<i32> = row.get(3);
+        format!(
+            "PostgreSQL {version} on port {}, fsync {fsync}, synchronous_commit {sync}; ours and floor: one pool \
+             of {PG_CONNECTIONS} connections (the store's), peer: its own pool of {PG_CONNECTIONS}",
+            port.unwrap_or(0)
+        )
+    }
+
+    fn store(&self) -> SharedStore {
+        Arc::new(self.ours.clone())
+    }
+
+    fn statements(&self) -> u64 {
+        self.ours.statements()
+    }
+
+    fn peer(&self) -> Option<&agent_effects::Runtime<Self::PeerStore>> {
+        self.peer.as_ref()
+    }
+
+    async fn floor_first(&self, key: &[u8; 32], stored: &[u8]) {
+        let now = now_us();
+        let claimed = sqlx::query(
+            "INSERT INTO sql_bench_floor (key, fingerprint, state, token, fence, attempt, recovered, lease_until, \
+             expires_at, result) VALUES ($1, $2, 'running', $3, $4, 1, false, $5, $6, NULL) \
+             ON CONFLICT (key) DO NOTHING",
+        )
+        .bind(&key[..])
+        .bind(&[7u8; 32][..])
+        .bind("0123456789abcdef0123456789abcdef")
+        .bind(now)
+        .bind(now + 60_000_000)
+        .bind(now + 86_400_000_000)
+        .execute(self.ours.pool())
+        .await
+        .expect("floor INSERT");
+        assert_eq!(claimed.rows_affected(), 1, "a fresh floor key was taken");
+        let done =
+            sqlx::query("UPDATE sql_bench_floor SET state = 'done', result = $2, expires_at = $3 WHERE key = $1")
+                .bind(&key[..])
+                .bind(stored)
+                .bind(now + 86_400_000_000)
+                .execute(self.ours.pool())
+                .await
+                .expect("floor UPDATE");
+        assert_eq!(done.rows_affected(), 1);
+    }
+
+    fn floor_first_gated(&self, _: &[u8; 32], _: &[u8]) -> Option<impl Future<Output = ()> + Send> {
+        None::<std::future::Ready<()>>
+    }
+
+    async fn floor_replay(&self, key: &[u8; 32]) {
+        let row = sqlx::query("SELECT fingerprint, state, result FROM sql_bench_floor WHERE key = $1")
+            .bind(&key[..])
+            .fetch_one(self.ours.pool())
+            .await
+            .expect("floor SELECT");
+        let result: Option<Vec<u8>> = row.get(2);
+        black_box((row.get::<&[u8], _>(0), row.get::<&str, _>(1)));
+        assert!(result.is_some(), "the floor's replay row is done");
+    }
+
+    fn read_first_replay(&self, _: &Key, _: &Fingerprint) -> Option<impl Future<Output = ()> + Send> {
+        // `PostgresStore::acquire` reads first already (its replay is one pure read).
+        None::<std::future::Ready<()>>
+    }
+
+    async fn floor_upsert(&self, key: &[u8; 32]) {
+        let row = sqlx::query(
+            "INSERT INTO sql_bench_floor (key, fingerprint, state, token, fence, attempt, recovered, lease_until, \
+             expires_at, result) VALUES ($1, $2, 'running', $3, 0, 1, false, 0, 0, NULL) \
+             ON CONFLICT (key) DO UPDATE SET state = sql_bench_floor.state RETURNING fingerprint, state, result",
+        )
+        .bind(&key[..])
+        .bind(&[7u8; 32][..])
+        .bind("0123456789abcdef0123456789abcdef")
+        .fetch_one(self.ours.pool())
+        .await
+        .expect("floor upsert");
+        let result: Option<Vec<u8>> = row.get(2);
+        black_box((row.get::<&[u8], _>(0), row.get::<&str, _>(1)));
+        assert!(result.is_some(), "the floor's replay row is done");
+    }
+
+    async fn prefill(&self, side: Side, total: u64, stored: &[u8]) -> u64 {
+        let have = self.count(side).await;
+        if have >= total {
+            return 0;
+        }
+        let add = total - have;
+        match side {
+            Side::Ours | Side::Floor => {
+                let now = now_us();
+                let sql = format!(
+                    "INSERT INTO {} (key, fingerprint, state, token, fence, attempt, recovered, lease_until, \
+                     expires_at, result)\n\
+                     SELECT decode(md5(random()::text) || md5(random()::text), 'hex'), \
+                     decode(md5(random()::text) || md5(random()::text), 'hex'), 'done', md5(random()::text), $2, 1, \
+                     false, $3, $4, $5 FROM generate_series(1, $1)",
+                    Self::tables(side)[0]
+                );
+                sqlx::query(AssertSqlSafe(sql))
+                    .bind(add as i64)
+                    .bind(now)
+                    .bind(now + 60_000_000)
+                    .bind(now + 86_400_000_000)
+                    .bind(stored)
+                    .execute(&self.admin)
+                    .await
+                    .expect("prefill");
+            }
+            Side::Peer => {
+                // Copies of one real done effect (and its audit events) under new ids and keys:
+                // numbered UUIDs below the runtime's v7 ones, in order.
+                let template: sqlx::types::Uuid = sqlx::query_scalar(
+                    "SELECT id FROM sql_bench_peer.effects WHERE status = 'committed' ORDER BY id DESC LIMIT 1",
+                )
+                .fetch_one(&self.admin)
+                .await
+                .expect("a committed peer effect to copy");
+                let from = self.peer_prefilled.fetch_add(add, Ordering::Relaxed) + 1;
+                let id = "('00000000-0000-7000-8000-' || lpad(to_hex(c.n), 12, '0'))::uuid";
+                let mut tx = self.admin.begin().await.unwrap();
+                for (table, template_col) in [("effects", "id"), ("effect_events", "effect_id")] {
+                    let cols = self.columns(table).await;
+                    let exprs: Vec<String> = cols
+                        .iter()
+                        .map(|c| match c.as_str() {
+                            "id" | "effect_id" => id.to_owned(),
+                            "logical_key" => "md5(random()::text)".to_owned(),
+                            other => format!("t.\"{other}\""),
+                        })
+                        .collect();
+                    let sql = format!(
+                        "INSERT INTO sql_bench_peer.{table} ({}) SELECT {} FROM generate_series($1::bigint, \
+                         $2::bigint) AS c(n), sql_bench_peer.{table} t WHERE t.{template_col} = $3",
+                        cols.iter().map(|c| format!("\"{c}\"")).collect::<Vec<_>>().join(", "),
+                        exprs.join(", ")
+                    );
+                    sqlx::query(AssertSqlSafe(sql))
+                        .bind(from as i64)
+                        .bind((from + add - 1) as i64)
+                        .bind(template)
+                        .execute(&mut *tx)
+                        .await
+                        .expect("prefill the peer");
+                }
+                tx.commit().await.unwrap();
+            }
+        }
+        for table in Self::tables(side) {
+            sqlx::raw_sql(AssertSqlSafe(format!("VACUUM ANALYZE {table}"))).execute(&self.admin).await.unwrap();
+        }
+        add
+    }
+
+    async fn probe(&self, _: Side) -> PgProbe {
+        let row = sqlx::query(
+            "SELECT pg_current_wal_insert_lsn()::text, pg_snapshot_xmax(pg_current_snapshot())::text::bigint",
+        )
+        .fetch_one(&self.admin)
+        .await
+        .unwrap();
+        PgProbe { lsn: row.get(0), next_xid: row.get(1) }
+    }
+
+    async fn probe_end(&self, _: Side, probe: PgProbe) -> Written {
+        let row = sqlx::query(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::bigint, \
+             pg_snapshot_xmax(pg_current_snapshot())::text::bigint",
+        )
+        .bind(&probe.lsn)
+        .fetch_one(&self.admin)
+        .await
+        .unwrap();
+        let (wal, next_xid): (i64, i64) = (row.get(0), row.get(1));
+        Written {
+            // Transaction ids assigned: one per write transaction (a read-only one gets none).
+            commits: Some((next_xid - probe.next_xid).max(0) as u64),
+            rows: None,
+            wal_bytes: wal.max(0) as u64,
+        }
+    }
+
+    async fn storage(&self, side: Side) -> Storage {
+        let mut btrees = Vec::new();
+        let mut file_bytes = 0;
+        for table in Self::tables(side) {
+            let row = sqlx::query(AssertSqlSafe(format!(
+                "SELECT pg_table_size('{table}'), pg_total_relation_size('{table}'), \
+                 (SELECT coalesce(sum(pg_column_size(t.*)), 0)::bigint FROM {table} t)"
+            )))
+            .fetch_one(&self.admin)
+            .await
+            .unwrap();
+            let (size, total, payload): (i64, i64, i64) = (row.get(0), row.get(1), row.get(2));
+            file_bytes += total as u64;
+            btrees.push((table.to_string(), size as u64, payload as u64));
+            let indexes = sqlx::query(
+                "SELECT indexrelid::regclass::text, pg_relation_size(indexrelid) FROM pg_index \
+                 WHERE indrelid = $1::regclass ORDER BY 1",
+            )
+            .bind(*table)
+            .fetch_all(&self.admin)
+            .await
+            .unwrap();
+            for ix in indexes {
+                btrees.push((ix.get(0), ix.get::<i64, _>(1) as u64, 0));
+            }
+        }
+        Storage { records: self.count(side).await, file_bytes, btrees }
     }
 }
 
@@ -994,6 +1355,7 @@ where
         })
         .filter(|p| has_peer || !p.is_peer())
         .filter(|p| T::SINGLE_WRITER || *p != Path::FloorFirstGated)
+        .filter(|p| T::READ_FIRST || *p != Path::ReadFirstReplay)
         .collect();
     let mut table: BTreeMap<(usize, Path), TimedRow> = BTreeMap::new();
     let started = Instant::now();
@@ -1089,7 +1451,7 @@ where
             }
         }
     }
-    println!("\nStorage after the rows above (TRUNCATE checkpoint, dbstat):\n");
+    println!("\nStorage after the rows above:\n");
     let mut storage = Vec::new();
     for side in Side::ALL {
         if side != Side::Peer || has_peer {
@@ -1204,20 +1566,22 @@ fn main() {
         },
     };
     let postgres = arg("--postgres", String::new());
-    if !postgres.is_empty() {
-        eprintln!(
-            "sql_bench: --postgres {postgres}: the PostgreSQL rows are not wired yet (PostgresStore is not in \
-             idempotent-core yet); implement `Target` for PostgreSQL in benches/src/bin/sql_bench.rs (its doc says \
-             what each method takes), then run again"
-        );
-        std::process::exit(2);
-    }
     tracing::subscriber::set_global_default(tracing_subscriber::registry().with(SqlxStatements)).unwrap();
+    let peer = !flag("--no-peer");
+    if !postgres.is_empty() {
+        // The PostgreSQL rows alone, on the bench's own tables there (dropped before and after).
+        rt.block_on(async {
+            let target = PostgresTarget::open(&postgres, peer).await;
+            bench(&opts, target, || PostgresTarget::open(&postgres, peer)).await;
+            let admin = PgPoolOptions::new().max_connections(1).connect(&postgres).await.unwrap();
+            PostgresTarget::drop_tables(&admin).await;
+        });
+        return;
+    }
 
     let dir = arg("--dir", String::new());
     let temp = dir.is_empty().then(|| tempfile::Builder::new().prefix("sql_bench-").tempdir().unwrap());
     let dir = temp.as_ref().map_or_else(|| PathBuf::from(&dir), |t| t.path().to_owned());
-    let peer = !flag("--no-peer");
     rt.block_on(async {
         let target = SqliteTarget::open(&dir.join("main"), peer).await;
         let records_dir = dir.join("records");
