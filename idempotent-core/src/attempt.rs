@@ -9,6 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::Notify;
 
+use crate::key::{DownstreamKey, Key};
+
 /// What the action (or handler) knows about its attempt: the fence, the attempt number,
 /// whether it recovers from an attempt that ran out, and whether its lease is still held.
 ///
@@ -17,6 +19,7 @@ use tokio::sync::Notify;
 /// the lease-lost signal.
 #[derive(Clone)]
 pub struct Attempt {
+    key: Key,
     fence: u64,
     number: u32,
     recovered: bool,
@@ -34,17 +37,18 @@ enum LeaseState {
 }
 
 impl Attempt {
-    /// The attempt a store grants: `fence` (grows with every acquisition of the key), `number`
-    /// (1 for the first acquisition, then one more for each) and `recovered` (a previous
-    /// attempt's lease ran out without an outcome).
-    pub fn new(fence: u64, number: u32, recovered: bool) -> Attempt {
-        Attempt { fence, number, recovered, lease: LeaseState::Unwatched }
+    /// The attempt a store grants on the operation `key`: `fence` (grows with every acquisition
+    /// of the key), `number` (1 for the first acquisition, then one more for each) and
+    /// `recovered` (a previous attempt's lease ran out without an outcome, or it said its
+    /// outcome is uncertain).
+    pub fn new(key: Key, fence: u64, number: u32, recovered: bool) -> Attempt {
+        Attempt { key, fence, number, recovered, lease: LeaseState::Unwatched }
     }
 
-    /// The attempt of a call that runs without protection: the store was unreachable and the
-    /// call fails open. Its fence is 0, lower than any a store hands out.
-    pub fn unprotected() -> Attempt {
-        Attempt { fence: 0, number: 1, recovered: false, lease: LeaseState::Unprotected }
+    /// The attempt of a call on `key` that runs without protection: the store was unreachable
+    /// and the call fails open. Its fence is 0, lower than any a store hands out.
+    pub fn unprotected(key: Key) -> Attempt {
+        Attempt { key, fence: 0, number: 1, recovered: false, lease: LeaseState::Unprotected }
     }
 
     /// The same attempt, watched: [`lease_lost`](Self::lease_lost) and [`lost`](Self::lost)
@@ -52,6 +56,25 @@ impl Attempt {
     pub(crate) fn watched(mut self, signal: Arc<LeaseSignal>) -> Attempt {
         self.lease = LeaseState::Watched(signal);
         self
+    }
+
+    /// A key for the downstream system's own deduplication (a payment provider's
+    /// `Idempotency-Key` header): the same on every attempt at this operation, in every process
+    /// and with every store handle, and different for every other operation (another tenant, run,
+    /// step, version or payload).
+    ///
+    /// It is derived from the operation's key by a hash of its own, so it reveals nothing of the
+    /// payload and cannot be used to find the record. 64 characters (`[0-9a-f]`), within every
+    /// provider's limit (Stripe allows 255). Send it with every request of the side effect: a
+    /// provider that deduplicates by it turns a retry after a crash into a replay of the first
+    /// request's answer.
+    pub fn downstream_key(&self) -> DownstreamKey {
+        DownstreamKey::of(&self.key)
+    }
+
+    /// The operation's key (the store's): to resolve or inspect its record.
+    pub fn key(&self) -> &Key {
+        &self.key
     }
 
     /// The fencing token: higher for every later attempt at the same operation.
@@ -107,12 +130,12 @@ impl Attempt {
     }
 }
 
-/// Attempts are equal when their fence, number, recovered flag and protection are; whether a
-/// lease is watched does not count.
+/// Attempts are equal when their key, fence, number, recovered flag and protection are; whether
+/// a lease is watched does not count.
 impl PartialEq for Attempt {
     fn eq(&self, other: &Self) -> bool {
-        (self.fence, self.number, self.recovered, self.is_unprotected())
-            == (other.fence, other.number, other.recovered, other.is_unprotected())
+        (self.key, self.fence, self.number, self.recovered, self.is_unprotected())
+            == (other.key, other.fence, other.number, other.recovered, other.is_unprotected())
     }
 }
 
@@ -181,16 +204,18 @@ mod tests {
     #[tokio::test]
     async fn a_watched_attempt_follows_its_signal_in_every_clone() {
         let signal = Arc::new(LeaseSignal::default());
-        let attempt = Attempt::new(7, 2, true).watched(signal.clone());
+        let key = Key::from_bytes([3; 32]);
+        let attempt = Attempt::new(key, 7, 2, true).watched(signal.clone());
         let clone = attempt.clone();
         assert!(!attempt.lease_lost());
         let waiter = tokio::spawn(async move { clone.lost().await });
         signal.mark_lost();
         waiter.await.unwrap();
         assert!(attempt.lease_lost());
-        assert_eq!(attempt, Attempt::new(7, 2, true), "watching does not change what the attempt is");
-        assert!(!Attempt::new(7, 2, true).lease_lost());
-        assert!(Attempt::unprotected().is_unprotected());
-        assert_ne!(Attempt::unprotected(), Attempt::new(0, 1, false));
+        assert_eq!(attempt, Attempt::new(key, 7, 2, true), "watching does not change what the attempt is");
+        assert!(!Attempt::new(key, 7, 2, true).lease_lost());
+        assert!(Attempt::unprotected(key).is_unprotected());
+        assert_ne!(Attempt::unprotected(key), Attempt::new(key, 0, 1, false));
+        assert_eq!(attempt.downstream_key(), Attempt::unprotected(key).downstream_key());
     }
 }

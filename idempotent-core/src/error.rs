@@ -67,6 +67,39 @@ pub enum Error {
         fence: u64,
     },
 
+    /// A previous attempt could not tell whether the action ran (its verifier answered
+    /// "unknown", or the step refuses to re-run a recovered attempt blindly), so the operation
+    /// waits for a person: nothing was run, and nothing will be until the record is resolved.
+    #[error(
+        "step `{step}` (key {key}): attempt {attempt} (fence {fence}) could not tell whether the action          ran, so the operation needs attention and nothing was run. Check the downstream system for          the operation's downstream key {downstream_key}, then resolve the record: as done with the          result it had (`Step::resolve_done`) or as not done, so that the next call runs it          (`Step::resolve_not_done`)"
+    )]
+    NeedsAttention {
+        /// The step.
+        step: String,
+        /// Short hash of the key.
+        key: String,
+        /// The attempt that left the record needing attention.
+        attempt: u32,
+        /// That attempt's fence.
+        fence: u64,
+        /// The operation's [`DownstreamKey`](crate::DownstreamKey), to look the effect up by.
+        downstream_key: String,
+    },
+
+    /// A step's verifier did not answer within its timeout; the record was left as it was (the
+    /// next call verifies again).
+    #[error(
+        "step `{step}` (key {key}): the verifier did not answer within {after:?}; nothing was run and          the record was left for the next call to verify again. Raise the step's verify_timeout, or          make the verifier answer `Verdict::Unknown` when it cannot tell"
+    )]
+    VerifyTimeout {
+        /// The step.
+        step: String,
+        /// Short hash of the key.
+        key: String,
+        /// The timeout that passed.
+        after: Duration,
+    },
+
     /// The store could not be reached or answered with an error.
     #[error("store {store} failed during {op}: {reason}{}", after_note(op))]
     Unavailable {

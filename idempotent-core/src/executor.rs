@@ -14,9 +14,10 @@ use crate::attempt::{Attempt, CURRENT_ATTEMPT};
 use crate::canonical::with_canonical;
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
-use crate::lease::{self, DEFAULT_LEASE, DEFAULT_RETENTION, FailMode, Lease, OnInFlight, Taken, Terms};
-use crate::record::{TAG_ERR, TAG_OK, Transition};
+use crate::lease::{self, DEFAULT_LEASE, DEFAULT_RETENTION, End, FailMode, Lease, OnInFlight, Taken, Terms};
+use crate::record::{Abandon, Resolution, Resolved, TAG_ERR, TAG_OK, Transition};
 use crate::store::{IntoSharedStore, SharedStore};
+use crate::verify::{DEFAULT_VERIFY_TIMEOUT, OnRecovered, Verdict};
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod transaction;
@@ -50,6 +51,11 @@ pub struct StepOptions {
     pub on_in_flight: OnInFlight,
     /// What to do when the store is unreachable.
     pub fail_mode: FailMode,
+    /// What a step without a verifier does when the previous attempt's outcome is uncertain (see
+    /// [`verify`](crate::verify)).
+    pub on_recovered: OnRecovered,
+    /// How long a verifier may take to answer ([`Error::VerifyTimeout`] after that).
+    pub verify_timeout: Duration,
 }
 
 impl StepOptions {
@@ -78,6 +84,8 @@ impl Default for StepOptions {
             max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
             on_in_flight: OnInFlight::default(),
             fail_mode: FailMode::Closed,
+            on_recovered: OnRecovered::Run,
+            verify_timeout: DEFAULT_VERIFY_TIMEOUT,
         }
     }
 }
@@ -177,7 +185,7 @@ pub struct Step<'c> {
     identity: Option<Result<Fingerprint, crate::canonical::CanonicalError>>,
 }
 
-impl Step<'_> {
+impl<'c> Step<'c> {
     /// Sets the step version (part of the key).
     pub fn version(mut self, version: u32) -> Self {
         self.options.version = version;
@@ -218,6 +226,53 @@ impl Step<'_> {
     pub fn fail_mode(mut self, mode: FailMode) -> Self {
         self.options.fail_mode = mode;
         self
+    }
+
+    /// Sets what a step without a verifier does when the previous attempt's outcome is
+    /// uncertain: run the action again (the default), or wait for a person.
+    pub fn on_recovered(mut self, policy: OnRecovered) -> Self {
+        self.options.on_recovered = policy;
+        self
+    }
+
+    /// Sets how long the verifier may take to answer.
+    pub fn verify_timeout(mut self, timeout: Duration) -> Self {
+        self.options.verify_timeout = timeout;
+        self
+    }
+
+    /// Gives the step a verifier: called instead of the action when the previous attempt's
+    /// outcome is uncertain (its lease ran out, or storing its outcome failed), to ask the
+    /// downstream system what happened. See [`verify`](crate::verify) and [`Verdict`].
+    ///
+    /// The verifier gets the attempt (with its [`downstream_key`](Attempt::downstream_key)), runs
+    /// under the lease (renewed as the action's is) and within
+    /// [`verify_timeout`](Self::verify_timeout). An `Err` from it, or a timeout, leaves the
+    /// record for the next call to verify again, and is returned.
+    pub fn verify<V>(self, verifier: V) -> Verified<'c, V> {
+        Verified { step: self, verifier }
+    }
+
+    /// Settles this operation's record, which [needs attention](Error::NeedsAttention), as done
+    /// with `result`: every later call replays it.
+    /// [`Resolved::NotNeedingAttention`] (and nothing changed) when the record does not need
+    /// attention.
+    pub async fn resolve_done<P, T>(self, payload: &P, result: &T) -> Result<Resolved, Error>
+    where
+        P: Serialize + ?Sized,
+        T: Serialize + ?Sized,
+    {
+        let (key, _) = self.key_for(payload)?;
+        let outcome =
+            crate::record::encode_ok(result).map_err(|source| Error::Encode { step: self.name.to_string(), source })?;
+        self.ctx.store.resolve(&key, Resolution::Done { outcome, retention: self.options.retention }).await
+    }
+
+    /// Settles this operation's record, which [needs attention](Error::NeedsAttention), as not
+    /// done: the next call runs the action, as a fresh attempt.
+    pub async fn resolve_not_done<P: Serialize + ?Sized>(self, payload: &P) -> Result<Resolved, Error> {
+        let (key, _) = self.key_for(payload)?;
+        self.ctx.store.resolve(&key, Resolution::NotDone).await
     }
 
     /// Replaces all options at once.
@@ -262,7 +317,7 @@ impl Step<'_> {
         F: FnOnce(Attempt) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.execute(payload, action, |_: &E| None, |_| Err(())).await
+        self.execute(payload, no_verifier::<T, E>(), action, |_: &E| None, |_| Err(())).await
     }
 
     /// Like [`run`](Self::run), but an `Err` from the action is stored and replayed too (for
@@ -277,6 +332,7 @@ impl Step<'_> {
     {
         self.execute(
             payload,
+            no_verifier::<T, E>(),
             action,
             |e: &E| Some(serde_json::to_vec(e)),
             |bytes| serde_json::from_slice::<E>(bytes).map_err(|_| ()),
@@ -284,9 +340,10 @@ impl Step<'_> {
         .await
     }
 
-    async fn execute<P, T, E, F, Fut>(
+    async fn execute<P, T, E, V, VFut, F, Fut>(
         self,
         payload: &P,
+        verifier: Option<V>,
         action: F,
         encode_err: impl Fn(&E) -> Option<serde_json::Result<Vec<u8>>>,
         decode_err: impl Fn(&[u8]) -> Result<E, ()>,
@@ -295,6 +352,8 @@ impl Step<'_> {
         P: Serialize + ?Sized,
         T: Serialize + DeserializeOwned,
         E: From<Error>,
+        V: FnOnce(Attempt) -> VFut,
+        VFut: Future<Output = Result<Verdict<T>, E>>,
         F: FnOnce(Attempt) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
@@ -302,21 +361,37 @@ impl Step<'_> {
         let mut lease = match self.take(&key, &fingerprint, &self.options.terms(), decode_err).await {
             Begun::Run(lease) => lease,
             Begun::Answered(answer) => return answer,
-            Begun::FailOpen => return action(Attempt::unprotected()).await,
+            Begun::FailOpen => return action(Attempt::unprotected(key)).await,
         };
 
         let attempt = lease.attempt().clone();
-        let result = {
-            let action = pin!(CURRENT_ATTEMPT.scope(attempt.clone(), action(attempt)));
-            lease.run(action).await
+        let result = match self.recover(&mut lease, verifier).await {
+            Recovery::Run => {
+                let action = pin!(CURRENT_ATTEMPT.scope(attempt.clone(), action(attempt)));
+                lease.run(action).await
+            }
+            Recovery::Found(value) => Ok(value),
+            Recovery::Stop(mark, error) => {
+                // Nothing ran: the error is what the caller needs, whether or not the mark
+                // reached the store (if not, the lease runs out and the next attempt is
+                // recovered, which is the same as an uncertain mark).
+                let _ = lease.end(End::Abandon(mark)).await;
+                return Err(error);
+            }
         };
         let fence = lease.attempt().fence();
 
         match self.outcome(&key, &result, encode_err) {
-            Outcome::Store(bytes) => match lease.complete(bytes).await {
+            Outcome::Store(bytes) => match lease.end(End::Complete(bytes)).await {
                 Ok(Transition::Ok) => result,
                 Ok(Transition::LeaseLost) => Err(self.lease_lost(&key, fence).into()),
-                Err(e) => Err(e.into()),
+                Err(e) => {
+                    // The action ran; its outcome may not have been stored. Mark the record
+                    // uncertain, so that the next attempt verifies at once rather than after the
+                    // lease (if the outcome was stored after all, the mark changes nothing).
+                    let _ = lease.end(End::Abandon(Abandon::Uncertain)).await;
+                    Err(e.into())
+                }
             },
             // The action's error is what the caller needs; a failed release frees itself when
             // the lease runs out (logged by the lease).
@@ -328,6 +403,70 @@ impl Step<'_> {
                 let _ = lease.release().await;
                 Err(e.into())
             }
+        }
+    }
+
+    /// What a recovered attempt does before (or instead of) running the action: ask the
+    /// verifier, or follow [`OnRecovered`]. A fresh attempt runs the action.
+    async fn recover<T, E, V, VFut>(&self, lease: &mut Lease, verifier: Option<V>) -> Recovery<T, E>
+    where
+        E: From<Error>,
+        V: FnOnce(Attempt) -> VFut,
+        VFut: Future<Output = Result<Verdict<T>, E>>,
+    {
+        let attempt = lease.attempt().clone();
+        if !attempt.recovered() {
+            return Recovery::Run;
+        }
+        let step: &str = &self.name;
+        let short = lease.key().short_key();
+        let Some(verify) = verifier else {
+            return match self.options.on_recovered {
+                OnRecovered::Run => Recovery::Run,
+                OnRecovered::NeedsAttention => {
+                    tracing::warn!(step, key = %short, fence = attempt.fence(), "idempotent.needs_attention: the previous attempt's outcome is uncertain and the step does not re-run it blindly");
+                    Recovery::Stop(Abandon::NeedsAttention, self.needs_attention(&attempt).into())
+                }
+            };
+        };
+        let timeout = self.options.verify_timeout;
+        let verdict = {
+            let check =
+                pin!(tokio::time::timeout(timeout, CURRENT_ATTEMPT.scope(attempt.clone(), verify(attempt.clone()))));
+            lease.run(check).await
+        };
+        match verdict {
+            Ok(Ok(Verdict::Done(value))) => {
+                tracing::info!(step, key = %short, fence = attempt.fence(), "idempotent.verified: the previous attempt's effect happened; storing what the verifier found");
+                Recovery::Found(value)
+            }
+            Ok(Ok(Verdict::NotDone)) => {
+                tracing::info!(step, key = %short, fence = attempt.fence(), "idempotent.verified: the previous attempt's effect did not happen; running the action");
+                Recovery::Run
+            }
+            Ok(Ok(Verdict::Unknown)) => {
+                tracing::warn!(step, key = %short, fence = attempt.fence(), "idempotent.needs_attention: the verifier cannot tell whether the previous attempt's effect happened");
+                Recovery::Stop(Abandon::NeedsAttention, self.needs_attention(&attempt).into())
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(step, key = %short, "idempotent.verify_failed: the verifier failed; the record is left for the next call to verify");
+                Recovery::Stop(Abandon::Uncertain, e)
+            }
+            Err(_) => {
+                tracing::warn!(step, key = %short, ?timeout, "idempotent.verify_failed: the verifier timed out; the record is left for the next call to verify");
+                let error = Error::VerifyTimeout { step: step.to_owned(), key: short.to_string(), after: timeout };
+                Recovery::Stop(Abandon::Uncertain, error.into())
+            }
+        }
+    }
+
+    fn needs_attention(&self, attempt: &Attempt) -> Error {
+        Error::NeedsAttention {
+            step: self.name.to_string(),
+            key: attempt.key().short(),
+            attempt: attempt.number(),
+            fence: attempt.fence(),
+            downstream_key: attempt.downstream_key().to_string(),
         }
     }
 
@@ -360,6 +499,14 @@ impl Step<'_> {
                 tracing::warn!(step, key = %short, "idempotent.mismatch: same key, different payload");
                 Err(Error::Mismatch { step: step.to_owned(), key: short.to_string() }.into())
             }
+            Ok(Taken::NeedsAttention { attempt, fence }) => Err(Error::NeedsAttention {
+                step: step.to_owned(),
+                key: short.to_string(),
+                attempt,
+                fence,
+                downstream_key: crate::DownstreamKey::of(key).to_string(),
+            }
+            .into()),
             // Lease or retention out of bounds (`lease::acquire` checks them): nothing was sent.
             Err(e @ Error::Config(_)) => Err(e.into()),
             Err(e) if e.is_store_failure() && self.options.fail_mode == FailMode::Open => {
@@ -417,6 +564,69 @@ impl Step<'_> {
 
     fn lease_lost(&self, key: &Key, fence: u64) -> Error {
         Error::LeaseLost { step: self.name.to_string(), key: key.short_key().to_string(), fence }
+    }
+}
+
+/// What a recovered attempt does.
+enum Recovery<T, E> {
+    /// Run the action.
+    Run,
+    /// The verifier found the effect: store this as the outcome.
+    Found(T),
+    /// Run nothing: mark the record so, and fail with this error.
+    Stop(Abandon, E),
+}
+
+/// The verifier of a step that has none: its type, for `execute`.
+fn no_verifier<T, E>() -> Option<fn(Attempt) -> std::future::Ready<Result<Verdict<T>, E>>> {
+    None
+}
+
+/// A step with a verifier ([`Step::verify`]): run it as a [`Step`].
+#[derive(Debug)]
+#[must_use = "a step does nothing until `run` is awaited"]
+pub struct Verified<'c, V> {
+    step: Step<'c>,
+    verifier: V,
+}
+
+impl<V> Verified<'_, V> {
+    /// [`Step::run`], calling the verifier instead of the action when the previous attempt's
+    /// outcome is uncertain.
+    pub async fn run<P, T, E, VFut, F, Fut>(self, payload: &P, action: F) -> Result<T, E>
+    where
+        P: Serialize + ?Sized,
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        V: FnOnce(Attempt) -> VFut,
+        VFut: Future<Output = Result<Verdict<T>, E>>,
+        F: FnOnce(Attempt) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        self.step.execute(payload, Some(self.verifier), action, |_: &E| None, |_| Err(())).await
+    }
+
+    /// [`Step::run_storing_errors`], calling the verifier instead of the action when the
+    /// previous attempt's outcome is uncertain.
+    pub async fn run_storing_errors<P, T, E, VFut, F, Fut>(self, payload: &P, action: F) -> Result<T, E>
+    where
+        P: Serialize + ?Sized,
+        T: Serialize + DeserializeOwned,
+        E: From<Error> + Serialize + DeserializeOwned,
+        V: FnOnce(Attempt) -> VFut,
+        VFut: Future<Output = Result<Verdict<T>, E>>,
+        F: FnOnce(Attempt) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        self.step
+            .execute(
+                payload,
+                Some(self.verifier),
+                action,
+                |e: &E| Some(serde_json::to_vec(e)),
+                |bytes| serde_json::from_slice::<E>(bytes).map_err(|_| ()),
+            )
+            .await
     }
 }
 

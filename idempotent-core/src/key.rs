@@ -177,6 +177,63 @@ impl Key {
     }
 }
 
+/// The key an operation's side effect sends to a downstream system that deduplicates by it (a
+/// payment provider's `Idempotency-Key`): see [`Attempt::downstream_key`](crate::Attempt::downstream_key).
+///
+/// The sha256 of the operation's [`Key`] under a label of its own, as 64 lowercase hex
+/// characters: stable for the operation, one-way (it reveals neither the payload nor the store
+/// key), and kept inline (no allocation).
+///
+/// ```
+/// use idempotent_core::{DownstreamKey, Key, KeyScope};
+///
+/// let key = Key::derive(&KeyScope::new("run-42", "charge"), &("order-7", 1500)).unwrap();
+/// let downstream = DownstreamKey::of(&key);
+/// assert_eq!(downstream.as_str().len(), 64);
+/// assert_ne!(downstream.as_str(), key.to_hex());
+/// assert_eq!(downstream, DownstreamKey::of(&key));
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DownstreamKey([u8; 64]);
+
+impl DownstreamKey {
+    /// The downstream key of the operation `key`.
+    pub fn of(key: &Key) -> DownstreamKey {
+        let mut h = Sha256::new();
+        field(&mut h, NAMESPACE);
+        field(&mut h, b"downstream");
+        h.update(key.0);
+        let digest: [u8; 32] = h.finalize().into();
+        let mut text = [0; 64];
+        encode_hex(&digest, &mut text);
+        DownstreamKey(text)
+    }
+
+    /// The key's 64 hex characters.
+    pub fn as_str(&self) -> &str {
+        // Always ASCII hex (see `of`), so never the fallback.
+        std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+}
+
+impl AsRef<str> for DownstreamKey {
+    fn as_ref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl fmt::Display for DownstreamKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+impl fmt::Debug for DownstreamKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DownstreamKey({})", &self.as_str()[..12])
+    }
+}
+
 /// The first 12 hex characters of a [`Key`], formatted on demand (see [`Key::short_key`]).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ShortKey([u8; 6]);
@@ -364,6 +421,36 @@ mod tests {
             }
             let scope = KeyScope::new("r", "s");
             prop_assert_eq!(Key::derive(&scope, &forward).unwrap(), Key::derive(&scope, &obj).unwrap());
+        }
+
+        #[test]
+        fn downstream_keys_follow_the_operation(
+            tenant in proptest::option::of("[a-z]{0,3}"),
+            run in "[a-z:]{0,4}",
+            step in "[a-z:]{0,4}",
+            version in 0u32..3,
+            payload in proptest::collection::vec(any::<i8>(), 0..3),
+            which in 0usize..5,
+        ) {
+            let scope = |tenant: &Option<String>, run: &str, step: &str, version: u32| {
+                let s = KeyScope::new(run, step).version(version);
+                match tenant { Some(t) => s.tenant(t.as_str()), None => s }
+            };
+            let key = Key::derive(&scope(&tenant, &run, &step, version), &payload).unwrap();
+            let again = Key::derive(&scope(&tenant, &run, &step, version), &payload.clone()).unwrap();
+            prop_assert_eq!(DownstreamKey::of(&key), DownstreamKey::of(&again));
+            let changed = match which {
+                0 => Key::derive(&scope(&Some(format!("{}x", tenant.clone().unwrap_or_default())), &run, &step, version), &payload),
+                1 => Key::derive(&scope(&tenant, &format!("{run}x"), &step, version), &payload),
+                2 => Key::derive(&scope(&tenant, &run, &format!("{step}x"), version), &payload),
+                3 => Key::derive(&scope(&tenant, &run, &step, version + 1), &payload),
+                _ => Key::derive(&scope(&tenant, &run, &step, version), &[payload.clone(), vec![0]].concat()),
+            }.unwrap();
+            let downstream = DownstreamKey::of(&key);
+            prop_assert_ne!(downstream, DownstreamKey::of(&changed));
+            prop_assert_eq!(downstream.as_str().len(), 64);
+            prop_assert!(downstream.as_str().bytes().all(|b| b.is_ascii_hexdigit()));
+            prop_assert_ne!(downstream.as_str(), key.to_hex());
         }
 
         #[test]

@@ -32,7 +32,7 @@ use crate::attempt::{Attempt, LeaseSignal};
 use crate::backoff::Backoff;
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
-use crate::record::{Acquire, Grant, Token, Transition};
+use crate::record::{Abandon, Acquire, Grant, Token, Transition};
 use crate::store::SharedStore;
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -188,6 +188,27 @@ pub enum Taken {
     },
     /// The key is stored with another fingerprint.
     Mismatch,
+    /// A previous attempt could not tell whether the work ran, and the record waits to be
+    /// resolved ([`Store::resolve`](crate::store::Store::resolve)): nothing may run.
+    NeedsAttention {
+        /// The attempt that left the record so.
+        attempt: u32,
+        /// That attempt's fence.
+        fence: u64,
+    },
+}
+
+/// How a [`Lease`] ends: the store call [`Lease::end`] makes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum End {
+    /// Store the outcome ([`Store::complete`](crate::store::Store::complete)).
+    Complete(Bytes),
+    /// Give the key up; the next attempt runs afresh ([`Store::release`](crate::store::Store::release)).
+    Release,
+    /// Give the key up without an outcome, marked as the [`Abandon`] says
+    /// ([`Store::abandon`](crate::store::Store::abandon)).
+    Abandon(Abandon),
 }
 
 /// Takes the key in `store`, waiting for an attempt in flight as `terms.on_in_flight` says.
@@ -209,6 +230,10 @@ pub async fn acquire(store: &SharedStore, key: &Key, fingerprint: &Fingerprint, 
             Acquire::Acquired(grant) => return Ok(Taken::Lease(Lease::new(store.clone(), *key, grant, terms, sent))),
             Acquire::Replay(bytes) => return Ok(Taken::Replay(bytes)),
             Acquire::Mismatch => return Ok(Taken::Mismatch),
+            Acquire::NeedsAttention { attempt, fence } => {
+                tracing::warn!(key = %key.short_key(), attempt, fence, "idempotent.needs_attention: the operation waits to be resolved; nothing runs");
+                return Ok(Taken::NeedsAttention { attempt, fence });
+            }
             Acquire::InFlight { retry_after } => {
                 let OnInFlight::Wait { timeout } = terms.on_in_flight else {
                     tracing::debug!(key = %key.short_key(), ?retry_after, "idempotent.in_flight: rejected");
@@ -403,33 +428,45 @@ impl Lease {
     /// its own if this future is dropped before the store answered (also when the task unwinds
     /// from a panic elsewhere; not when the store call itself panicked, or outside a runtime).
     pub async fn complete(self, outcome: Bytes) -> Result<Transition, Error> {
-        self.end(Some(outcome)).await
+        self.end(End::Complete(outcome)).await
     }
 
     /// Gives the key up without an outcome (the fence is kept), so that a retry runs the work
     /// again; [`Transition::LeaseLost`] when another attempt holds the key. Once polled, the call
     /// goes on after a drop as [`complete`](Self::complete)'s does.
     pub async fn release(self) -> Result<Transition, Error> {
-        self.end(None).await
+        self.end(End::Release).await
     }
 
-    /// [`complete`](Self::complete) with `Some` outcome, [`release`](Self::release) with `None`,
-    /// borrowing the lease: for callers that decide between the two, and keep the lease in a
-    /// future of their own that should hold one store call's room, not a second lease.
-    pub async fn end(&self, outcome: Option<Bytes>) -> Result<Transition, Error> {
+    /// Gives the key up without an outcome, leaving the record as `mark` says: the next attempt
+    /// [`recovered`](Attempt::recovered) ([`Abandon::Uncertain`]), or every call refused until
+    /// the record is resolved ([`Abandon::NeedsAttention`]). Once polled, the call goes on after
+    /// a drop as [`complete`](Self::complete)'s does.
+    pub async fn abandon(self, mark: Abandon) -> Result<Transition, Error> {
+        self.end(End::Abandon(mark)).await
+    }
+
+    /// [`complete`](Self::complete), [`release`](Self::release) or [`abandon`](Self::abandon) as
+    /// `end` says, borrowing the lease: for callers that decide between them, and keep the lease
+    /// in a future of their own that should hold one store call's room, not a second lease.
+    pub async fn end(&self, end: End) -> Result<Transition, Error> {
         self.check_deadline();
-        let stored = outcome.is_some();
+        let stored = matches!(end, End::Complete(_));
+        let mark = match &end {
+            End::Abandon(mark) => Some(*mark),
+            _ => None,
+        };
         // Keeps what the call needs to be sent again from a task of its own, should this future
         // be dropped before the store answered: every transition is idempotent for its owner
         // token, so a call that had already reached the store is harmless to repeat. The guard's
         // clone of the outcome costs at most the one allocation a box for the call would (see
         // BENCHMARKS.md, "Allocator and future-size notes").
-        let mut guard = EndOnDrop { lease: self, outcome: Some(outcome.clone()), in_call: false };
+        let mut guard = EndOnDrop { lease: self, end: Some(end.clone()), in_call: false };
         // The store is the authority: it takes the outcome only while this attempt's token still
         // owns the key, which no other attempt can have taken without replacing it. A lease that
         // ran out unseen, with no other attempt since, still stores its outcome (a retry would
         // otherwise run the work a second time).
-        let mut call = self.send(outcome);
+        let mut call = self.send(end);
         let answer = std::future::poll_fn(|cx| {
             // Marks the polls of the store call itself: a panic there is not repeated (see
             // `EndOnDrop`), a panic anywhere else in the task is.
@@ -439,8 +476,26 @@ impl Lease {
             poll
         })
         .await;
-        guard.outcome = None;
+        guard.end = None;
         let (short, fence) = (self.key.short_key(), self.attempt.fence());
+        match (&answer, mark) {
+            (Ok(Transition::Ok), Some(Abandon::Uncertain)) => {
+                tracing::info!(key = %short, fence, "idempotent.released: uncertain, the next attempt is recovered")
+            }
+            (Ok(Transition::Ok), Some(Abandon::NeedsAttention)) => {
+                tracing::warn!(key = %short, fence, "idempotent.needs_attention: the record waits to be resolved")
+            }
+            (Ok(Transition::LeaseLost), Some(_)) => {
+                tracing::warn!(key = %short, fence, "idempotent.lease_lost: the record was not marked; another attempt took over the key")
+            }
+            (Err(e), Some(_)) => {
+                tracing::error!(key = %short, error = %e, "idempotent.store_error: could not mark the record; the key stays taken until its lease runs out, and the next attempt is recovered")
+            }
+            _ => (),
+        }
+        if mark.is_some() {
+            return answer;
+        }
         match (&answer, stored) {
             (Ok(Transition::Ok), true) if self.is_lost() => {
                 tracing::info!(key = %short, fence, "idempotent.stored: the lease had run out, but no other attempt took the key")
@@ -463,17 +518,29 @@ impl Lease {
         answer
     }
 
-    /// The store call that completes (with an outcome) or releases (without) the key.
-    fn send(&self, outcome: Option<Bytes>) -> crate::store::BoxFuture<'_, Result<Transition, Error>> {
-        match outcome {
-            Some(bytes) => self.store.complete(&self.key, &self.token, bytes, self.retention),
-            None => self.store.release(&self.key, &self.token),
-        }
+    /// The store call that ends the lease as `end` says.
+    fn send(&self, end: End) -> crate::store::BoxFuture<'_, Result<Transition, Error>> {
+        send(&self.store, &self.key, &self.token, self.retention, end)
     }
 }
 
-/// Sends a lease's complete or release again from a task of its own if dropped while `outcome`
-/// is still `Some` (the call has not finished).
+/// The store call that ends a lease on `key` held by `token` as `end` says.
+fn send<'a>(
+    store: &'a SharedStore,
+    key: &'a Key,
+    token: &'a Token,
+    retention: Duration,
+    end: End,
+) -> crate::store::BoxFuture<'a, Result<Transition, Error>> {
+    match end {
+        End::Complete(bytes) => store.complete(key, token, bytes, retention),
+        End::Release => store.release(key, token),
+        End::Abandon(mark) => store.abandon(key, token, mark),
+    }
+}
+
+/// Sends a lease's ending again from a task of its own if dropped while `end` is still `Some`
+/// (the call has not finished).
 ///
 /// Also while the thread unwinds: tokio drops a task's future during the unwind of a panic
 /// anywhere in that task (a sibling in a `join!`), and the outcome must still be stored. Only a
@@ -481,13 +548,13 @@ impl Lease {
 /// again.
 struct EndOnDrop<'a> {
     lease: &'a Lease,
-    outcome: Option<Option<Bytes>>,
+    end: Option<End>,
     in_call: bool,
 }
 
 impl Drop for EndOnDrop<'_> {
     fn drop(&mut self) {
-        let Some(outcome) = self.outcome.take() else { return };
+        let Some(end) = self.end.take() else { return };
         let lease = self.lease;
         if self.in_call && std::thread::panicking() {
             tracing::error!(key = %lease.key.short_key(), "idempotent.store_error: the store panicked while storing the outcome; the key frees itself when the lease runs out");
@@ -499,10 +566,7 @@ impl Drop for EndOnDrop<'_> {
         };
         let (store, key, token, retention) = (lease.store.clone(), lease.key, lease.token.clone(), lease.retention);
         let again = async move {
-            let answer = match outcome {
-                Some(bytes) => store.complete(&key, &token, bytes, retention).await,
-                None => store.release(&key, &token).await,
-            };
+            let answer = send(&store, &key, &token, retention, end).await;
             if let Err(e) = answer {
                 tracing::warn!(key = %key.short_key(), error = %e, "idempotent.store_error: storing the outcome after the caller went away failed");
             }
@@ -648,6 +712,21 @@ mod tests {
                 lease: Duration,
             ) -> crate::store::BoxFuture<'a, Result<Transition, Error>> {
                 self.0.renew(key, token, lease)
+            }
+            fn abandon<'a>(
+                &'a self,
+                key: &'a Key,
+                token: &'a Token,
+                mark: Abandon,
+            ) -> crate::store::BoxFuture<'a, Result<Transition, Error>> {
+                self.0.abandon(key, token, mark)
+            }
+            fn resolve<'a>(
+                &'a self,
+                key: &'a Key,
+                resolution: crate::record::Resolution,
+            ) -> crate::store::BoxFuture<'a, Result<crate::record::Resolved, Error>> {
+                self.0.resolve(key, resolution)
             }
             fn describe(&self) -> String {
                 "gated".into()

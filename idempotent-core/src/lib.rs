@@ -92,12 +92,13 @@ mod key;
 pub mod lease;
 pub mod record;
 pub mod store;
+pub mod verify;
 
 pub use attempt::{Attempt, current_attempt};
 pub use backoff::Backoff;
 pub use error::{BoxError, Error};
-pub use executor::{DEFAULT_MAX_RESULT_BYTES, RunContext, Step, StepOptions};
-pub use key::{Fingerprint, Key, KeyScope, ShortKey};
+pub use executor::{DEFAULT_MAX_RESULT_BYTES, RunContext, Step, StepOptions, Verified};
+pub use key::{DownstreamKey, Fingerprint, Key, KeyScope, ShortKey};
 pub use lease::{
     DEFAULT_LEASE, DEFAULT_RETENTION, DEFAULT_WAIT, FailMode, MAX_LEASE, MAX_RETENTION, MIN_LEASE, MIN_RETENTION,
     OnInFlight, Terms,
@@ -111,6 +112,7 @@ pub use store::{PostgresStore, PostgresStoreBuilder};
 pub use store::{Preflight, RedisStore, RedisStoreBuilder, Risk};
 #[cfg(feature = "sqlite")]
 pub use store::{SqliteStore, SqliteStoreBuilder};
+pub use verify::{OnRecovered, Verdict};
 
 /// The Redis driver this crate uses, re-exported so that users share one version.
 #[cfg(feature = "redis")]

@@ -11,6 +11,17 @@
 //! | complete | `running` with our token | `done`, kept for the retention | [`Transition`] |
 //! | release | `running` with our token | `released` (fence kept) | [`Transition`] |
 //! | renew | `running` with our token | lease moved | [`Transition`] |
+//! | abandon [`Abandon::Uncertain`] | `running` with our token | `released`, marked uncertain: the next acquisition is `recovered` | [`Transition`] |
+//! | abandon [`Abandon::NeedsAttention`] | `running` with our token | `needs_attention`, kept until resolved | [`Transition`] |
+//! | acquire | `needs_attention` | — | [`Acquire::NeedsAttention`] |
+//! | resolve [`Resolution::Done`] | `needs_attention` | `done`, kept for the retention | [`Resolved`] |
+//! | resolve [`Resolution::NotDone`] | `needs_attention` | `released` (the next attempt runs, not `recovered`) | [`Resolved`] |
+//!
+//! An attempt whose outcome is uncertain (its action may have run, but nothing says whether)
+//! leaves the record so that the next one knows: `recovered` after an uncertain release or a
+//! lease that ran out, and `needs_attention` when no attempt can find out by itself. A
+//! `needs_attention` record does not expire (it is not purged either): it waits for a person, or
+//! a verifier, to [resolve](crate::store::Store::resolve) it.
 //!
 //! Stores judge time by their own clock (Redis: `TIME`), never the caller's.
 
@@ -92,6 +103,62 @@ pub enum Acquire {
     },
     /// The key is stored with another payload fingerprint.
     Mismatch,
+    /// A previous attempt could not tell whether the action ran, and the record waits to be
+    /// resolved: nothing may run.
+    NeedsAttention {
+        /// The attempt that left the record so.
+        attempt: u32,
+        /// That attempt's fence.
+        fence: u64,
+    },
+}
+
+/// How an attempt that ends without an outcome leaves the record ([`Store::abandon`]).
+///
+/// [`Store::abandon`]: crate::store::Store::abandon
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Abandon {
+    /// The action may have run: release the key, and hand the next attempt a
+    /// [`recovered`](crate::Attempt::recovered) grant, as a lease that ran out would (but at once).
+    Uncertain,
+    /// Nobody can tell whether the action ran: every acquisition answers
+    /// [`Acquire::NeedsAttention`] until the record is [resolved](crate::store::Store::resolve).
+    NeedsAttention,
+}
+
+/// How a `needs_attention` record is settled ([`Store::resolve`]).
+///
+/// [`Store::resolve`]: crate::store::Store::resolve
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Resolution {
+    /// The action did run: store `outcome` (encoded as the executor stores outcomes: see
+    /// [`encode_ok`]) for `retention`, and replay it from now on.
+    Done {
+        /// The encoded outcome.
+        outcome: Bytes,
+        /// How long it is kept.
+        retention: Duration,
+    },
+    /// The action did not run: release the key (the fence is kept), so that the next call runs
+    /// it as a fresh, not recovered, attempt.
+    NotDone,
+}
+
+/// How long a record resolved as [`Resolution::NotDone`] is kept: one day. The record only
+/// carries the attempt count on (a fence grows without it).
+pub const KEEP_RESOLVED_RELEASE: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// The answer to a resolve.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Resolved {
+    /// The record needed attention and is now settled as asked.
+    Ok,
+    /// The record does not need attention (it is absent, running, released or done, possibly
+    /// because someone resolved it first): nothing changed.
+    NotNeedingAttention,
 }
 
 /// The answer to complete, release and renew.
@@ -107,6 +174,14 @@ pub enum Transition {
 /// Stored outcomes are tagged so a stored error replays as an error.
 pub(crate) const TAG_OK: u8 = b'o';
 pub(crate) const TAG_ERR: u8 = b'e';
+
+/// Encodes `value` as the executor stores a successful outcome (its JSON, tagged), for
+/// [`Resolution::Done`].
+pub fn encode_ok<T: serde::Serialize + ?Sized>(value: &T) -> Result<Bytes, serde_json::Error> {
+    let mut buf = vec![TAG_OK];
+    serde_json::to_writer(&mut buf, value)?;
+    Ok(Bytes::from(buf))
+}
 
 #[cfg(test)]
 mod tests {

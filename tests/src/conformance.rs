@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use idempotent_core::record::{Acquire, Grant, Transition};
+use idempotent_core::record::{Abandon, Acquire, Grant, Resolution, Resolved, Transition};
 use idempotent_core::{Fingerprint, Key, SharedStore};
 
 const LEASE: Duration = Duration::from_secs(10);
@@ -39,6 +39,11 @@ pub async fn run_all(store: SharedStore) {
     lease_expiry_allows_takeover_and_fences_the_old_holder(&store).await;
     renew_keeps_the_lease(&store).await;
     retention_expiry_forgets_but_fences_still_grow(&store).await;
+    an_uncertain_release_makes_the_next_attempt_recovered(&store).await;
+    needs_attention_refuses_every_call_until_resolved_done(&store).await;
+    resolved_not_done_runs_afresh(&store).await;
+    resolve_leaves_every_other_state_alone(&store).await;
+    needs_attention_outlives_the_retention(&store).await;
 }
 
 /// absent → Acquired(attempt 1); a second acquire sees the live lease.
@@ -244,5 +249,155 @@ pub async fn run_mixed(a: SharedStore, b: SharedStore) {
             );
             assert_eq!(store.acquire(&key, &fp(2), LEASE, KEEP).await.unwrap(), Acquire::Mismatch);
         }
+        // Marked by the first store, judged and resolved by the second; uncertain likewise.
+        let key = fresh_key();
+        let held = acquired(first, &key, &fp(1), LEASE).await;
+        assert_eq!(first.abandon(&key, &held.token, Abandon::NeedsAttention).await.unwrap(), Transition::Ok);
+        let waiting = Acquire::NeedsAttention { attempt: 1, fence: held.attempt.fence() };
+        assert_eq!(second.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap(), waiting);
+        assert_eq!(second.resolve(&key, Resolution::NotDone).await.unwrap(), Resolved::Ok);
+        let next = acquired(first, &key, &fp(1), LEASE).await;
+        assert_eq!((next.attempt.number(), next.attempt.recovered()), (2, false));
+        assert_eq!(first.abandon(&key, &next.token, Abandon::Uncertain).await.unwrap(), Transition::Ok);
+        let last = acquired(second, &key, &fp(1), LEASE).await;
+        assert_eq!((last.attempt.number(), last.attempt.recovered()), (3, true));
     }
+}
+
+/// abandon(Uncertain) → released, and the next attempt is recovered at once (no lease to wait
+/// out); the mark is idempotent for its token, and a late complete after it is refused.
+pub async fn an_uncertain_release_makes_the_next_attempt_recovered(store: &SharedStore) {
+    let key = fresh_key();
+    let first = acquired(store, &key, &fp(1), LEASE).await;
+    let other = acquired(store, &fresh_key(), &fp(1), LEASE).await;
+    assert_eq!(
+        store.abandon(&key, &other.token, Abandon::Uncertain).await.unwrap(),
+        Transition::LeaseLost,
+        "foreign token"
+    );
+    assert_eq!(store.abandon(&key, &first.token, Abandon::Uncertain).await.unwrap(), Transition::Ok);
+    assert_eq!(store.abandon(&key, &first.token, Abandon::Uncertain).await.unwrap(), Transition::Ok, "a retried mark");
+    assert_eq!(
+        store.complete(&key, &first.token, Bytes::from_static(b"late"), KEEP).await.unwrap(),
+        Transition::LeaseLost,
+        "a complete that lands after the mark"
+    );
+    assert_eq!(store.acquire(&key, &fp(2), LEASE, KEEP).await.unwrap(), Acquire::Mismatch, "uncertain, other payload");
+    let second = acquired(store, &key, &fp(1), LEASE).await;
+    assert_eq!(
+        (second.attempt.number(), second.attempt.recovered()),
+        (2, true),
+        "recovered after an uncertain release"
+    );
+    assert!(second.attempt.fence() > first.attempt.fence());
+    assert_eq!(
+        store.abandon(&key, &first.token, Abandon::Uncertain).await.unwrap(),
+        Transition::LeaseLost,
+        "the old token"
+    );
+    // A clean release after it: the attempt after that is not recovered.
+    assert_eq!(store.release(&key, &second.token).await.unwrap(), Transition::Ok);
+    let third = acquired(store, &key, &fp(1), LEASE).await;
+    assert_eq!((third.attempt.number(), third.attempt.recovered()), (3, false));
+    // Marking a done record changes nothing.
+    store.complete(&key, &third.token, Bytes::from_static(b"r"), KEEP).await.unwrap();
+    assert_eq!(store.abandon(&key, &third.token, Abandon::Uncertain).await.unwrap(), Transition::LeaseLost);
+    assert_eq!(store.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap(), Acquire::Replay(Bytes::from_static(b"r")));
+}
+
+/// abandon(NeedsAttention) → every acquire answers NeedsAttention with the attempt and fence that
+/// left it (another payload: Mismatch), the old token can do nothing more, and resolve(Done)
+/// stores the given outcome for every later call. A second resolve changes nothing.
+pub async fn needs_attention_refuses_every_call_until_resolved_done(store: &SharedStore) {
+    let key = fresh_key();
+    let first = acquired(store, &key, &fp(1), LEASE).await;
+    assert_eq!(store.abandon(&key, &first.token, Abandon::NeedsAttention).await.unwrap(), Transition::Ok);
+    assert_eq!(
+        store.abandon(&key, &first.token, Abandon::NeedsAttention).await.unwrap(),
+        Transition::Ok,
+        "a retried mark"
+    );
+    let expected = Acquire::NeedsAttention { attempt: 1, fence: first.attempt.fence() };
+    for _ in 0..3 {
+        assert_eq!(store.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap(), expected);
+    }
+    assert_eq!(store.acquire(&key, &fp(2), LEASE, KEEP).await.unwrap(), Acquire::Mismatch);
+    assert_eq!(
+        store.complete(&key, &first.token, Bytes::from_static(b"late"), KEEP).await.unwrap(),
+        Transition::LeaseLost
+    );
+    assert_eq!(store.release(&key, &first.token).await.unwrap(), Transition::LeaseLost);
+    assert_eq!(store.renew(&key, &first.token, LEASE).await.unwrap(), Transition::LeaseLost);
+    assert_eq!(store.abandon(&key, &first.token, Abandon::Uncertain).await.unwrap(), Transition::LeaseLost);
+    assert_eq!(store.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap(), expected, "nothing above changed it");
+    let done = Resolution::Done { outcome: Bytes::from_static(b"found"), retention: KEEP };
+    assert_eq!(store.resolve(&key, done.clone()).await.unwrap(), Resolved::Ok);
+    assert_eq!(store.resolve(&key, done).await.unwrap(), Resolved::NotNeedingAttention, "resolved already");
+    assert_eq!(store.resolve(&key, Resolution::NotDone).await.unwrap(), Resolved::NotNeedingAttention);
+    for _ in 0..3 {
+        assert_eq!(
+            store.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap(),
+            Acquire::Replay(Bytes::from_static(b"found"))
+        );
+    }
+}
+
+/// resolve(NotDone) releases the key: the next attempt runs afresh (not recovered), with the
+/// next number and a higher fence.
+pub async fn resolved_not_done_runs_afresh(store: &SharedStore) {
+    let key = fresh_key();
+    let first = acquired(store, &key, &fp(1), LEASE).await;
+    assert_eq!(store.abandon(&key, &first.token, Abandon::NeedsAttention).await.unwrap(), Transition::Ok);
+    assert_eq!(store.resolve(&key, Resolution::NotDone).await.unwrap(), Resolved::Ok);
+    let second = acquired(store, &key, &fp(1), LEASE).await;
+    assert_eq!((second.attempt.number(), second.attempt.recovered()), (2, false));
+    assert!(second.attempt.fence() > first.attempt.fence());
+    assert_eq!(store.complete(&key, &second.token, Bytes::from_static(b"ran"), KEEP).await.unwrap(), Transition::Ok);
+    assert_eq!(store.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap(), Acquire::Replay(Bytes::from_static(b"ran")));
+}
+
+/// resolve on a record that does not need attention (absent, running, released, done) answers
+/// NotNeedingAttention and leaves it as it was.
+pub async fn resolve_leaves_every_other_state_alone(store: &SharedStore) {
+    let done = || Resolution::Done { outcome: Bytes::from_static(b"forced"), retention: KEEP };
+    let absent = fresh_key();
+    assert_eq!(store.resolve(&absent, done()).await.unwrap(), Resolved::NotNeedingAttention);
+    assert_eq!(acquired(store, &absent, &fp(1), LEASE).await.attempt.number(), 1, "still absent");
+
+    let key = fresh_key();
+    let running = acquired(store, &key, &fp(1), LEASE).await;
+    assert_eq!(store.resolve(&key, done()).await.unwrap(), Resolved::NotNeedingAttention);
+    assert_eq!(store.resolve(&key, Resolution::NotDone).await.unwrap(), Resolved::NotNeedingAttention);
+    assert!(
+        matches!(store.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap(), Acquire::InFlight { .. }),
+        "still running"
+    );
+    assert_eq!(store.renew(&key, &running.token, LEASE).await.unwrap(), Transition::Ok, "still the holder's");
+
+    assert_eq!(store.release(&key, &running.token).await.unwrap(), Transition::Ok);
+    assert_eq!(store.resolve(&key, done()).await.unwrap(), Resolved::NotNeedingAttention);
+    let again = acquired(store, &key, &fp(1), LEASE).await;
+    assert_eq!((again.attempt.number(), again.attempt.recovered()), (2, false), "still released");
+
+    store.complete(&key, &again.token, Bytes::from_static(b"real"), KEEP).await.unwrap();
+    assert_eq!(store.resolve(&key, done()).await.unwrap(), Resolved::NotNeedingAttention);
+    assert_eq!(store.resolve(&key, Resolution::NotDone).await.unwrap(), Resolved::NotNeedingAttention);
+    assert_eq!(store.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap(), Acquire::Replay(Bytes::from_static(b"real")));
+}
+
+/// A record that needs attention is not forgotten when the retention it was acquired with passes.
+pub async fn needs_attention_outlives_the_retention(store: &SharedStore) {
+    let key = fresh_key();
+    let short = Duration::from_millis(200);
+    let first = match store.acquire(&key, &fp(1), short, short).await.unwrap() {
+        Acquire::Acquired(l) => l,
+        other => panic!("expected Acquired, got {other:?}"),
+    };
+    assert_eq!(store.abandon(&key, &first.token, Abandon::NeedsAttention).await.unwrap(), Transition::Ok);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        store.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap(),
+        Acquire::NeedsAttention { attempt: 1, fence: first.attempt.fence() },
+        "still waiting for a person after lease and retention passed"
+    );
 }

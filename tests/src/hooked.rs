@@ -28,7 +28,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use idempotent_core::record::{Acquire, Token, Transition};
+use idempotent_core::record::{Abandon, Acquire, Resolution, Resolved, Token, Transition};
 use idempotent_core::store::BoxFuture;
 use idempotent_core::{Error, Fingerprint, Key, SharedStore, Store};
 
@@ -244,6 +244,21 @@ impl<S: Send + Sync + 'static> Store for HookedStore<S> {
             Some(hook) => hook(call),
             None => call.forward(),
         }
+    }
+
+    /// Always forwarded (no hook).
+    fn abandon<'a>(
+        &'a self,
+        key: &'a Key,
+        token: &'a Token,
+        mark: Abandon,
+    ) -> BoxFuture<'a, Result<Transition, Error>> {
+        self.inner.abandon(key, token, mark)
+    }
+
+    /// Always forwarded (no hook).
+    fn resolve<'a>(&'a self, key: &'a Key, resolution: Resolution) -> BoxFuture<'a, Result<Resolved, Error>> {
+        self.inner.resolve(key, resolution)
     }
 
     fn describe(&self) -> String {

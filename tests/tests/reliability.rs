@@ -503,10 +503,11 @@ fn no_lease_check() -> SharedStore {
         .describe_as(|_| "no-lease-check (test only)".into())
         .on_acquire(|call| {
             Box::pin(async move {
+                let call_key = call.key;
                 match call.forward().await? {
                     Acquire::InFlight { .. } => Ok(Acquire::Acquired(Grant {
                         token: Token::unique(),
-                        attempt: idempotent_core::Attempt::new(0, 1, false),
+                        attempt: idempotent_core::Attempt::new(*call_key, 0, 1, false),
                     })),
                     other => Ok(other),
                 }

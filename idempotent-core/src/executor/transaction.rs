@@ -10,6 +10,7 @@ use serde::de::DeserializeOwned;
 use super::{Begun, Outcome, Step};
 use crate::attempt::{Attempt, CURRENT_ATTEMPT};
 use crate::error::Error;
+use crate::key::Key;
 use crate::lease::ReleaseOnDrop;
 use crate::record::Transition;
 use crate::store::sql::{self, CommitsWith, TransactionalStore};
@@ -184,7 +185,7 @@ impl Step<'_> {
         let lease = match self.take(&key, &fingerprint, &terms, |_| Err(())).await {
             Begun::Run(lease) => lease,
             Begun::Answered(answer) => return answer,
-            Begun::FailOpen => return unprotected_in_transaction(store, action).await,
+            Begun::FailOpen => return unprotected_in_transaction(store, key, action).await,
         };
         // From here until the outcome is settled, a drop releases the key: the transaction,
         // dropped with this future, is rolled back.
@@ -240,14 +241,14 @@ impl Step<'_> {
 
 /// [`Step::run_in_transaction`] when the store failed and the step fails open: the action runs
 /// in a transaction of its own, with no record.
-async fn unprotected_in_transaction<S, T, E, F>(store: &S, action: F) -> Result<T, E>
+async fn unprotected_in_transaction<S, T, E, F>(store: &S, key: Key, action: F) -> Result<T, E>
 where
     S: TransactionalStore,
     E: From<Error>,
     F: for<'t> AsyncFnOnce(&mut sqlx::Transaction<'t, S::Database>, Attempt) -> Result<T, E>,
 {
     let mut tx = store.begin().await?;
-    match action(&mut tx, Attempt::unprotected()).await {
+    match action(&mut tx, Attempt::unprotected(key)).await {
         Ok(value) => {
             commit(store, tx).await?;
             Ok(value)

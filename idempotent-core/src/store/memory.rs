@@ -14,7 +14,7 @@ use super::{BoxFuture, Store};
 use crate::attempt::Attempt;
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
-use crate::record::{Acquire, Grant, Token, Transition};
+use crate::record::{Abandon, Acquire, Grant, KEEP_RESOLVED_RELEASE, Resolution, Resolved, Token, Transition};
 
 const SHARDS: usize = 32;
 /// A shard drops its expired records after this many writes, or after a quarter of its size in
@@ -100,14 +100,23 @@ enum State {
     Running {
         token: Token,
         lease_until: Instant,
+        fence: u64,
     },
     /// The token that completed is kept so that a retried `complete` is acknowledged.
     Done {
         result: Bytes,
         token: Token,
     },
+    /// `uncertain`: the attempt that released it may have run the action (the next attempt is
+    /// recovered).
     Released {
         token: Token,
+        uncertain: bool,
+    },
+    /// Kept until resolved (the record's expiry is a century away).
+    NeedsAttention {
+        token: Token,
+        fence: u64,
     },
 }
 
@@ -210,8 +219,11 @@ impl MemoryStore {
                     State::Running { lease_until, .. } if *lease_until > now => {
                         return Some(Ok(Acquire::InFlight { retry_after: *lease_until - now }));
                     }
+                    State::NeedsAttention { fence, .. } => {
+                        return Some(Ok(Acquire::NeedsAttention { attempt: r.attempt, fence: *fence }));
+                    }
                     State::Running { .. } => (r.attempt, true),
-                    State::Released { .. } => (r.attempt, false),
+                    State::Released { uncertain, .. } => (r.attempt, *uncertain),
                 }
             }
             // An expired record is replaced; it was counted already.
@@ -224,7 +236,7 @@ impl MemoryStore {
         let attempt = prev_attempt + 1;
         let expires = later(now, lease.max(retention));
         let record = Record {
-            state: State::Running { token: token.clone(), lease_until: later(now, lease) },
+            state: State::Running { token: token.clone(), lease_until: later(now, lease), fence },
             fingerprint: *fp,
             attempt,
             expires,
@@ -238,7 +250,7 @@ impl MemoryStore {
             }
         }
         shard.expires_at(expires);
-        Some(Ok(Acquire::Acquired(Grant { token, attempt: Attempt::new(fence, attempt, recovered) })))
+        Some(Ok(Acquire::Acquired(Grant { token, attempt: Attempt::new(*key, fence, attempt, recovered) })))
     }
 
     /// Applies `f` to the record if `token` owns it. `already` says whether the record is in the
@@ -304,9 +316,65 @@ impl Store for MemoryStore {
     }
 
     fn release<'a>(&'a self, key: &'a Key, token: &'a Token) -> BoxFuture<'a, Result<Transition, Error>> {
-        let released_by_us = |s: &State| matches!(s, State::Released { token: t } if t == token);
-        let t = self.with_owned(key, token, released_by_us, |r, _| r.state = State::Released { token: token.clone() });
+        let released_by_us = |s: &State| matches!(s, State::Released { token: t, uncertain: false } if t == token);
+        let t = self.with_owned(key, token, released_by_us, |r, _| {
+            r.state = State::Released { token: token.clone(), uncertain: false }
+        });
         Box::pin(std::future::ready(Ok(t)))
+    }
+
+    fn abandon<'a>(
+        &'a self,
+        key: &'a Key,
+        token: &'a Token,
+        mark: Abandon,
+    ) -> BoxFuture<'a, Result<Transition, Error>> {
+        let t = match mark {
+            Abandon::Uncertain => {
+                let by_us = |s: &State| matches!(s, State::Released { token: t, uncertain: true } if t == token);
+                self.with_owned(key, token, by_us, |r, _| {
+                    r.state = State::Released { token: token.clone(), uncertain: true }
+                })
+            }
+            Abandon::NeedsAttention => {
+                let by_us = |s: &State| matches!(s, State::NeedsAttention { token: t, .. } if t == token);
+                self.with_owned(key, token, by_us, |r, now| {
+                    let fence = match &r.state {
+                        State::Running { fence, .. } => *fence,
+                        _ => 0,
+                    };
+                    r.state = State::NeedsAttention { token: token.clone(), fence };
+                    r.expires = later(now, Duration::MAX);
+                })
+            }
+        };
+        Box::pin(std::future::ready(Ok(t)))
+    }
+
+    fn resolve<'a>(&'a self, key: &'a Key, resolution: Resolution) -> BoxFuture<'a, Result<Resolved, Error>> {
+        let now = Instant::now();
+        let mut shard = self.shard(key);
+        let answer = match shard.map.get_mut(key) {
+            Some(r) if r.expires > now => match &r.state {
+                State::NeedsAttention { token, .. } => {
+                    let token = token.clone();
+                    (r.state, r.expires) = match resolution {
+                        Resolution::Done { outcome, retention } => {
+                            (State::Done { result: outcome, token }, later(now, retention))
+                        }
+                        Resolution::NotDone => {
+                            (State::Released { token, uncertain: false }, later(now, KEEP_RESOLVED_RELEASE))
+                        }
+                    };
+                    let expires = r.expires;
+                    shard.expires_at(expires);
+                    Resolved::Ok
+                }
+                _ => Resolved::NotNeedingAttention,
+            },
+            _ => Resolved::NotNeedingAttention,
+        };
+        Box::pin(std::future::ready(Ok(answer)))
     }
 
     fn renew<'a>(

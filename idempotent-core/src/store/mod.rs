@@ -16,7 +16,7 @@ use bytes::Bytes;
 
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
-use crate::record::{Acquire, Token, Transition};
+use crate::record::{Abandon, Acquire, Resolution, Resolved, Token, Transition};
 
 pub mod memory;
 #[cfg(feature = "postgres")]
@@ -81,6 +81,19 @@ pub trait Store: std::any::Any + Send + Sync {
     /// Moves the lease deadline to `lease` from now, if `token` still owns the key.
     fn renew<'a>(&'a self, key: &'a Key, token: &'a Token, lease: Duration)
     -> BoxFuture<'a, Result<Transition, Error>>;
+
+    /// Ends `token`'s attempt without an outcome, leaving the record as `mark` says (see
+    /// [`Abandon`]), if `token` still owns the key.
+    ///
+    /// The fence and attempt number are kept. Idempotent for the token, as
+    /// [`complete`](Self::complete) is: a repeat with the same `mark` answers
+    /// [`Transition::Ok`]. A `needs_attention` record never expires.
+    fn abandon<'a>(&'a self, key: &'a Key, token: &'a Token, mark: Abandon)
+    -> BoxFuture<'a, Result<Transition, Error>>;
+
+    /// Settles a `needs_attention` record as `resolution` says; any other record is left as it
+    /// is ([`Resolved::NotNeedingAttention`]).
+    fn resolve<'a>(&'a self, key: &'a Key, resolution: Resolution) -> BoxFuture<'a, Result<Resolved, Error>>;
 
     /// A short description for logs and errors (a URL without credentials, or `memory`).
     fn describe(&self) -> String;

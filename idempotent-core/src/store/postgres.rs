@@ -893,6 +893,29 @@ impl Store for PostgresStore {
         Box::pin(self.transition("renew", &self.inner.sql.renew, key, token, Some(Arg::Lease(lease))))
     }
 
+    // WIP(#17): replaced by the real transition before this branch lands.
+    fn abandon<'a>(
+        &'a self,
+        _key: &'a Key,
+        _token: &'a Token,
+        _mark: crate::record::Abandon,
+    ) -> BoxFuture<'a, Result<Transition, Error>> {
+        Box::pin(std::future::ready(Err(Error::Config(
+            "WIP(#17): abandon is not implemented for this store yet".into(),
+        ))))
+    }
+
+    // WIP(#17): replaced by the real transition before this branch lands.
+    fn resolve<'a>(
+        &'a self,
+        _key: &'a Key,
+        _resolution: crate::record::Resolution,
+    ) -> BoxFuture<'a, Result<crate::record::Resolved, Error>> {
+        Box::pin(std::future::ready(Err(Error::Config(
+            "WIP(#17): resolve is not implemented for this store yet".into(),
+        ))))
+    }
+
     fn describe(&self) -> String {
         self.inner.describe.clone()
     }

@@ -107,7 +107,7 @@ impl Found {
                 u32::try_from(self.attempt).map_err(|_| corrupt(format!("attempt {} out of range", self.attempt)))?;
             return Ok(Acquire::Acquired(Grant {
                 token: token.clone(),
-                attempt: Attempt::new(fence, attempt, self.recovered),
+                attempt: Attempt::new(*key, fence, attempt, self.recovered),
             }));
         }
         if self.fingerprint != fingerprint.as_bytes() {

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Response};
 use http_body::Body;
 use idempotent_core::ShortKey;
-use idempotent_core::lease::{FinishOnDrop, Lease};
+use idempotent_core::lease::{End, FinishOnDrop, Lease};
 use idempotent_core::record::Transition;
 use tower::BoxError;
 use tracing::Instrument;
@@ -81,7 +81,7 @@ where
         },
     };
     let wanted = stored.is_some();
-    let answer = lease.end(stored).await;
+    let answer = lease.end(stored.map_or(End::Release, End::Complete)).await;
     reply.map(|res| mark(res, wanted, answer))
 }
 
@@ -100,7 +100,7 @@ where
     let collected = lease.run(Pin::new(&mut collect)).await;
     let (res, stored) = decide(&config, collected, grpc, lease.key().short_key());
     let wanted = stored.is_some();
-    let answer = lease.end(stored).await;
+    let answer = lease.end(stored.map_or(End::Release, End::Complete)).await;
     mark(res, wanted, answer)
 }
 

@@ -44,6 +44,12 @@ pub(crate) enum Refusal {
         header: String,
         retry_after: Duration,
     },
+    /// A previous attempt could not tell whether its effect happened; the record waits to be
+    /// resolved.
+    NeedsAttention {
+        header: String,
+        attempt: u32,
+    },
     StoreUnavailable {
         retry_after: Duration,
     },
@@ -63,7 +69,7 @@ impl Refusal {
             }
             Refusal::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             Refusal::Mismatch { .. } => StatusCode::UNPROCESSABLE_ENTITY,
-            Refusal::InFlight { .. } => StatusCode::CONFLICT,
+            Refusal::InFlight { .. } | Refusal::NeedsAttention { .. } => StatusCode::CONFLICT,
             Refusal::StoreUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Refusal::StoreError | Refusal::Corrupt | Refusal::Misconfigured { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -75,7 +81,7 @@ impl Refusal {
                 GrpcCode::INVALID_ARGUMENT
             }
             Refusal::BodyTooLarge { .. } => GrpcCode::RESOURCE_EXHAUSTED,
-            Refusal::Mismatch { .. } => GrpcCode::FAILED_PRECONDITION,
+            Refusal::Mismatch { .. } | Refusal::NeedsAttention { .. } => GrpcCode::FAILED_PRECONDITION,
             Refusal::InFlight { .. } => GrpcCode::ABORTED,
             Refusal::StoreUnavailable { .. } => GrpcCode::UNAVAILABLE,
             Refusal::StoreError | Refusal::Corrupt | Refusal::Misconfigured { .. } => GrpcCode::INTERNAL,
@@ -90,6 +96,7 @@ impl Refusal {
             Refusal::BodyUnreadable => ("body-unreadable", "Request body could not be read"),
             Refusal::Mismatch { .. } => ("key-reused", "Idempotency key reused with another request"),
             Refusal::InFlight { .. } => ("key-in-use", "Request in progress"),
+            Refusal::NeedsAttention { .. } => ("needs-attention", "Outcome unknown: needs attention"),
             Refusal::StoreUnavailable { .. } => ("store-unavailable", "Idempotency store unavailable"),
             Refusal::StoreError => ("store-error", "Idempotency store error"),
             Refusal::Corrupt => ("record-corrupt", "Stored response unreadable"),
@@ -127,6 +134,12 @@ impl Refusal {
             Refusal::InFlight { header, .. } => format!(
                 "A {request} with this {header} is still being processed, so this one was not processed \
                  again; {wait} to get the first {request}'s response."
+            ),
+            Refusal::NeedsAttention { header, attempt } => format!(
+                "An earlier attempt (number {attempt}) at the {request} with this {header} may or may not \
+                 have taken effect, and the service could not tell which, so it was not processed again. \
+                 It will not be until an operator resolves it; do not retry with this key. Contact the \
+                 service operator with the key."
             ),
             Refusal::StoreUnavailable { .. } => format!(
                 "The idempotency store could not be reached, so the {request} was not processed (running \
@@ -208,9 +221,21 @@ mod tests {
         assert!(doc["detail"].as_str().unwrap().contains("Retry-After"));
     }
 
+    #[tokio::test]
+    async fn needs_attention_is_a_conflict_without_retry_after() {
+        let res: Res = Refusal::NeedsAttention { header: "Idempotency-Key".into(), attempt: 3 }.into_response(false);
+        assert_eq!(res.status(), StatusCode::CONFLICT);
+        assert!(res.headers().get(RETRY_AFTER).is_none(), "a retry cannot cure it");
+        let doc = json(res).await;
+        assert_eq!(doc["type"], "tag:idempotent-tower,2025:needs-attention");
+        let detail = doc["detail"].as_str().unwrap();
+        assert!(detail.contains("number 3") && detail.contains("do not retry"), "{detail}");
+    }
+
     #[test]
     fn grpc_refusals_are_statuses() {
-        let cases: [(Refusal, &str); 5] = [
+        let cases: [(Refusal, &str); 6] = [
+            (Refusal::NeedsAttention { header: "k".into(), attempt: 2 }, "9"),
             (Refusal::MissingKey { header: "idempotency-key".into() }, "3"),
             (Refusal::Mismatch { header: "idempotency-key".into() }, "9"),
             (Refusal::InFlight { header: "k".into(), retry_after: Duration::from_secs(1) }, "10"),

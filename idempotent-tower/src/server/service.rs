@@ -207,6 +207,7 @@ where
         Ok(Taken::InFlight { retry_after }) => {
             refuse(Refusal::InFlight { header: header(), retry_after: retry_after.min(IN_FLIGHT_RETRY_AFTER) })
         }
+        Ok(Taken::NeedsAttention { attempt, .. }) => refuse(Refusal::NeedsAttention { header: header(), attempt }),
         Ok(other) => {
             tracing::error!(key = %short, answer = ?other, "idempotent.store_error: unknown answer to acquire");
             refuse(Refusal::StoreError)
@@ -283,7 +284,7 @@ mod tests {
                 .header("idempotency-key", "k")
                 .body(http_body_util::Empty::<Bytes>::new())
                 .unwrap();
-            req.extensions_mut().insert(Attempt::new(7, 1, false));
+            req.extensions_mut().insert(Attempt::new(idempotent_core::Key::from_bytes([7; 32]), 7, 1, false));
             let res = svc.clone().oneshot(req).await.unwrap();
             assert_eq!(res.headers().contains_key(IDEMPOTENT_REPLAYED), replayed);
             assert_eq!(res.into_body().collect().await.unwrap().to_bytes(), "1");

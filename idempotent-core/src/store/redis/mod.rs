@@ -280,7 +280,7 @@ impl RedisStore {
                 Ok(Value::Nil) => {
                     return Ok(Acquire::Acquired(Grant {
                         token: token.clone(),
-                        attempt: Attempt::new(fence, 1, false),
+                        attempt: Attempt::new(*key, fence, 1, false),
                     }));
                 }
                 Ok(Value::BulkString(record)) => {
@@ -322,7 +322,7 @@ impl RedisStore {
                     return Err(Self::corrupt(key, "malformed acquire reply"));
                 };
                 let fence = u64::try_from(fence).map_err(|_| Self::corrupt(key, "negative fence"))?;
-                let attempt = Attempt::new(fence, u32::try_from(attempt).unwrap_or(u32::MAX), recovered == 1);
+                let attempt = Attempt::new(*key, fence, u32::try_from(attempt).unwrap_or(u32::MAX), recovered == 1);
                 Ok(Acquire::Acquired(Grant { token: token.clone(), attempt }))
             }
             (Some(3), 2) => {
@@ -372,7 +372,7 @@ impl RedisStore {
                 }
                 if record[TOKEN] == *token.as_str().as_bytes() && record[STATE] != RELEASED {
                     let recovered = record[RECOVERED] == b'1';
-                    let attempt = Attempt::new(fence, u32::try_from(attempt).unwrap_or(u32::MAX), recovered);
+                    let attempt = Attempt::new(*key, fence, u32::try_from(attempt).unwrap_or(u32::MAX), recovered);
                     return Ok(Some(Acquire::Acquired(Grant { token: token.clone(), attempt })));
                 }
                 if record[FINGERPRINT] != fp[..] {
@@ -454,6 +454,29 @@ impl Store for RedisStore {
             let reply = self.invoke("renew", &self.inner.scripts.renew, key, &args).await?;
             self.transition(key, reply)
         })
+    }
+
+    // WIP(#17): replaced by the real transition before this branch lands.
+    fn abandon<'a>(
+        &'a self,
+        _key: &'a Key,
+        _token: &'a Token,
+        _mark: crate::record::Abandon,
+    ) -> BoxFuture<'a, Result<Transition, Error>> {
+        Box::pin(std::future::ready(Err(Error::Config(
+            "WIP(#17): abandon is not implemented for this store yet".into(),
+        ))))
+    }
+
+    // WIP(#17): replaced by the real transition before this branch lands.
+    fn resolve<'a>(
+        &'a self,
+        _key: &'a Key,
+        _resolution: crate::record::Resolution,
+    ) -> BoxFuture<'a, Result<crate::record::Resolved, Error>> {
+        Box::pin(std::future::ready(Err(Error::Config(
+            "WIP(#17): resolve is not implemented for this store yet".into(),
+        ))))
     }
 
     fn describe(&self) -> String {
