@@ -19,9 +19,11 @@ pub mod conformance;
 pub mod contention;
 pub mod history;
 pub mod hooked;
+pub mod ledger;
 pub mod postgres;
 pub mod proxy;
 pub mod txn;
+pub mod uncertain;
 pub mod workload;
 
 pub use hooked::HookedStore;

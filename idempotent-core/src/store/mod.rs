@@ -19,6 +19,7 @@ use crate::key::{Fingerprint, Key};
 use crate::record::{Abandon, Acquire, Resolution, Resolved, Token, Transition};
 
 pub mod memory;
+mod open;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 #[cfg(feature = "redis")]
@@ -31,6 +32,7 @@ pub mod sqlite;
 #[cfg(feature = "redis")]
 pub use self::redis::{Preflight, Problem, RedisStore, RedisStoreBuilder, Risk};
 pub use memory::MemoryStore;
+pub use open::open;
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, PostgresStoreBuilder};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]

@@ -1,0 +1,74 @@
+//! Opening a store from a URL: what a command-line tool, an example or a worker process that is
+//! told where its records live does.
+
+use super::SharedStore;
+use crate::error::Error;
+
+/// Opens the store a URL names, with its default settings:
+///
+/// | URL | store | feature |
+/// |---|---|---|
+/// | `redis://host:port[/db]`, `rediss://…` | [`RedisStore`](crate::RedisStore) | `redis` (`tls` for `rediss`) |
+/// | `postgres://user@host:port/db`, `postgresql://…` | [`PostgresStore`](crate::PostgresStore) (its table is created if missing) | `postgres` |
+/// | `sqlite://path`, `sqlite:path` | [`SqliteStore`](crate::SqliteStore) on that file (created if missing) | `sqlite` |
+/// | `memory:` | a new, empty [`MemoryStore`](crate::MemoryStore) (for tests) | — |
+///
+/// A URL of a store whose feature is not compiled in, or of no known store, is an
+/// [`Error::Config`] that says which.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idempotent_core::Error> {
+/// let store = idempotent_core::store::open("memory:").await?;
+/// assert_eq!(store.describe(), "memory");
+/// let refused = idempotent_core::store::open("mysql://db/records").await.unwrap_err();
+/// assert!(refused.to_string().contains("mysql://"));
+/// # Ok(()) }
+/// ```
+pub async fn open(url: &str) -> Result<SharedStore, Error> {
+    let scheme = url.split_once(':').map(|(scheme, _)| scheme).unwrap_or_default();
+    // Unused when every store's feature is on.
+    #[cfg_attr(all(feature = "redis", feature = "postgres", feature = "sqlite"), allow(unused_variables))]
+    let missing = |feature: &str| {
+        Error::Config(format!(
+            "{scheme}:// URLs need idempotent-core's `{feature}` feature, which this program was built without"
+        ))
+    };
+    match scheme {
+        "memory" => Ok(std::sync::Arc::new(super::MemoryStore::new())),
+        "redis" | "rediss" => {
+            #[cfg(feature = "redis")]
+            {
+                Ok(std::sync::Arc::new(super::RedisStore::connect(url)?))
+            }
+            #[cfg(not(feature = "redis"))]
+            {
+                Err(missing("redis"))
+            }
+        }
+        "postgres" | "postgresql" => {
+            #[cfg(feature = "postgres")]
+            {
+                Ok(std::sync::Arc::new(super::PostgresStore::connect(url).await?))
+            }
+            #[cfg(not(feature = "postgres"))]
+            {
+                Err(missing("postgres"))
+            }
+        }
+        "sqlite" => {
+            #[cfg(feature = "sqlite")]
+            {
+                let path = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")).unwrap_or(url);
+                Ok(std::sync::Arc::new(super::SqliteStore::open(path).await?))
+            }
+            #[cfg(not(feature = "sqlite"))]
+            {
+                Err(missing("sqlite"))
+            }
+        }
+        _ => Err(Error::Config(format!(
+            "{url:?} names no store this crate knows: use redis://host:port, postgres://user@host/db, \
+             sqlite://path or memory:"
+        ))),
+    }
+}

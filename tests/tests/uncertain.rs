@@ -1,0 +1,318 @@
+//! Uncertain outcomes on every store: a worker charges and dies before its outcome is stored
+//! (another process, SIGKILLed; for the in-memory store, an aborted task), and the retry
+//! verifies, runs again, or stops for a person. Also: storing the outcome fails, and verifiers
+//! that fail or hang.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use idempotent_core::record::Resolved;
+use idempotent_core::{Attempt, Error, MemoryStore, OnInFlight, OnRecovered, RunContext, SharedStore, Store, Verdict};
+use idempotent_tests::ledger::Ledger;
+use idempotent_tests::uncertain::{PAYLOAD, RUN, STEP, Worker, crash_after_charge, ledger_verifier};
+use idempotent_tests::{HookedStore, PgServer, RedisServer};
+
+/// The worker's lease: the retry waits it out.
+const LEASE: Duration = Duration::from_millis(400);
+
+/// A store, the URL another process reaches it by (none for memory), and what keeps it alive.
+struct Backend {
+    store: SharedStore,
+    url: Option<String>,
+    dir: tempfile::TempDir,
+    _server: Option<Box<dyn std::any::Any + Send>>,
+}
+
+impl Backend {
+    async fn start(kind: &str) -> Backend {
+        let dir = tempfile::TempDir::new().unwrap();
+        let (url, server): (Option<String>, Option<Box<dyn std::any::Any + Send>>) = match kind {
+            "memory" => (None, None),
+            "sqlite" => (Some(format!("sqlite://{}", dir.path().join("records.db").display())), None),
+            "postgres" => {
+                let server = PgServer::start();
+                (Some(server.url()), Some(Box::new(server)))
+            }
+            "redis" => {
+                let server = RedisServer::start();
+                (Some(server.url()), Some(Box::new(server)))
+            }
+            other => panic!("no backend {other}"),
+        };
+        let store = match &url {
+            Some(url) => idempotent_core::store::open(url).await.unwrap(),
+            None => Arc::new(MemoryStore::new()),
+        };
+        Backend { store, url, dir, _server: server }
+    }
+
+    fn ledger(&self) -> Ledger {
+        Ledger::at(self.dir.path().join("ledger"))
+    }
+
+    fn worker(&self) -> Worker<'_> {
+        match &self.url {
+            Some(url) => Worker::Process { exe: env!("CARGO_BIN_EXE_effect_child"), url },
+            None => Worker::Task(self.store.clone()),
+        }
+    }
+
+    fn ctx(&self) -> RunContext {
+        RunContext::new(self.store.clone(), RUN)
+    }
+}
+
+macro_rules! on_every_backend {
+    ($($check:ident),* $(,)?) => {
+        $(
+            mod $check {
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn memory() {
+                    super::$check(super::Backend::start("memory").await).await;
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn sqlite() {
+                    super::$check(super::Backend::start("sqlite").await).await;
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn postgres() {
+                    super::$check(super::Backend::start("postgres").await).await;
+                }
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn redis() {
+                    super::$check(super::Backend::start("redis").await).await;
+                }
+            }
+        )*
+    };
+}
+
+on_every_backend!(
+    a_verifier_that_finds_the_charge_stores_it_and_nothing_runs_again,
+    a_verifier_that_finds_nothing_runs_the_action_once_more_under_the_same_downstream_key,
+    an_unknown_verdict_stops_every_call_until_resolved_as_done,
+    a_step_that_never_reruns_blindly_needs_attention_and_resolves_as_not_done,
+    a_failing_or_hanging_verifier_leaves_the_record_for_the_next_call,
+    a_failed_complete_makes_the_next_call_verify_at_once,
+    a_lost_complete_reply_replays_without_verifying,
+);
+
+/// An action or verifier that must not be called.
+fn never<T>(what: &'static str) -> impl FnOnce(Attempt) -> std::future::Ready<Result<T, Error>> {
+    move |_| panic!("the {what} must not be called")
+}
+
+async fn a_verifier_that_finds_the_charge_stores_it_and_nothing_runs_again(b: Backend) {
+    let ledger = b.ledger();
+    let (key, fence) = crash_after_charge(b.worker(), &ledger, LEASE).await;
+    let ctx = b.ctx();
+    let verified = AtomicU32::new(0);
+    let charge: String = ctx
+        .step(STEP)
+        .verify(|attempt: Attempt| {
+            verified.fetch_add(1, Ordering::SeqCst);
+            assert!(attempt.recovered(), "the worker died holding the key");
+            assert!(attempt.fence() > fence);
+            assert_eq!(attempt.downstream_key().as_str(), key, "the same downstream key across processes");
+            ledger_verifier(&ledger)(attempt)
+        })
+        .run(&PAYLOAD, never("action"))
+        .await
+        .unwrap();
+    assert_eq!(verified.load(Ordering::SeqCst), 1);
+    assert_eq!(charge, ledger.find(&key).expect("the worker's charge").id);
+    for _ in 0..3 {
+        let again: String = ctx.step(STEP).verify(never("verifier")).run(&PAYLOAD, never("action")).await.unwrap();
+        assert_eq!(again, charge, "replayed");
+    }
+    assert_eq!(ledger.charges().len(), 1, "charged once");
+}
+
+async fn a_verifier_that_finds_nothing_runs_the_action_once_more_under_the_same_downstream_key(b: Backend) {
+    let ledger = b.ledger();
+    let (key, _) = crash_after_charge(b.worker(), &ledger, LEASE).await;
+    let ctx = b.ctx();
+    let runs = AtomicU32::new(0);
+    // The provider's lookup missed the charge (say, its search index lags): the action runs,
+    // and the provider deduplicates it by the downstream key.
+    let charge: String = ctx
+        .step(STEP)
+        .verify(|_| async { Ok::<_, Error>(Verdict::NotDone) })
+        .run(&PAYLOAD, |attempt| async {
+            let attempt = attempt;
+            runs.fetch_add(1, Ordering::SeqCst);
+            assert!(attempt.recovered());
+            assert_eq!(attempt.downstream_key().as_str(), key);
+            Ok::<_, Error>(ledger.charge(attempt.downstream_key().as_str(), PAYLOAD.1))
+        })
+        .await
+        .unwrap();
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the action ran once more");
+    assert_eq!(ledger.charges().len(), 1, "and the provider charged once, by the downstream key");
+    assert_eq!(charge, ledger.charges()[0].id);
+    let again: String = ctx.step(STEP).verify(never("verifier")).run(&PAYLOAD, never("action")).await.unwrap();
+    assert_eq!(again, charge);
+}
+
+async fn an_unknown_verdict_stops_every_call_until_resolved_as_done(b: Backend) {
+    let ledger = b.ledger();
+    let (key, fence) = crash_after_charge(b.worker(), &ledger, LEASE).await;
+    let ctx = b.ctx();
+    let first: Result<String, Error> =
+        ctx.step(STEP).verify(|_| async { Ok::<_, Error>(Verdict::Unknown) }).run(&PAYLOAD, never("action")).await;
+    let Err(Error::NeedsAttention { attempt, fence: marked, downstream_key, .. }) = first else {
+        panic!("expected NeedsAttention, got {first:?}")
+    };
+    assert_eq!(attempt, 2, "the verifying attempt left it");
+    assert!(marked > fence);
+    assert_eq!(downstream_key, key);
+    // 50 concurrent calls: nothing runs, every one is told.
+    let calls = (0..50).map(|_| async {
+        ctx.step(STEP).verify(never("verifier")).run::<_, String, Error, _, _, _>(&PAYLOAD, never("action")).await
+    });
+    for answer in join_all(calls).await {
+        assert!(matches!(answer, Err(Error::NeedsAttention { attempt: 2, .. })), "{answer:?}");
+    }
+    // A person checks the provider, finds the charge, and resolves the record with it.
+    let found = ledger.find(&key).unwrap().id;
+    assert_eq!(ctx.step(STEP).resolve_done(&PAYLOAD, &found).await.unwrap(), Resolved::Ok);
+    assert_eq!(ctx.step(STEP).resolve_done(&PAYLOAD, &found).await.unwrap(), Resolved::NotNeedingAttention);
+    let calls = (0..50).map(|_| async {
+        ctx.step(STEP).verify(never("verifier")).run::<_, String, Error, _, _, _>(&PAYLOAD, never("action")).await
+    });
+    for answer in join_all(calls).await {
+        assert_eq!(answer.unwrap(), found, "the resolution replays");
+    }
+    assert_eq!(ledger.charges().len(), 1);
+}
+
+async fn a_step_that_never_reruns_blindly_needs_attention_and_resolves_as_not_done(b: Backend) {
+    let ledger = b.ledger();
+    crash_after_charge(b.worker(), &ledger, LEASE).await;
+    let ctx = b.ctx();
+    let first: Result<String, Error> =
+        ctx.step(STEP).on_recovered(OnRecovered::NeedsAttention).run(&PAYLOAD, never("action")).await;
+    assert!(matches!(first, Err(Error::NeedsAttention { attempt: 2, .. })), "{first:?}");
+    // A step that would re-run blindly is stopped too: the record waits, whatever the caller.
+    let blind: Result<String, Error> = ctx.step(STEP).run(&PAYLOAD, never("action")).await;
+    assert!(matches!(blind, Err(Error::NeedsAttention { .. })), "{blind:?}");
+    // The person finds no charge (say, the provider refunded it): resolved as not done.
+    assert_eq!(ctx.step(STEP).resolve_not_done(&PAYLOAD).await.unwrap(), Resolved::Ok);
+    let charge: String = ctx
+        .step(STEP)
+        .on_recovered(OnRecovered::NeedsAttention)
+        .run(&PAYLOAD, |attempt| async move {
+            assert!(!attempt.recovered(), "a fresh attempt after the resolution");
+            assert_eq!(attempt.number(), 3);
+            Ok::<_, Error>("ch_after_resolution".to_owned())
+        })
+        .await
+        .unwrap();
+    assert_eq!(charge, "ch_after_resolution");
+}
+
+async fn a_failing_or_hanging_verifier_leaves_the_record_for_the_next_call(b: Backend) {
+    let ledger = b.ledger();
+    let (key, _) = crash_after_charge(b.worker(), &ledger, LEASE).await;
+    let ctx = b.ctx();
+    let failed: Result<String, Error> = ctx
+        .step(STEP)
+        .verify(|_| async { Err(Error::Config("provider lookup: 502".into())) })
+        .run(&PAYLOAD, never("action"))
+        .await;
+    assert!(matches!(&failed, Err(Error::Config(m)) if m.contains("502")), "{failed:?}");
+    // The next call verifies again at once (no lease to wait out: `Reject` would say in flight).
+    let hung: Result<String, Error> = ctx
+        .step(STEP)
+        .on_in_flight(OnInFlight::Reject)
+        .verify_timeout(Duration::from_millis(200))
+        .verify(|attempt: Attempt| async move {
+            assert!(attempt.recovered());
+            std::future::pending::<Result<Verdict<String>, Error>>().await
+        })
+        .run(&PAYLOAD, never("action"))
+        .await;
+    assert!(matches!(hung, Err(Error::VerifyTimeout { .. })), "{hung:?}");
+    let charge: String = ctx
+        .step(STEP)
+        .on_in_flight(OnInFlight::Reject)
+        .verify(ledger_verifier(&ledger))
+        .run(&PAYLOAD, never("action"))
+        .await
+        .unwrap();
+    assert_eq!(charge, ledger.find(&key).unwrap().id);
+    assert_eq!(ledger.charges().len(), 1);
+}
+
+/// A store whose first `complete` fails: with `reaches` the call reaches the inner store first
+/// (its reply is lost), without it nothing is stored.
+fn failing_complete(inner: SharedStore, reaches: bool) -> SharedStore {
+    let failed = AtomicU32::new(0);
+    Arc::new(HookedStore::with_state(inner, failed).on_complete(move |call| {
+        Box::pin(async move {
+            if call.store.state().fetch_add(1, Ordering::SeqCst) > 0 {
+                return call.forward().await;
+            }
+            let store = call.store.describe();
+            if reaches {
+                call.forward().await?;
+            }
+            Err(Error::Unavailable { store, op: "complete", reason: "connection reset".into(), source: None })
+        })
+    }))
+}
+
+async fn a_failed_complete_makes_the_next_call_verify_at_once(b: Backend) {
+    let ledger = b.ledger();
+    let ctx = RunContext::new(failing_complete(b.store.clone(), false), RUN);
+    let first: Result<String, Error> = ctx
+        .step(STEP)
+        .verify(never("verifier"))
+        .run(&PAYLOAD, |attempt| {
+            let ledger = ledger.clone();
+            async move { Ok(ledger.charge(attempt.downstream_key().as_str(), PAYLOAD.1)) }
+        })
+        .await;
+    let err = first.unwrap_err();
+    assert!(matches!(err, Error::Unavailable { op: "complete", .. }) && err.action_may_have_run(), "{err:?}");
+    // Marked uncertain: the next call takes the key at once and verifies.
+    let verified = AtomicU32::new(0);
+    let charge: String = ctx
+        .step(STEP)
+        .on_in_flight(OnInFlight::Reject)
+        .verify(|attempt: Attempt| {
+            verified.fetch_add(1, Ordering::SeqCst);
+            ledger_verifier(&ledger)(attempt)
+        })
+        .run(&PAYLOAD, never("action"))
+        .await
+        .unwrap();
+    assert_eq!(verified.load(Ordering::SeqCst), 1);
+    assert_eq!(charge, ledger.charges()[0].id);
+    assert_eq!(ledger.charges().len(), 1);
+}
+
+async fn a_lost_complete_reply_replays_without_verifying(b: Backend) {
+    let ledger = b.ledger();
+    let ctx = RunContext::new(failing_complete(b.store.clone(), true), RUN);
+    let first: Result<String, Error> = ctx
+        .step(STEP)
+        .verify(never("verifier"))
+        .run(&PAYLOAD, |attempt| {
+            let ledger = ledger.clone();
+            async move { Ok(ledger.charge(attempt.downstream_key().as_str(), PAYLOAD.1)) }
+        })
+        .await;
+    assert!(matches!(first, Err(Error::Unavailable { op: "complete", .. })), "{first:?}");
+    // The outcome was stored after all: the mark changed nothing, and the next call replays.
+    let charge: String = ctx
+        .step(STEP)
+        .on_in_flight(OnInFlight::Reject)
+        .verify(never("verifier"))
+        .run(&PAYLOAD, never("action"))
+        .await
+        .unwrap();
+    assert_eq!(charge, ledger.charges()[0].id);
+}
