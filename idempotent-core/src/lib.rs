@@ -139,6 +139,7 @@ struct ReadmeDoctest;
 pub mod __private {
     pub use crate::executor::RunContext;
     pub use crate::lease::{DEFAULT_WAIT, OnInFlight};
+    pub use crate::verify::OnRecovered;
     pub use serde;
     pub use std::time::Duration;
 

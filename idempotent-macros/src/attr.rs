@@ -21,10 +21,19 @@ mod kw {
     syn::custom_keyword!(store_errors);
     syn::custom_keyword!(ctx);
     syn::custom_keyword!(transaction);
+    syn::custom_keyword!(verify);
+    syn::custom_keyword!(on_recovered);
 }
 
 const OPTIONS: &str = "`step`, `retention` (or `ttl`), `lease`, `key(..)`, `skip(..)`, `version`, \
-                       `on_in_flight`, `store_errors`, `ctx`, `transaction` or `crate`";
+                       `on_in_flight`, `store_errors`, `ctx`, `transaction`, `verify`, `on_recovered` or `crate`";
+
+/// What a step without a verifier does with a recovered attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Recovered {
+    Run,
+    NeedsAttention,
+}
 
 /// What a call does when another attempt is running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -92,6 +101,9 @@ pub(crate) struct Args {
     pub(crate) ctx: Option<ContextArg>,
     /// `transaction = tx`: the parameter the body's transaction is bound to.
     pub(crate) transaction: Option<Ident>,
+    /// `verify = path`: the async fn called instead of the body when the attempt is recovered.
+    pub(crate) verify: Option<Path>,
+    pub(crate) on_recovered: Option<Recovered>,
     pub(crate) krate: Option<Path>,
 }
 
@@ -236,6 +248,33 @@ impl Parse for Args {
                     return Err(store_errors_with_transaction(span));
                 }
                 args.transaction = Some(name);
+            } else if lookahead.peek(kw::verify) {
+                let kw: kw::verify = input.parse()?;
+                once(&args.verify, "verify", kw.span)?;
+                equals(input, "verify", kw.span, "verify = find_charge")?;
+                let path: Path = input.parse().map_err(|_| {
+                    syn::Error::new(
+                        kw.span,
+                        "`verify` takes the path of an async fn, e.g. `verify = find_charge`, taking the \
+                         `Attempt` and returning `Result<Verdict<T>, E>`",
+                    )
+                })?;
+                args.verify = Some(path);
+            } else if lookahead.peek(kw::on_recovered) {
+                let kw: kw::on_recovered = input.parse()?;
+                once(&args.on_recovered, "on_recovered", kw.span)?;
+                equals(input, "on_recovered", kw.span, "on_recovered = \"needs_attention\"")?;
+                let policy: LitStr = input.parse()?;
+                args.on_recovered = Some(match policy.value().as_str() {
+                    "run" => Recovered::Run,
+                    "needs_attention" => Recovered::NeedsAttention,
+                    other => {
+                        return Err(syn::Error::new(
+                            policy.span(),
+                            format!("unknown `on_recovered` policy {other:?}; expected \"run\" or \"needs_attention\""),
+                        ));
+                    }
+                });
             } else if lookahead.peek(Token![crate]) {
                 let kw: Token![crate] = input.parse()?;
                 once(&args.krate, "crate", kw.span)?;
@@ -260,6 +299,14 @@ impl Parse for Args {
                 break;
             }
             input.parse::<Token![,]>()?;
+        }
+        if let (Some(_), Some(verify)) = (&args.transaction, &args.verify) {
+            return Err(syn::Error::new_spanned(
+                verify,
+                "`verify` does not combine with `transaction`: the step's record commits in the same \
+                 transaction as the body's writes, so a recovered attempt knows they did not commit; \
+                 remove `verify`",
+            ));
         }
         if args.step.is_none() {
             return Err(syn::Error::new(

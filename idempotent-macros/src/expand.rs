@@ -24,7 +24,7 @@ use syn::{
     TypeImplTrait, TypePath,
 };
 
-use crate::attr::{Args, ContextArg, InFlight, SelfField};
+use crate::attr::{Args, ContextArg, InFlight, Recovered, SelfField};
 
 /// A typed parameter (not `self`).
 struct Param<'a> {
@@ -379,7 +379,11 @@ fn gen_options(args: &Args, p: &TokenStream) -> TokenStream {
         InFlight::Wait => quote!(.on_in_flight(#p::OnInFlight::Wait { timeout: #p::DEFAULT_WAIT })),
         InFlight::Reject => quote!(.on_in_flight(#p::OnInFlight::Reject)),
     });
-    quote!(#version #retention #lease #on_in_flight)
+    let on_recovered = args.on_recovered.map(|policy| match policy {
+        Recovered::Run => quote!(.on_recovered(#p::OnRecovered::Run)),
+        Recovered::NeedsAttention => quote!(.on_recovered(#p::OnRecovered::NeedsAttention)),
+    });
+    quote!(#version #retention #lease #on_in_flight #on_recovered)
 }
 
 /// `Step::run` (or `run_storing_errors`, or `run_in_transaction`) with the old body as its
@@ -418,8 +422,10 @@ fn gen_call(args: &Args, checked: &Checked<'_>, block: &Block) -> TokenStream {
     // The parentheses keep the whole call expression in `at_ret`'s context: with the mixed-site
     // receiver first, rustc would see the call's span as another one and report the unmet bound
     // on `T` a second time.
+    // `verify` turns the `Step` into a `Verified` step, so it comes after every other option.
+    let verify = args.verify.as_ref().map(|path| quote!(.verify(#path)));
     quote_spanned! {at_ret=>
-        (#step_at_ret).#run(&#payload_at_ret, #action)
+        (#step_at_ret #verify).#run(&#payload_at_ret, #action)
         .await
     }
 }

@@ -118,6 +118,8 @@ struct ReadmeDoctest;
 /// | `ctx = name` | the parameter that holds the `RunContext` (when its type is not spelled `RunContext`, e.g. an `Arc<RunContext>`) | the parameter typed `RunContext` |
 /// | `ctx = self.ctx` | the field of the receiver that holds it (`self.ctx`, `self.inner.ctx`, `self.0`), of any type that derefs to `RunContext` (`RunContext`, `Arc<RunContext>`) | the parameter typed `RunContext` |
 /// | `transaction = tx` | run the body in a transaction of the store's database that also stores the result (see [below](#transaction--tx-writes-that-commit-with-the-record)): `tx` names a parameter of type `&mut sqlx::SqliteTransaction<'_>` or `&mut sqlx::PgTransaction<'_>` (or `&mut sqlx::Transaction<'_, DB>`), which leaves the signature; callers do not pass it | no transaction |
+/// | `verify = path` | an `async fn(Attempt) -> Result<Verdict<T>, E>` called instead of the body when the previous attempt's outcome is uncertain (see [below](#verify--path-when-the-previous-attempt-may-have-run)) | none |
+/// | `on_recovered = "run"` or `"needs_attention"` | without a verifier, what an uncertain previous attempt leads to: run the body again, or run nothing and leave the record for a person (`Error::NeedsAttention`) | `"run"` |
 /// | `crate = "path"` | where `idempotent_core` is, when the dependency is renamed | `::idempotent_core` |
 ///
 /// Every misuse (a sync fn, a missing `step`, an option given twice or empty, an unknown option,
@@ -315,6 +317,44 @@ struct ReadmeDoctest;
 /// # for suffix in ["", "-wal", "-shm"] { let _ = std::fs::remove_file(format!("{}{suffix}", path.display())); }
 /// # Ok(()) }
 /// ```
+///
+/// ## `verify = path`: when the previous attempt may have run
+///
+/// An attempt is *recovered* when the one before it ended without an outcome the store could
+/// keep: its worker died mid-body, or storing its result failed. Its side effect may have
+/// happened. With `verify = find_charge`, the step calls `find_charge(attempt)` instead of the
+/// body then, to ask the downstream system: `Verdict::Done(result)` stores that result without
+/// running the body, `Verdict::NotDone` runs the body, `Verdict::Unknown` runs nothing and leaves
+/// the record for a person (every call gets `Error::NeedsAttention` until it is resolved with
+/// `Step::resolve_done` or `Step::resolve_not_done`). Send the attempt's `downstream_key()` with
+/// the side effect (a provider's `Idempotency-Key`) and look it up by the same key. A fresh
+/// attempt never calls the verifier.
+///
+/// ```
+/// use idempotent_core::{current_attempt, idempotent, Attempt, Error, MemoryStore, RunContext, Verdict};
+///
+/// /// Asks the provider for a charge under the operation's downstream key.
+/// async fn find_charge(attempt: Attempt) -> Result<Verdict<String>, Error> {
+///     let _key = attempt.downstream_key();
+///     Ok(Verdict::NotDone) // the provider has no charge under that key
+/// }
+///
+/// #[idempotent(step = "charge", verify = find_charge)]
+/// async fn charge(ctx: &RunContext, order_id: &str, amount: u64) -> Result<String, Error> {
+///     let key = current_attempt().expect("inside a step").downstream_key();
+///     // Send `key` as the provider's Idempotency-Key.
+///     Ok(format!("ch_{}", &key.as_str()[..8]))
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Error> {
+/// let ctx = RunContext::new(MemoryStore::new(), "order-7");
+/// assert!(charge(&ctx, "order-7", 1500).await?.starts_with("ch_"));
+/// # Ok(()) }
+/// ```
+///
+/// `verify` does not combine with `transaction`: there, the record commits with the body's
+/// writes, so a recovered attempt knows that they did not commit.
 ///
 /// # Reaching the `Attempt` from the body
 ///
