@@ -11,16 +11,27 @@
 //! refund, step 2 reports the result through an API gateway. The gateway answers 502 three times
 //! *after* the provider already refunded, so the worker retries the whole workflow. Run once
 //! without protection, then with `idempotent`, and compare what the provider did.
+//!
+//! Then the hardest case: a worker (a process of its own) is killed after the provider refunded
+//! and before the outcome was stored. The refund went out under the step's downstream key
+//! (`Attempt::downstream_key`, sent as the provider's `Idempotency-Key`); the next worker's
+//! attempt is `recovered`, so the step's verifier asks the provider for a refund under that key,
+//! finds it, and stores it as the outcome instead of refunding again.
 
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
-use idempotent_core::{Error, RunContext};
+use idempotent_core::{Attempt, Error, RunContext, Verdict};
 use serde::{Deserialize, Serialize};
 
-/// A simulated payment provider: every call it receives is a real refund.
-#[derive(Default)]
+/// A simulated payment provider: every refund it makes is a line in its ledger file, so that
+/// several processes see one provider. Like Stripe, it deduplicates by the request's
+/// `Idempotency-Key`: a second refund under a key it has seen returns the first refund and
+/// moves no money.
 struct PaymentProvider {
-    refunds: AtomicU32,
+    ledger: PathBuf,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -30,10 +41,49 @@ struct Refund {
     amount_cents: u64,
 }
 
+/// One line of the provider's ledger.
+#[derive(Serialize, Deserialize)]
+struct Entry {
+    idempotency_key: Option<String>,
+    refund: Refund,
+}
+
 impl PaymentProvider {
-    async fn refund(&self, order: &str, amount_cents: u64) -> Refund {
-        let n = self.refunds.fetch_add(1, Ordering::SeqCst) + 1;
-        Refund { id: format!("re_{n:04}"), order: order.to_owned(), amount_cents }
+    /// A provider with an empty ledger at `ledger`.
+    fn new(ledger: PathBuf) -> PaymentProvider {
+        let _ = std::fs::remove_file(&ledger);
+        PaymentProvider { ledger }
+    }
+
+    fn entries(&self) -> Vec<Entry> {
+        let text = std::fs::read_to_string(&self.ledger).unwrap_or_default();
+        text.lines().filter_map(|line| serde_json::from_str(line).ok()).collect()
+    }
+
+    /// Refunds `amount_cents` on `order`, once per `idempotency_key` (every call without one is a
+    /// new refund).
+    async fn refund(&self, idempotency_key: Option<&str>, order: &str, amount_cents: u64) -> Refund {
+        if let Some(found) = idempotency_key.and_then(|key| self.find(key)) {
+            return found;
+        }
+        let refund = Refund { id: format!("re_{:04}", self.refunds() + 1), order: order.to_owned(), amount_cents };
+        let entry = Entry { idempotency_key: idempotency_key.map(str::to_owned), refund: refund.clone() };
+        let mut file =
+            std::fs::OpenOptions::new().create(true).append(true).open(&self.ledger).expect("open the ledger");
+        writeln!(file, "{}", serde_json::to_string(&entry).expect("encode")).expect("write the ledger");
+        file.sync_data().expect("flush the ledger");
+        refund
+    }
+
+    /// The refund made under `idempotency_key`, if any (Stripe: list by idempotency key, or
+    /// replay the request).
+    fn find(&self, idempotency_key: &str) -> Option<Refund> {
+        self.entries().into_iter().find(|e| e.idempotency_key.as_deref() == Some(idempotency_key)).map(|e| e.refund)
+    }
+
+    /// How many refunds the provider made: how much money went out.
+    fn refunds(&self) -> usize {
+        self.entries().len()
     }
 }
 
@@ -79,13 +129,14 @@ async fn workflow(
             ctx.step("issue_refund")
                 .run(&(ORDER, AMOUNT), |attempt| async move {
                     println!("    provider: refunding {ORDER} ({AMOUNT} cents), fence {}", attempt.fence());
-                    Ok::<_, WorkflowError>(provider.refund(ORDER, AMOUNT).await)
+                    let key = attempt.downstream_key();
+                    Ok::<_, WorkflowError>(provider.refund(Some(key.as_str()), ORDER, AMOUNT).await)
                 })
                 .await?
         }
         None => {
             println!("    provider: refunding {ORDER} ({AMOUNT} cents)");
-            provider.refund(ORDER, AMOUNT).await
+            provider.refund(None, ORDER, AMOUNT).await
         }
     };
     gateway.report(&refund).await.map_err(WorkflowError::Transient)?;
@@ -115,17 +166,98 @@ async fn worker(ctx: Option<&RunContext>, provider: &PaymentProvider) -> Vec<Str
     seen
 }
 
+/// The step a crashing worker runs: refund under the attempt's downstream key, say so, then
+/// hang (the demo kills it there, before the outcome is stored).
+async fn refund_then_hang(run_id: &str, ledger: PathBuf) -> Result<(), Box<dyn std::error::Error>> {
+    let (store, _) = idempotent_examples::store_from_env().await?;
+    let ctx = RunContext::new(store, run_id);
+    let provider = PaymentProvider { ledger };
+    let _: Refund = ctx
+        .step("issue_refund")
+        .lease(CRASH_LEASE)
+        .run(&(ORDER, AMOUNT), |attempt| async move {
+            let key = attempt.downstream_key();
+            let refund = provider.refund(Some(key.as_str()), ORDER, AMOUNT).await;
+            println!("{} {key}", refund.id);
+            std::io::stdout().flush()?;
+            std::future::pending::<()>().await;
+            Ok::<_, Box<dyn std::error::Error>>(refund)
+        })
+        .await?;
+    Ok(())
+}
+
+/// How long the crashing worker's lease is: the retry waits it out.
+const CRASH_LEASE: Duration = Duration::from_secs(1);
+
+/// Part 3: a worker (another process) is killed after the provider refunded and before the
+/// outcome was stored; the next worker verifies with the provider instead of refunding again.
+async fn killed_worker(ledger: &Path) -> Result<usize, Box<dyn std::error::Error>> {
+    let provider = PaymentProvider::new(ledger.to_owned());
+    let run_id = format!("refund-job-{ORDER}-crash-{}", std::process::id());
+    let mut child = std::process::Command::new(std::env::current_exe()?)
+        .args(["--refund-then-hang", &run_id])
+        .arg(ledger)
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().expect("piped")), &mut line)?;
+    let (refund_id, key) = line.trim().split_once(' ').ok_or_else(|| format!("the worker said {line:?}"))?;
+    child.kill()?; // SIGKILL: after the refund, before the outcome is stored
+    child.wait()?;
+    println!(
+        "  worker 1 (pid {}): provider refunded {refund_id} under Idempotency-Key {}…; killed before storing it",
+        child.id(),
+        &key[..12]
+    );
+
+    let (store, _) = idempotent_examples::store_from_env().await?;
+    let ctx = RunContext::new(store, &run_id);
+    let provider = &provider;
+    let refund: Refund = ctx
+        .step("issue_refund")
+        // Asked instead of refunding when the previous attempt's outcome is unknown.
+        .verify(|attempt: Attempt| async move {
+            let key = attempt.downstream_key();
+            let found = provider.find(key.as_str());
+            println!(
+                "  worker 2: attempt {} is recovered (worker 1 died holding the key); asked the provider for {}…: {}",
+                attempt.number(),
+                &key.as_str()[..12],
+                found.as_ref().map_or("nothing".to_owned(), |r| format!("found {}", r.id))
+            );
+            Ok::<_, Error>(found.map_or(Verdict::NotDone, Verdict::Done))
+        })
+        .run(&(ORDER, AMOUNT), |attempt| async move {
+            let key = attempt.downstream_key();
+            Ok::<_, Error>(provider.refund(Some(key.as_str()), ORDER, AMOUNT).await)
+        })
+        .await?;
+    println!("  worker 2: stored {} as the outcome without refunding again", refund.id);
+    let refunds = provider.refunds();
+    println!("  => the provider refunded {refunds} time(s).");
+    Ok(refunds)
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt().with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into())).init();
+    let args: Vec<String> = std::env::args().collect();
+    if let [_, flag, run_id, ledger] = &args[..]
+        && flag == "--refund-then-hang"
+    {
+        return refund_then_hang(run_id, PathBuf::from(ledger)).await;
+    }
     let (store, describe) = idempotent_examples::store_from_env().await?;
+    let ledgers = std::env::temp_dir().join(format!("idempotent-refund-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&ledgers)?;
 
     println!("Refund workflow for {ORDER}; the gateway fails {RETRIES} times after the refund is issued.\n");
 
     println!("Without idempotent:");
-    let naive = PaymentProvider::default();
+    let naive = PaymentProvider::new(ledgers.join("naive.jsonl"));
     worker(None, &naive).await;
-    let naive_refunds = naive.refunds.load(Ordering::SeqCst);
+    let naive_refunds = naive.refunds();
     println!("  => the provider refunded {naive_refunds} times. The customer got {naive_refunds}x the money.\n");
 
     println!("With idempotent ({describe}):");
@@ -133,7 +265,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // demo run keeps runs against a shared database independent.
     let run_id = format!("refund-job-{ORDER}-{}", std::process::id());
     let ctx = RunContext::new(store, &run_id);
-    let provider = PaymentProvider::default();
+    let provider = PaymentProvider::new(ledgers.join("protected.jsonl"));
     let ids = worker(Some(&ctx), &provider).await;
 
     // A worker that restarts (a new process: a new connection to the same database) and runs
@@ -143,14 +275,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let restarted = RunContext::new(store, &run_id);
     let again: Refund = restarted
         .step("issue_refund")
-        .run(&(ORDER, AMOUNT), |_| async { Ok::<_, Error>(provider.refund(ORDER, AMOUNT).await) })
+        .run(&(ORDER, AMOUNT), |_| async { Ok::<_, Error>(provider.refund(None, ORDER, AMOUNT).await) })
         .await?;
     println!("  a restarted worker asks again: refund {} (replayed, provider not called)", again.id);
 
-    let refunds = provider.refunds.load(Ordering::SeqCst);
+    let refunds = provider.refunds();
     println!("  => the provider refunded {refunds} time(s); every attempt returned refund {}.", again.id);
     if refunds != 1 || ids.last() != Some(&again.id) {
         return Err(format!("expected exactly one refund, saw {refunds}").into());
+    }
+
+    println!("\nA worker killed after the provider refunded, before the outcome was stored:");
+    let refunds = killed_worker(&ledgers.join("killed.jsonl")).await?;
+    std::fs::remove_dir_all(&ledgers)?;
+    if refunds != 1 {
+        return Err(format!("expected exactly one refund after the crash, saw {refunds}").into());
     }
     Ok(())
 }
