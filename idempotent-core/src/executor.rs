@@ -577,8 +577,11 @@ enum Recovery<T, E> {
     Stop(Abandon, E),
 }
 
-/// The verifier of a step that has none: its type, for `execute`.
-fn no_verifier<T, E>() -> Option<fn(Attempt) -> std::future::Ready<Result<Verdict<T>, E>>> {
+/// The type of the verifier of a step that has none.
+type NoVerifier<T, E> = fn(Attempt) -> std::future::Ready<Result<Verdict<T>, E>>;
+
+/// The verifier of a step that has none, for `execute`.
+fn no_verifier<T, E>() -> Option<NoVerifier<T, E>> {
     None
 }
 
@@ -631,6 +634,10 @@ impl<V> Verified<'_, V> {
 }
 
 /// What acquiring the key left a call to do.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "a local of one call, matched at once: boxing the lease would cost an allocation per call"
+)]
 enum Begun<R> {
     /// The key is this call's: run the action under the lease.
     Run(Lease),

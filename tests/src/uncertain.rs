@@ -88,11 +88,12 @@ pub async fn crash_after_charge(worker: Worker<'_>, ledger: &Ledger, lease: Dura
     (key, fence)
 }
 
+/// What [`ledger_verifier`] returns: its answer, to come.
+pub type Verifying = std::pin::Pin<Box<dyn Future<Output = Result<Verdict<String>, Error>> + Send>>;
+
 /// A verifier that asks the ledger for a charge under the attempt's downstream key: found, the
 /// charge's id is the outcome; not found, the action runs.
-pub fn ledger_verifier(
-    ledger: &Ledger,
-) -> impl FnOnce(Attempt) -> std::pin::Pin<Box<dyn Future<Output = Result<Verdict<String>, Error>> + Send>> + use<> {
+pub fn ledger_verifier(ledger: &Ledger) -> impl FnOnce(Attempt) -> Verifying + use<> {
     let ledger = ledger.clone();
     move |attempt: Attempt| {
         Box::pin(async move {
