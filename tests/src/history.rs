@@ -114,13 +114,17 @@ pub struct Report {
     pub re_executions: usize,
     /// Keys with more than one committed execution, or an `ok` of a non-committed one. Must be 0.
     pub duplicates: usize,
+    /// Executions whose value is not the committed one: effects that happened but that the
+    /// record does not know of (allowed by [`History::check`]; not by
+    /// [`History::check_exactly_once`], for steps whose verifier finds every effect).
+    pub lost_effects: usize,
 }
 
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "keys={} ops={} ok={} fail={} indeterminate={} executions={} re_executions={} duplicates={}",
+            "keys={} ops={} ok={} fail={} indeterminate={} executions={} re_executions={} duplicates={} lost_effects={}",
             self.keys,
             self.ops,
             self.ok,
@@ -128,7 +132,8 @@ impl fmt::Display for Report {
             self.indeterminate,
             self.executions,
             self.re_executions,
-            self.duplicates
+            self.duplicates,
+            self.lost_effects
         )
     }
 }
@@ -173,6 +178,29 @@ impl History {
         let value = format!("{key}#exec{id}");
         h.executions.push(Execution { key, fence, value: value.clone(), started: Instant::now(), ended: None });
         (ExecId(id), value)
+    }
+
+    /// The value of the side effect's execution for `key`, if one started: what a verifier that
+    /// asks the effect ledger finds.
+    pub fn effect_of(&self, key: &str) -> Option<String> {
+        self.lock().executions.iter().find(|e| e.key == key).map(|e| e.value.clone())
+    }
+
+    /// [`check`](Self::check), and also: every execution is the committed one (no key ran its
+    /// effect twice, no effect is unknown to the record). What a step whose verifier finds every
+    /// effect in the ledger must achieve whatever kills its workers.
+    pub fn check_exactly_once(&self) -> Result<Report, (Report, Vec<String>)> {
+        let (report, mut errors) = match self.check() {
+            Ok(report) => (report, Vec::new()),
+            Err((report, errors)) => (report, errors),
+        };
+        if report.re_executions > 0 {
+            errors.push(format!("{} effects ran again although the verifier could find them", report.re_executions));
+        }
+        if report.lost_effects > 0 {
+            errors.push(format!("{} effects happened that no record knows of", report.lost_effects));
+        }
+        if errors.is_empty() { Ok(report) } else { Err((report, errors)) }
     }
 
     /// Records that the side effect finished.
@@ -228,6 +256,7 @@ impl History {
                     finals.iter().map(|o| &o.outcome).collect::<Vec<_>>()
                 ));
             }
+            report.lost_effects += execs.iter().filter(|e| !committed.contains(e.value.as_str())).count();
             if committed.len() > 1 {
                 report.duplicates += 1;
                 errors.push(format!("{key}: {} different results were committed: {committed:?}", committed.len()));

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idempotent_core::store::BoxFuture;
-use idempotent_core::{Error, OnInFlight, RunContext};
+use idempotent_core::{Attempt, Error, OnInFlight, RunContext, Verdict};
 use tokio::sync::{Notify, oneshot, watch};
 
 use crate::history::{History, Outcome, Report};
@@ -20,6 +20,9 @@ pub struct Cfg {
     pub heartbeat: bool,
     /// What a call does when another attempt holds the key.
     pub on_in_flight: OnInFlight,
+    /// Whether the step verifies a recovered attempt against the effect ledger (the history's
+    /// executions) instead of running the effect again.
+    pub verify: bool,
 }
 
 impl Default for Cfg {
@@ -28,6 +31,7 @@ impl Default for Cfg {
             lease: Duration::from_secs(2),
             heartbeat: true,
             on_in_flight: OnInFlight::Wait { timeout: Duration::from_secs(10) },
+            verify: false,
         }
     }
 }
@@ -45,23 +49,25 @@ pub async fn call(
     final_pass: bool,
 ) -> Outcome {
     let op = if final_pass { hist.invoke_final(key) } else { hist.invoke(key) };
-    let res: Result<String, Error> = ctx
-        .step("effect")
-        .lease(cfg.lease)
-        .heartbeat(cfg.heartbeat)
-        .on_in_flight(cfg.on_in_flight)
-        .run(&key, |attempt| {
-            let hist = hist.clone();
-            async move {
-                let (exec, value) = hist.effect_start(op, attempt.fence());
-                if let Some(hold) = hold {
-                    hold().await;
-                }
-                hist.effect_end(exec);
-                Ok(value)
+    let step = ctx.step("effect").lease(cfg.lease).heartbeat(cfg.heartbeat).on_in_flight(cfg.on_in_flight);
+    let effect = |attempt: Attempt| {
+        let hist = hist.clone();
+        async move {
+            let (exec, value) = hist.effect_start(op, attempt.fence());
+            if let Some(hold) = hold {
+                hold().await;
             }
-        })
-        .await;
+            hist.effect_end(exec);
+            Ok(value)
+        }
+    };
+    let res: Result<String, Error> = if cfg.verify {
+        let ledger = hist.clone();
+        let verify = |_| async move { Ok(ledger.effect_of(key).map_or(Verdict::NotDone, Verdict::Done)) };
+        step.verify(verify).run(&key, effect).await
+    } else {
+        step.run(&key, effect).await
+    };
     let outcome = Outcome::of(&res);
     hist.complete(op, outcome.clone());
     outcome
@@ -69,11 +75,27 @@ pub async fn call(
 
 /// After the faults healed: call every key once more, then check the whole history.
 pub async fn final_pass_and_check(ctx: &RunContext, hist: &History, keys: &[String]) -> Report {
+    final_pass(ctx, hist, keys, Cfg::default()).await;
+    report(hist.check())
+}
+
+/// [`final_pass_and_check`] for a workload whose step verifies (`Cfg::verify`): the final pass
+/// verifies too, and the check is [`History::check_exactly_once`].
+pub async fn final_pass_and_check_exactly_once(ctx: &RunContext, hist: &History, keys: &[String]) -> Report {
+    final_pass(ctx, hist, keys, Cfg { verify: true, ..Cfg::default() }).await;
+    report(hist.check_exactly_once())
+}
+
+async fn final_pass(ctx: &RunContext, hist: &History, keys: &[String], cfg: Cfg) {
     for key in keys {
-        let outcome = call(ctx, hist, key, Cfg::default(), None, true).await;
+        let outcome = call(ctx, hist, key, cfg, None, true).await;
         assert!(matches!(outcome, Outcome::Ok(_)), "{key}: final pass failed: {outcome:?}");
     }
-    match hist.check() {
+}
+
+/// Prints the checker's report, or fails with every violation it found.
+fn report(checked: Result<Report, (Report, Vec<String>)>) -> Report {
+    match checked {
         Ok(report) => {
             println!("history: {report}");
             assert_eq!(report.duplicates, 0);
@@ -142,6 +164,7 @@ pub async fn random_calls(
             } else {
                 OnInFlight::Wait { timeout: Duration::from_secs(2) }
             },
+            verify: false,
         };
         let work = rng() % 3;
         let hold: Option<Hold> =
