@@ -55,6 +55,8 @@ idempotent_tests::on_every_store!(
     a_request_dropped_while_release_is_in_flight_still_frees_the_key,
     a_lease_whose_renewals_keep_failing_still_stores_when_no_one_took_over,
     absurd_lease_and_retention_are_refused,
+    a_key_that_needs_attention_is_409_and_runs_nothing_until_resolved,
+    the_handler_sees_one_downstream_key_per_idempotency_key,
 );
 
 // ---------------------------------------------------------------------------------------------
@@ -91,10 +93,12 @@ async fn refund(
     let n = l.call();
     let tenant = headers.get("x-tenant").and_then(|v| v.to_str().ok()).unwrap_or("-").to_owned();
     // The fence of the lease this request runs under ("none" when the layer failed open).
-    let fence = lease.map_or_else(|| "none".to_owned(), |Extension(l)| l.fence().to_string());
+    let fence = lease.as_ref().map_or_else(|| "none".to_owned(), |Extension(l)| l.fence().to_string());
+    let downstream = lease.map_or_else(|| "none".to_owned(), |Extension(l)| l.downstream_key().to_string());
     Response::builder()
         .status(StatusCode::CREATED)
         .header("x-fence", fence)
+        .header("x-downstream-key", downstream)
         .header("set-cookie", "session=abc; Path=/; HttpOnly")
         .header("set-cookie", format!("refund=re_{n}; Path=/"))
         .header("x-refund", format!("re_{n}"))
@@ -103,9 +107,18 @@ async fn refund(
         .unwrap()
 }
 
-async fn status(State(l): State<Ledger>, Path(code): Path<u16>) -> Response<AxumBody> {
+async fn status(
+    State(l): State<Ledger>,
+    Path(code): Path<u16>,
+    lease: Option<Extension<Attempt>>,
+) -> Response<AxumBody> {
     let n = l.call();
-    Response::builder().status(code).body(AxumBody::from(format!("status {code}, call {n}"))).unwrap()
+    let downstream = lease.map_or_else(|| "none".to_owned(), |Extension(l)| l.downstream_key().to_string());
+    Response::builder()
+        .status(code)
+        .header("x-downstream-key", downstream)
+        .body(AxumBody::from(format!("status {code}, call {n}")))
+        .unwrap()
 }
 
 #[derive(serde::Deserialize)]
@@ -938,6 +951,69 @@ async fn a_corrupt_record_is_500_and_never_replayed(store: SharedStore) {
         assert!(!reply.replayed());
     }
     assert_eq!(app.ledger.calls(), 1, "a corrupt record must not run the handler again");
+}
+
+/// A store whose first `complete` marks the record as needing attention instead (what an attempt
+/// that could not tell whether its effect happened leaves behind), remembering the key.
+fn marking(store: SharedStore) -> Arc<HookedStore<std::sync::Mutex<Option<idempotent_core::Key>>>> {
+    let marking = HookedStore::with_state(store, std::sync::Mutex::new(None)).on_complete(|call| {
+        Box::pin(async move {
+            let mut marked = call.store.state().lock().unwrap().replace(*call.key);
+            if marked.take().is_some() {
+                return call.forward().await;
+            }
+            call.store.inner().abandon(call.key, call.token, idempotent_core::record::Abandon::NeedsAttention).await
+        })
+    });
+    Arc::new(marking)
+}
+
+async fn a_key_that_needs_attention_is_409_and_runs_nothing_until_resolved(store: SharedStore) {
+    let marking = marking(store);
+    let shared: SharedStore = marking.clone();
+    let app = App::start(&shared, |l| l).await;
+    // The first request ran the handler; its outcome was left needing attention.
+    app.h1(app.post("/refunds", "na-1"), "{}").await;
+    assert_eq!(app.ledger.calls(), 1);
+    for _ in 0..3 {
+        let reply = app.h2(app.post("/refunds", "na-1"), "{}").await;
+        let doc = reply.problem(409, "needs-attention");
+        assert!(reply.headers.get("retry-after").is_none(), "a retry cannot cure it: no Retry-After");
+        assert!(doc["detail"].as_str().unwrap().contains("do not retry"), "{doc}");
+        assert!(!reply.replayed());
+    }
+    assert_eq!(app.ledger.calls(), 1, "nothing ran while the key needs attention");
+    // An operator finds that the refund did not happen, and resolves the record as not done.
+    let key = marking.state().lock().unwrap().expect("the marked key");
+    let resolved = shared.resolve(&key, idempotent_core::record::Resolution::NotDone).await.unwrap();
+    assert_eq!(resolved, idempotent_core::record::Resolved::Ok);
+    let reply = app.h1(app.post("/refunds", "na-1"), "{}").await;
+    assert_eq!(reply.status, StatusCode::CREATED);
+    assert_eq!(app.ledger.calls(), 2, "the next request ran the handler");
+    let again = app.h1(app.post("/refunds", "na-1"), "{}").await;
+    assert!(again.replayed() && again.body == reply.body);
+}
+
+async fn the_handler_sees_one_downstream_key_per_idempotency_key(store: SharedStore) {
+    let app = App::start(&store, |l| l).await;
+    let downstream = |reply: &Reply| reply.headers["x-downstream-key"].to_str().unwrap().to_owned();
+    let first = app.h1(app.post("/refunds", "dk-1"), "{}").await;
+    let other = app.h1(app.post("/refunds", "dk-2"), "{}").await;
+    let (a, b) = (downstream(&first), downstream(&other));
+    assert_eq!(a.len(), 64);
+    assert_ne!(a, b, "another Idempotency-Key, another downstream key");
+    assert!(!a.contains("dk-1"), "the client's key does not show through");
+    // The same key from another tenant is another operation.
+    let tenant = app.h1(app.post("/refunds", "dk-1").header("x-tenant", "acme"), "{}").await;
+    assert_ne!(downstream(&tenant), a);
+    // A released attempt and the next one share it: a 503 from the handler frees the key, and
+    // the retry runs the handler again under the same downstream key.
+    let one = app.h1(app.post("/status/503", "dk-3"), "{}").await;
+    let two = app.h2(app.post("/status/503", "dk-3"), "{}").await;
+    assert_eq!((one.status, two.status), (StatusCode::SERVICE_UNAVAILABLE, StatusCode::SERVICE_UNAVAILABLE));
+    assert!(!two.replayed(), "the handler ran again");
+    assert_eq!(downstream(&one), downstream(&two));
+    assert_ne!(downstream(&one), a);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -63,12 +63,20 @@
 //!    - the key held by a request still running → **409** with `Retry-After`, or, with
 //!      [`OnInFlight::Wait`](idempotent_core::OnInFlight::Wait), the first request's response
 //!      once it is stored.
+//!    - the key's record [needs attention](idempotent_core::Error::NeedsAttention) (an earlier
+//!      attempt could not tell whether its effect happened, and left it for a person) →
+//!      **409** with the problem type `tag:idempotent-tower,2025:needs-attention` and *no*
+//!      `Retry-After` (gRPC: `FAILED_PRECONDITION`): a retry cannot cure it, and the retry
+//!      policies of this crate do not retry it. The service is not called until an operator
+//!      resolves the record ([`Store::resolve`](idempotent_core::Store::resolve)).
 //!    - the store unreachable → **503** with `Retry-After`, the service not called
 //!      ([`fail_mode`](IdempotencyLayer::fail_mode) `Open` calls it unprotected instead).
 //!    - the key is free → the service is called, its lease renewed while it runs. The request
 //!      carries the [`Attempt`] as an extension (in axum: `Extension<Attempt>`), the same type a
-//!      step's action gets: its fence to pass downstream, its attempt number, whether it
-//!      recovers from an attempt that ran out, and [`Attempt::lease_lost`].
+//!      step's action gets: its fence to pass downstream, its
+//!      [`downstream_key`](Attempt::downstream_key) (the same on every attempt under this
+//!      `Idempotency-Key`, for a payment provider's own `Idempotency-Key`), its attempt number,
+//!      whether it recovers from an attempt that ran out, and [`Attempt::lease_lost`].
 //! 5. **Outcome.** The response is buffered (up to
 //!    [`max_stored_response`](IdempotencyLayer::max_stored_response)), then the
 //!    [`StorePolicy`] decides: stored for replay (by default 2xx and final 4xx), or the key is
