@@ -40,6 +40,8 @@ pub struct FaultProxy {
     addr: SocketAddr,
     fault: watch::Sender<Fault>,
     forwarded_replies: Arc<Mutex<u64>>,
+    /// Connections open (a client's accepted, its forwarding not yet ended).
+    open: watch::Sender<usize>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -51,17 +53,22 @@ impl FaultProxy {
         let (fault, rx) = watch::channel(Fault::Pass);
         let forwarded_replies = Arc::new(Mutex::new(0));
         let counter = forwarded_replies.clone();
+        let open = watch::Sender::new(0);
+        let opened = open.clone();
         let task = tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else { return };
                 let rx = rx.clone();
                 let counter = counter.clone();
+                let opened = opened.clone();
+                opened.send_modify(|n| *n += 1);
                 tokio::spawn(async move {
                     let _ = serve(client, upstream, rx, counter).await;
+                    opened.send_modify(|n| *n -= 1);
                 });
             }
         });
-        FaultProxy { addr, fault, forwarded_replies, task }
+        FaultProxy { addr, fault, forwarded_replies, open, task }
     }
 
     /// The proxy's `redis://` URL.
@@ -77,6 +84,14 @@ impl FaultProxy {
     /// Switches the fault for open and new connections.
     pub fn set(&self, fault: Fault) {
         self.fault.send_replace(fault);
+    }
+
+    /// Resets every open connection, dropping whatever a [`Fault::Blackhole`] held, and returns
+    /// once all of them are closed (then new connections are reset too, until the fault changes).
+    pub async fn reset_all(&self) {
+        self.set(Fault::Reset);
+        let mut open = self.open.subscribe();
+        let _ = open.wait_for(|n| *n == 0).await;
     }
 
     /// How many reply chunks were forwarded to clients so far.

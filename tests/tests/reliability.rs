@@ -185,6 +185,36 @@ async fn lost_reply_to_complete_still_replays_the_committed_result() {
     assert_eq!(report.executions, 2, "the committed result was replayed, not re-run");
 }
 
+/// The request of `complete` never reaches the server (held by a partition, then dropped with
+/// its connection), and neither does the executor's uncertain mark: the next call, on a step
+/// with a verifier, is recovered once the lease passes, finds the effect in the ledger and
+/// stores it. Nothing ran twice and no effect is unknown to the record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_request_of_complete_is_verified_by_the_next_call() {
+    let s = setup(RedisOptions::default()).await;
+    let key = "k".to_string();
+    let cfg = Cfg { heartbeat: false, lease: Duration::from_millis(600), verify: true, ..Cfg::default() };
+    call(&s.ctx, &s.hist, "warm-up", cfg, None, false).await;
+    let proxy = Arc::new(s.proxy);
+    let p = proxy.clone();
+    // The effect runs, then every byte to the server is held: `complete` and the mark time out.
+    let hold: Option<Hold> = Some(Box::new(move || {
+        Box::pin(async move {
+            p.set(Fault::Blackhole);
+        })
+    }));
+    let first = call(&s.ctx, &s.hist, &key, cfg, hold, false).await;
+    assert!(matches!(&first, Outcome::Indeterminate(e) if e.contains("complete")), "{first:?}");
+    // The held bytes are dropped with their connection: nothing of them reached the server.
+    proxy.reset_all().await;
+    proxy.set(Fault::Pass);
+    let second = call(&s.ctx, &s.hist, &key, cfg, None, false).await;
+    assert!(matches!(second, Outcome::Ok(_)), "{second:?}");
+    let keys = [key, "warm-up".into()];
+    let report = idempotent_tests::workload::final_pass_and_check_exactly_once(&s.direct, &s.hist, &keys).await;
+    assert_eq!((report.executions, report.re_executions, report.lost_effects), (2, 0, 0), "{report}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reset_between_acquire_and_effect() {
     let s = setup(RedisOptions::default()).await;
