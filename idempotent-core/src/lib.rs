@@ -37,8 +37,15 @@
 //!   is [`Error::Mismatch`]); [`OnInFlight`] says whether a duplicate waits or fails at once;
 //!   leases are renewed while the action runs and [`Attempt::lease_lost`] tells the action when
 //!   another attempt took over; [`Step::run_storing_errors`] also replays permanent errors.
-//! - [`Attempt`]: what the action knows about its attempt (fence, number, recovered, lease lost);
+//! - [`Attempt`]: what the action knows about its attempt (fence, number, recovered, lease lost,
+//!   and the [`downstream_key`](Attempt::downstream_key) to send a provider that deduplicates);
 //!   `idempotent-tower` hands HTTP and gRPC handlers the same type.
+//! - [`verify`]: what a step does when the previous attempt's outcome is uncertain (it died after
+//!   the side effect, before the outcome was stored): [`Step::verify`] asks the downstream system
+//!   ([`Verdict`]), [`OnRecovered::NeedsAttention`] stops for a person; a record that needs
+//!   attention answers [`Error::NeedsAttention`] until [`Step::resolve_done`] or
+//!   [`Step::resolve_not_done`] settles it.
+//! - [`store::open`]: a store from a URL (`redis://`, `postgres://`, `sqlite://`, `memory:`).
 //! - [`lease`]: the lease lifecycle both the executor and `idempotent-tower`'s layer drive
 //!   (acquire and wait, heartbeat, complete or release outliving the caller), and the bounds on
 //!   lease and retention ([`Terms`]).
@@ -69,14 +76,17 @@
 //! not run ([`FailMode::Closed`]) unless the step opts into [`FailMode::Open`].
 //!
 //! One case is indeterminate by nature, and reported as such: when the store fails while the
-//! outcome is being stored ([`Error::action_may_have_run`] is true), the key stays taken until the
-//! lease runs out and a retry may then run the action again. An acquire that fails after it may
+//! outcome is being stored ([`Error::action_may_have_run`] is true), the record is marked
+//! uncertain (or, if even that fails, the key stays taken until the lease runs out) and the next
+//! attempt is [`recovered`](Attempt::recovered): it runs the action again, unless the step has a
+//! verifier ([`Step::verify`]) or stops for a person ([`OnRecovered::NeedsAttention`]). An acquire that fails after it may
 //! have reached the store (a timeout, a dropped connection) runs nothing; [`RedisStore`] then
 //! releases the key that acquire may have taken, in the background, so that retries do not wait
 //! out the lease (if the store stays unreachable, the lease runs out on its own).
 //!
 //! Events are logged with `tracing` under the names `idempotent.acquired`, `.replayed`,
-//! `.in_flight`, `.mismatch`, `.lease_lost`, `.store_error`, with the step name and a 12-hex-digit
+//! `.in_flight`, `.mismatch`, `.lease_lost`, `.store_error`, `.recovered`, `.verified`,
+//! `.verify_failed`, `.needs_attention`, with the step name and a 12-hex-digit
 //! prefix of the key; payloads are never logged.
 
 #![deny(unreachable_pub)]
