@@ -131,6 +131,8 @@ mod service;
 
 pub use key::{MakeIdempotencyKey, UuidV4Key};
 pub use layer::IdempotencyKeyLayer;
+#[cfg(feature = "reqwest")]
+pub(crate) use layer::default_methods;
 pub use service::IdempotencyKey;
 
 #[cfg(test)]
