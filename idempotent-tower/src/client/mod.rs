@@ -125,6 +125,9 @@
 //! gRPC metadata `idempotency-key` is that same header, so the layer works on a tonic `Channel`
 //! unchanged. Keys are logged (at `trace` level) only as a short sha256 prefix.
 
+#[cfg(feature = "hedge")]
+#[cfg_attr(docsrs, doc(cfg(feature = "hedge")))]
+pub mod hedge;
 mod key;
 mod layer;
 mod service;
