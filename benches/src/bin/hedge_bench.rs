@@ -210,8 +210,7 @@ async fn main() {
     let tail = Duration::from_millis(tail_ms);
     println!(
         "hedge_bench: {requests} POSTs with keys, {concurrency} workers, {tail_pct}% of arrivals +{tail_ms} ms; \
-         hedge after p90 of the last 1 s period (min 20 data points), {} warm-up; server OnInFlight::Wait",
-        format!("{WARM_UP:?}")
+         hedge after p90 of the last 1 s period (min 20 data points), {WARM_UP:?} warm-up; server OnInFlight::Wait"
     );
     println!(
         "{:<9} {:<9} {:>8} {:>8} {:>9} {:>10} {:>9} {:>9} {:>13} {:>13}",

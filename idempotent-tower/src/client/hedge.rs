@@ -1,5 +1,5 @@
 //! Hedged requests under the key layer (feature `hedge`): [`HedgePolicy`] for tower's
-//! [`Hedge`](tower::hedge::Hedge), and [`HedgeLayer`] to build one.
+//! `tower::hedge::Hedge`, and [`HedgeLayer`] to build one.
 //!
 //! A hedge sends a second copy of a request that has been outstanding longer than a latency
 //! percentile and takes whichever answer comes first. For a `POST`, that is a duplicate on
@@ -37,7 +37,10 @@
 //! - Servers without an idempotency layer at all, for anything but idempotent methods.
 //!
 //! Hedging adds load (the share of requests above the percentile, e.g. 5% at p95, is sent
-//! twice); tower's `Hedge` hedges nothing until it has `min_data_points` latencies.
+//! twice). tower's `Hedge` reads the latencies of the last *full* `period`, so it hedges nothing
+//! in its first period, nor while that period holds fewer than `min_data_points`. It is not
+//! `Clone`: share one (and its latency histogram) behind a `tower::buffer::Buffer`, as
+//! `benches/src/bin/hedge_bench.rs` and the `agent_loop` example do.
 
 use std::fmt;
 use std::marker::PhantomData;
