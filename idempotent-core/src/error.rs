@@ -257,3 +257,58 @@ impl Error {
         )
     }
 }
+
+impl Error {
+    /// Whether calling the step again, unchanged, may succeed: the condition passes by itself.
+    ///
+    /// | variant | transient | a retry of the same call |
+    /// |---|---|---|
+    /// | `Unavailable`, `Timeout` | yes | reaches the store once it is back |
+    /// | `InFlight` | yes | gets the running attempt's outcome once it finishes (wait [`retry_after`](Self::retry_after)) |
+    /// | `LeaseLost` | yes | replays the outcome of the attempt that took over, or takes the key over itself |
+    /// | `Payload`, `Mismatch`, `Corrupt`, `Encode`, `Decode`, `ResultTooLarge`, `Full`, `UnsafeStore`, `Config` | no | fails the same way: the payload, the stored record, the result or the setup must change first |
+    ///
+    /// Every retry goes through the key, so a retry of a transient failure never runs a
+    /// completed action again. (A transient failure may still have left the action run without
+    /// a stored result, see [`action_may_have_run`](Self::action_may_have_run); a later attempt
+    /// then runs it again under a higher fence, as after any lost lease.) Variants added later
+    /// are not transient unless documented here.
+    ///
+    /// With `backon`, retrying a step or an `#[idempotent]` tool is one line:
+    /// `tool.retry(backoff).when(|e: &Error| e.is_transient())`. A tool whose error type is its
+    /// own (it needs `From<idempotent_core::Error>`) delegates:
+    ///
+    /// ```
+    /// #[derive(Debug)]
+    /// enum ToolError {
+    ///     Store(idempotent_core::Error),
+    ///     Declined(String),
+    /// }
+    ///
+    /// impl From<idempotent_core::Error> for ToolError {
+    ///     fn from(e: idempotent_core::Error) -> Self {
+    ///         ToolError::Store(e)
+    ///     }
+    /// }
+    ///
+    /// impl ToolError {
+    ///     fn is_transient(&self) -> bool {
+    ///         matches!(self, ToolError::Store(e) if e.is_transient())
+    ///     }
+    /// }
+    ///
+    /// let busy = idempotent_core::Error::InFlight {
+    ///     step: "charge".into(),
+    ///     key: "3fa1c2".into(),
+    ///     retry_after: std::time::Duration::from_secs(1),
+    /// };
+    /// assert!(ToolError::from(busy).is_transient());
+    /// assert!(!ToolError::Declined("card expired".into()).is_transient());
+    /// ```
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            Error::Unavailable { .. } | Error::Timeout { .. } | Error::InFlight { .. } | Error::LeaseLost { .. }
+        )
+    }
+}

@@ -4,6 +4,10 @@
 //! - [`client`]: a layer that stamps one `Idempotency-Key` per logical request and keeps it
 //!   across retries.
 //! - [`retry`]: a `tower::retry::Policy` that knows which failures are safe to retry.
+//! - `reqwest` (feature `reqwest`): the key and the retry rules as `reqwest-middleware`
+//!   middleware, for clients built on `reqwest::Client`.
+//! - `client::hedge` (feature `hedge`): a policy for tower's `hedge` middleware that hedges only
+//!   requests the server can recognise as duplicates.
 //!
 //! This crate is the one dependency a tower user needs: it re-exports the stores and options of
 //! [`idempotent_core`] (and the crate itself), `RedisStore` under the `redis` feature, the
@@ -38,6 +42,9 @@
 //!   idempotent-core.
 //! - `cluster`: Redis Cluster support in `RedisStore` (`RedisStore::cluster_builder`).
 //! - `tls`: `rediss://` URLs.
+//! - `reqwest`: `idempotent_tower::reqwest`, `IdempotencyKeyMiddleware` and `RetryMiddleware`
+//!   for `reqwest-middleware` (no TLS backend of its own: the application's reqwest picks it).
+//! - `hedge`: `idempotent_tower::client::hedge`, hedged requests under the key layer.
 
 #![deny(unreachable_pub)]
 #![warn(missing_docs)]
@@ -46,6 +53,9 @@
 pub mod client;
 mod grpc_code;
 mod header;
+#[cfg(feature = "reqwest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+pub mod reqwest;
 pub mod retry;
 pub mod server;
 

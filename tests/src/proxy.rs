@@ -6,6 +6,7 @@
 //! failed when the server executed it.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -208,4 +209,90 @@ fn pick(min: Duration, max: Duration) -> Duration {
     // A cheap spread is enough here: jitter only has to vary, not be unpredictable.
     let r = (nanos.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407) >> 11) % (span + 1);
     min + Duration::from_micros(r)
+}
+
+/// A TCP proxy for one HTTP request per connection. It forwards the request; when `lose` says so
+/// for the request's head, it waits until the server starts answering (so the request was
+/// processed), then closes the client's connection without a byte of the reply.
+///
+/// `FaultProxy::set(Fault::DropReplies)` loses every reply; this one loses the replies of the
+/// attempts a test chose, so that 100 concurrent requests can each lose a known number.
+#[derive(Debug)]
+pub struct LossyProxy {
+    addr: SocketAddr,
+    lost: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl LossyProxy {
+    /// The proxy's address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Starts a proxy on a free loopback port forwarding to `upstream`; `lose` gets each
+    /// request's head (request line and headers) and says whether to lose its reply.
+    pub async fn start(upstream: SocketAddr, lose: impl Fn(&str) -> bool + Send + Sync + 'static) -> LossyProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let lose = Arc::new(lose);
+        let lost = Arc::new(AtomicUsize::new(0));
+        let counter = lost.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let (lose, counter) = (lose.clone(), counter.clone());
+                tokio::spawn(async move {
+                    let _ = relay(client, upstream, &*lose, &counter).await;
+                });
+            }
+        });
+        LossyProxy { addr, lost, task }
+    }
+
+    /// How many replies were lost so far (the server had started answering each).
+    pub fn lost(&self) -> usize {
+        self.lost.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for LossyProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn relay(
+    mut client: TcpStream,
+    upstream: SocketAddr,
+    lose: &(dyn Fn(&str) -> bool + Send + Sync),
+    lost: &AtomicUsize,
+) -> std::io::Result<()> {
+    let mut head = Vec::new();
+    let mut buf = vec![0u8; 16 * 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = client.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        head.extend_from_slice(&buf[..n]);
+    }
+    let mut server = TcpStream::connect(upstream).await?;
+    server.write_all(&head).await?;
+    if !lose(&String::from_utf8_lossy(&head)) {
+        tokio::io::copy_bidirectional(&mut client, &mut server).await?;
+        return Ok(());
+    }
+    let (mut client_read, client_write) = client.into_split();
+    let (mut server_read, mut server_write) = server.into_split();
+    let rest_of_request = tokio::spawn(async move {
+        let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
+    });
+    // The first bytes of the reply: the server has processed the request.
+    let n = server_read.read(&mut buf).await?;
+    rest_of_request.abort();
+    drop(client_write);
+    if n > 0 {
+        lost.fetch_add(1, Ordering::SeqCst);
+    }
+    Ok(())
 }

@@ -11,7 +11,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -29,12 +28,11 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idempotent_core::{Key, KeyScope, MemoryStore, RedisStore, SharedStore};
 use idempotent_tests::RedisServer;
-use idempotent_tests::proxy::{Fault, FaultProxy};
+use idempotent_tests::proxy::{Fault, FaultProxy, LossyProxy};
 use idempotent_tower::retry::{Backoff, HttpRetryPolicy};
 use idempotent_tower::server::{IDEMPOTENT_REPLAYED, IdempotencyLayer, RequestBody, ResponseBody};
 use idempotent_tower::{IdempotencyKey, IdempotencyKeyLayer};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{Notify, Semaphore};
 use tokio::task::JoinSet;
 use tower::retry::budget::TpsBudget;
@@ -139,86 +137,6 @@ fn refund_request(to: SocketAddr, order: u32) -> Request<Full<Bytes>> {
         .unwrap()
 }
 
-// ---------------------------------------------------------------------------------------------
-// A proxy that loses the replies of chosen requests
-
-/// A TCP proxy for one HTTP request per connection. It forwards the request; when `lose` says so
-/// for the request's head, it waits until the server starts answering (so the request was
-/// processed), then closes the client's connection without a byte of the reply.
-///
-/// `FaultProxy::set(Fault::DropReplies)` loses every reply; this one loses the replies of the
-/// attempts a test chose, so that 100 concurrent requests can each lose a known number.
-struct LossyProxy {
-    addr: SocketAddr,
-    lost: Arc<AtomicUsize>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl LossyProxy {
-    async fn start(upstream: SocketAddr, lose: impl Fn(&str) -> bool + Send + Sync + 'static) -> LossyProxy {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let lose = Arc::new(lose);
-        let lost = Arc::new(AtomicUsize::new(0));
-        let counter = lost.clone();
-        let task = tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let (lose, counter) = (lose.clone(), counter.clone());
-                tokio::spawn(async move {
-                    let _ = relay(client, upstream, &*lose, &counter).await;
-                });
-            }
-        });
-        LossyProxy { addr, lost, task }
-    }
-
-    fn lost(&self) -> usize {
-        self.lost.load(Ordering::SeqCst)
-    }
-}
-
-impl Drop for LossyProxy {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn relay(
-    mut client: TcpStream,
-    upstream: SocketAddr,
-    lose: &(dyn Fn(&str) -> bool + Send + Sync),
-    lost: &AtomicUsize,
-) -> std::io::Result<()> {
-    let mut head = Vec::new();
-    let mut buf = vec![0u8; 16 * 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        let n = client.read(&mut buf).await?;
-        if n == 0 {
-            return Ok(());
-        }
-        head.extend_from_slice(&buf[..n]);
-    }
-    let mut server = TcpStream::connect(upstream).await?;
-    server.write_all(&head).await?;
-    if !lose(&String::from_utf8_lossy(&head)) {
-        tokio::io::copy_bidirectional(&mut client, &mut server).await?;
-        return Ok(());
-    }
-    let (mut client_read, client_write) = client.into_split();
-    let (mut server_read, mut server_write) = server.into_split();
-    let rest_of_request = tokio::spawn(async move {
-        let _ = tokio::io::copy(&mut client_read, &mut server_write).await;
-    });
-    // The first bytes of the reply: the server has processed the request.
-    let n = server_read.read(&mut buf).await?;
-    rest_of_request.abort();
-    drop(client_write);
-    if n > 0 {
-        lost.fetch_add(1, Ordering::SeqCst);
-    }
-    Ok(())
-}
-
 /// Loses the first `drops_for(n)` replies of the logical request `n` (its `x-logical-request`
 /// header, which every attempt carries).
 fn lose_first_replies() -> impl Fn(&str) -> bool + Send + Sync + 'static {
@@ -288,7 +206,7 @@ async fn key_layer_outside_retry_refunds_each_order_once(store: SharedStore) {
     let client =
         ServiceBuilder::new().layer(IdempotencyKeyLayer::new()).layer(RetryLayer::new(policy())).service(http_client());
 
-    let answers = send_all(client, proxy.addr).await;
+    let answers = send_all(client, proxy.addr()).await;
 
     assert_eq!(proxy.lost(), expected_losses(), "the proxy lost the replies it was told to");
     for order in 0..REQUESTS {
@@ -348,7 +266,7 @@ async fn key_layer_inside_retry_sends_a_new_key_per_attempt_and_repeats_refunds(
         .layer(IdempotencyKeyLayer::new())
         .service(http_client());
 
-    let answers = send_all(client, proxy.addr).await;
+    let answers = send_all(client, proxy.addr()).await;
 
     assert_eq!(proxy.lost(), expected_losses());
     for order in 0..REQUESTS {
@@ -369,7 +287,7 @@ async fn key_layer_inside_retry_with_the_http_policy_fails_instead_of_repeating(
     let client =
         ServiceBuilder::new().layer(RetryLayer::new(policy())).layer(IdempotencyKeyLayer::new()).service(http_client());
 
-    let answers = send_all(client, proxy.addr).await;
+    let answers = send_all(client, proxy.addr()).await;
 
     // The policy sees the request before the key is stamped: a POST without a key, never
     // retried. The lost replies surface as errors, and nothing runs twice.

@@ -25,11 +25,17 @@ pub trait MakeIdempotencyKey<B> {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct UuidV4Key;
 
+impl UuidV4Key {
+    /// A new random key.
+    pub(crate) fn header_value() -> HeaderValue {
+        let value = format!("\"{}\"", uuid::Uuid::new_v4().hyphenated());
+        HeaderValue::from_str(&value).expect("a hyphenated UUID in quotes is a valid header value")
+    }
+}
+
 impl<B> MakeIdempotencyKey<B> for UuidV4Key {
     fn make_key(&self, _request: &Request<B>) -> Option<HeaderValue> {
-        let value = format!("\"{}\"", uuid::Uuid::new_v4().hyphenated());
-        // A hyphenated UUID in quotes is visible ASCII: always a valid header value.
-        HeaderValue::from_str(&value).ok()
+        Some(UuidV4Key::header_value())
     }
 }
 

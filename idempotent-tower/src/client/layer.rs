@@ -21,12 +21,14 @@ pub struct IdempotencyKeyLayer<G = UuidV4Key> {
 impl IdempotencyKeyLayer {
     /// A layer that stamps a random UUID v4 on `POST` and `PATCH` requests without a key.
     pub fn new() -> Self {
-        IdempotencyKeyLayer {
-            header: IDEMPOTENCY_KEY,
-            methods: Arc::from([Method::POST, Method::PATCH]),
-            make_key: Arc::new(UuidV4Key),
-        }
+        IdempotencyKeyLayer { header: IDEMPOTENCY_KEY, methods: default_methods(), make_key: Arc::new(UuidV4Key) }
     }
+}
+
+/// `POST` and `PATCH`, the methods HTTP does not define as idempotent: the methods the client
+/// key layer and middleware stamp by default.
+pub(crate) fn default_methods() -> Arc<[Method]> {
+    Arc::from([Method::POST, Method::PATCH])
 }
 
 impl Default for IdempotencyKeyLayer {

@@ -125,12 +125,17 @@
 //! gRPC metadata `idempotency-key` is that same header, so the layer works on a tonic `Channel`
 //! unchanged. Keys are logged (at `trace` level) only as a short sha256 prefix.
 
+#[cfg(feature = "hedge")]
+#[cfg_attr(docsrs, doc(cfg(feature = "hedge")))]
+pub mod hedge;
 mod key;
 mod layer;
 mod service;
 
 pub use key::{MakeIdempotencyKey, UuidV4Key};
 pub use layer::IdempotencyKeyLayer;
+#[cfg(feature = "reqwest")]
+pub(crate) use layer::default_methods;
 pub use service::IdempotencyKey;
 
 #[cfg(test)]

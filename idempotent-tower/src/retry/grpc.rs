@@ -113,7 +113,7 @@ where
 
     fn retry(&mut self, request: &mut Request<B>, result: &mut Result<Response<ResB>, E>) -> Option<Self::Future> {
         let codes = &self.codes;
-        self.common.decide(request.headers(), result, &*self.classify, |response, common, key| {
+        self.common.decide(request.headers(), result.as_ref(), &*self.classify, |response, common, key| {
             let code = status_in_headers(response.status(), response.headers())?;
             if !codes.contains(&code) {
                 return None;

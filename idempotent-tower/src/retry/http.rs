@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use http::{HeaderMap, Method, Request, Response, StatusCode};
 use tower::retry::Policy;
@@ -55,7 +55,7 @@ impl<C> fmt::Debug for HttpRetryPolicy<C> {
 }
 
 /// `GET`, `HEAD`, `OPTIONS`, `TRACE`, `PUT`, `DELETE` (RFC 9110 §9.2.2).
-fn is_idempotent(method: &Method) -> bool {
+pub(crate) fn is_idempotent(method: &Method) -> bool {
     matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE)
 }
 
@@ -70,6 +70,12 @@ fn classify_status(status: StatusCode, headers: &HeaderMap) -> Option<Reason> {
     }
 }
 
+/// The HTTP rules for one response: why it is worth a retry, and the wait the server asked for.
+fn judge(status: StatusCode, headers: &HeaderMap) -> Option<(Reason, Option<Duration>)> {
+    let reason = classify_status(status, headers)?;
+    Some((reason, retry_after(headers, SystemTime::now())))
+}
+
 impl<B, ResB, E, C> Policy<Request<B>, Response<ResB>, E> for HttpRetryPolicy<C>
 where
     B: Clone,
@@ -78,14 +84,51 @@ where
     type Future = tokio::time::Sleep;
 
     fn retry(&mut self, request: &mut Request<B>, result: &mut Result<Response<ResB>, E>) -> Option<Self::Future> {
-        self.common.decide(request.headers(), result, &*self.classify, |response, _, _| {
-            let reason = classify_status(response.status(), response.headers())?;
-            Some((reason, retry_after(response.headers(), SystemTime::now())))
+        self.common.decide(request.headers(), result.as_ref(), &*self.classify, |response, _, _| {
+            judge(response.status(), response.headers())
         })
     }
 
     fn clone_request(&mut self, request: &Request<B>) -> Option<Request<B>> {
         let needs_key = !is_idempotent(request.method());
         self.common.admit(request.method(), request.headers(), needs_key).then(|| request.clone())
+    }
+}
+
+/// One logical request's retries under an [`HttpRetryPolicy`], for a client that is not a tower
+/// service (the reqwest middleware): the same rules, budget and backoff as the tower `Policy`,
+/// driven by the client's own loop.
+#[cfg(feature = "reqwest")]
+pub(crate) struct HttpRetries<'p, C> {
+    common: Common,
+    classify: &'p C,
+}
+
+#[cfg(feature = "reqwest")]
+impl<C> HttpRetryPolicy<C> {
+    /// Starts a logical request; `None` when it may never be retried (a non-idempotent method
+    /// without a key). Counts the request into the budget either way, as `clone_request` does.
+    pub(crate) fn start(&self, method: &Method, headers: &HeaderMap) -> Option<HttpRetries<'_, C>> {
+        let mut common = self.common.clone();
+        common.retries = 0;
+        common.admit(method, headers, !is_idempotent(method)).then(|| HttpRetries { common, classify: &*self.classify })
+    }
+}
+
+#[cfg(feature = "reqwest")]
+impl<C> HttpRetries<'_, C> {
+    /// After an attempt: `Some(sleep)` to retry after it, `None` to return this outcome.
+    /// `result` is the response's status and headers, or the client's error.
+    pub(crate) fn after<E>(
+        &mut self,
+        request: &HeaderMap,
+        result: Result<(StatusCode, &HeaderMap), &E>,
+    ) -> Option<tokio::time::Sleep>
+    where
+        C: ClassifyError<E>,
+    {
+        self.common.decide(request, result.as_ref().map_err(|e| *e), self.classify, |(status, headers), _, _| {
+            judge(*status, headers)
+        })
     }
 }

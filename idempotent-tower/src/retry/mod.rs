@@ -107,7 +107,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 // `::http`, the crate, not the `http` module below.
-use ::http::{HeaderMap, HeaderValue, Method, Response, StatusCode};
+use ::http::{HeaderMap, HeaderValue, Method, StatusCode};
 
 pub use crate::GrpcCode;
 pub use idempotent_core::Backoff;
@@ -122,6 +122,8 @@ mod http;
 
 pub use grpc::GrpcRetryPolicy;
 pub use http::HttpRetryPolicy;
+#[cfg(feature = "hedge")]
+pub(crate) use http::is_idempotent;
 
 /// The bounds of the jitter added to a server-requested wait.
 const RETRY_AFTER_JITTER: (Duration, Duration) = (Duration::from_millis(50), Duration::from_millis(250));
@@ -281,12 +283,15 @@ impl Common {
     /// attempt count, the budget, the longest wait honoured and the backoff.
     ///
     /// `classify` also gets the policy's state and the request's key, for its own logs.
-    fn decide<ResB, E>(
+    ///
+    /// `R` is the client's response type: `http::Response<_>` for the tower policies, the
+    /// status and headers of a `reqwest::Response` for the reqwest middleware.
+    fn decide<R, E>(
         &mut self,
         request: &HeaderMap,
-        result: &Result<Response<ResB>, E>,
-        errors: &impl ClassifyError<E>,
-        classify: impl FnOnce(&Response<ResB>, &Common, Option<&HeaderValue>) -> Option<(Reason, Option<Duration>)>,
+        result: Result<&R, &E>,
+        errors: &(impl ClassifyError<E> + ?Sized),
+        classify: impl FnOnce(&R, &Common, Option<&HeaderValue>) -> Option<(Reason, Option<Duration>)>,
     ) -> Option<tokio::time::Sleep> {
         let key = request.get(&self.key_header);
         let (reason, wait) = match result {
