@@ -266,6 +266,8 @@ impl Error {
     /// | `Unavailable`, `Timeout` | yes | reaches the store once it is back |
     /// | `InFlight` | yes | gets the running attempt's outcome once it finishes (wait [`retry_after`](Self::retry_after)) |
     /// | `LeaseLost` | yes | replays the outcome of the attempt that took over, or takes the key over itself |
+    /// | `VerifyTimeout` | yes | verifies again (the record was left for the next call) |
+    /// | `NeedsAttention` | no | is refused the same way until a person resolves the record |
     /// | `Payload`, `Mismatch`, `Corrupt`, `Encode`, `Decode`, `ResultTooLarge`, `Full`, `UnsafeStore`, `Config` | no | fails the same way: the payload, the stored record, the result or the setup must change first |
     ///
     /// Every retry goes through the key, so a retry of a transient failure never runs a
@@ -308,7 +310,11 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         matches!(
             self,
-            Error::Unavailable { .. } | Error::Timeout { .. } | Error::InFlight { .. } | Error::LeaseLost { .. }
+            Error::Unavailable { .. }
+                | Error::Timeout { .. }
+                | Error::InFlight { .. }
+                | Error::LeaseLost { .. }
+                | Error::VerifyTimeout { .. }
         )
     }
 }
