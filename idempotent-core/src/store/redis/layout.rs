@@ -100,8 +100,13 @@ mod tests {
             assert_eq!(take(&format!("{name}_FROM")), (range.start + 1).to_string(), "{name}");
             assert_eq!(take(&format!("{name}_TO")), range.end.to_string(), "{name}");
         }
-        let states =
-            [("RUNNING", RUNNING), ("NEW", NEW), ("RELEASED", RELEASED), ("NEEDS_ATTENTION", NEEDS_ATTENTION), ("DONE", DONE)];
+        let states = [
+            ("RUNNING", RUNNING),
+            ("NEW", NEW),
+            ("RELEASED", RELEASED),
+            ("NEEDS_ATTENTION", NEEDS_ATTENTION),
+            ("DONE", DONE),
+        ];
         for (name, state) in states {
             assert_eq!(take(name), char::from(state).to_string(), "{name}");
         }

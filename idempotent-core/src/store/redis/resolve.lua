@@ -32,6 +32,15 @@ end
 if #rec ~= RUNNING_LEN or (state ~= RUNNING and state ~= NEW and state ~= RELEASED and state ~= NEEDS_ATTENTION) then
   return redis.error_reply('IDEMPOTENT_CORRUPT the key holds a string that is not a record')
 end
+-- Digits only, as acquire reads them.
+for _, field in ipairs({{LEASE_FROM, LEASE_TO}, {FENCE_FROM, FENCE_TO}, {ATTEMPT_FROM, ATTEMPT_TO}}) do
+  if not string.find(string.sub(rec, field[1], field[2]), '^%d+$') then
+    return redis.error_reply('IDEMPOTENT_CORRUPT the record has a malformed number')
+  end
+end
+if tonumber(string.sub(rec, FENCE_FROM, FENCE_TO)) >= MAX_FENCE then
+  return redis.error_reply('IDEMPOTENT_CORRUPT the record has a fence beyond 2^53')
+end
 if state ~= NEEDS_ATTENTION then
   return 0
 end
