@@ -122,8 +122,8 @@ impl Scripts {
 /// token, then the lease, fence and attempt while the operation runs, or the stored result once
 /// it is done (the layout is documented in `layout.lua`); a done record costs the result plus
 /// 97 bytes. A record that needs attention ([`Abandon::NeedsAttention`]) has no TTL: it stays
-/// until [resolved](Store::resolve). A key that holds anything else (another type, a string this store did not write)
-/// is answered with [`Error::Corrupt`], never a replay or a second run.
+/// until [resolved](Store::resolve). A key that holds anything else (another type, a string this
+/// store did not write) is answered with [`Error::Corrupt`], never a replay or a second run.
 ///
 /// At start-up, `store.preflight().await?.ensure()?` fails when the server's settings break
 /// the guarantee (see [`RedisStore::preflight`]).
