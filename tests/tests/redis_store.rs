@@ -4,9 +4,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
+use idempotent_core::record::{Abandon, Acquire, KEEP_RESOLVED_RELEASE, Resolution, Resolved, Transition};
 use idempotent_core::redis::{Script, Value};
 use idempotent_core::store::redis::{layout, source};
-use idempotent_core::{Error, OnInFlight, RedisStore, Risk, RunContext, SharedStore};
+use idempotent_core::{
+    Error, Fingerprint, Key, KeyScope, OnInFlight, RedisStore, Risk, RunContext, SharedStore, Store,
+};
 use idempotent_tests::{RedisOptions, RedisServer, unique};
 use tokio::sync::Barrier;
 
@@ -191,7 +195,7 @@ async fn preflight_without_config_fails_until_the_risks_are_accepted() {
 async fn scripts_load_under_the_hash_the_store_sends() {
     let server = RedisServer::start();
     store(&server).warm_up().await.unwrap();
-    for script in [source::ACQUIRE, source::COMPLETE, source::RELEASE, source::RENEW] {
+    for script in source::ALL {
         let hash = Script::new(script).get_hash().to_owned();
         assert_eq!(server.cmd(&["SCRIPT", "EXISTS", &hash]), Value::Array(vec![Value::Int(1)]));
         assert_eq!(server.cmd(&["SCRIPT", "LOAD", script]), Value::BulkString(hash.into_bytes()));
@@ -420,4 +424,151 @@ fn a_refused_set_reads_as_a_syntax_error() {
         .query::<Value>(&mut server.connection())
         .unwrap_err();
     assert!(err.to_string().contains("syntax error"), "{err}");
+}
+
+/// A fresh key of its own, and the Redis key `store` keeps its record under.
+fn fresh(store: &RedisStore) -> (Key, String) {
+    let key = Key::derive(&KeyScope::new(unique("run"), "step"), &()).unwrap();
+    let redis_key = store.redis_key(&key);
+    (key, redis_key)
+}
+
+fn pttl(server: &RedisServer, redis_key: &str) -> i64 {
+    match server.cmd(&["PTTL", redis_key]) {
+        Value::Int(ms) => ms,
+        other => panic!("PTTL answered {other:?}"),
+    }
+}
+
+fn record_of(server: &RedisServer, redis_key: &str) -> Vec<u8> {
+    match server.cmd(&["GET", redis_key]) {
+        Value::BulkString(record) => record,
+        other => panic!("GET answered {other:?}"),
+    }
+}
+
+/// A record marked needs-attention loses its TTL (it waits to be resolved, however long that
+/// takes); an uncertain release keeps the TTL, as a release does; resolving gives the record the
+/// TTL it asks for. The recovered byte of a released record says how it was released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn needs_attention_has_no_ttl_until_resolved() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    s.warm_up().await.unwrap();
+    let (key, redis_key) = fresh(&s);
+    let (fp, minute) = (Fingerprint::from_bytes([7; 32]), Duration::from_secs(60));
+    let grant = |answer: Acquire| match answer {
+        Acquire::Acquired(grant) => grant,
+        other => panic!("expected Acquired, got {other:?}"),
+    };
+
+    let first = grant(s.acquire(&key, &fp, minute, minute).await.unwrap());
+    assert!((1..=60_000).contains(&pttl(&server, &redis_key)));
+    assert_eq!(s.abandon(&key, &first.token, Abandon::NeedsAttention).await.unwrap(), Transition::Ok);
+    assert_eq!(pttl(&server, &redis_key), -1, "a record that needs attention must not expire");
+    assert_eq!(record_of(&server, &redis_key)[layout::STATE], layout::NEEDS_ATTENTION);
+    assert_eq!(s.abandon(&key, &first.token, Abandon::NeedsAttention).await.unwrap(), Transition::Ok);
+    assert_eq!(pttl(&server, &redis_key), -1, "a retried mark");
+
+    assert_eq!(s.resolve(&key, Resolution::NotDone).await.unwrap(), Resolved::Ok);
+    let keep = KEEP_RESOLVED_RELEASE.as_millis() as i64;
+    assert!((keep - 60_000..=keep).contains(&pttl(&server, &redis_key)), "kept for KEEP_RESOLVED_RELEASE");
+    let released = record_of(&server, &redis_key);
+    assert_eq!((released[layout::STATE], released[layout::RECOVERED]), (layout::RELEASED, b'0'));
+
+    let second = grant(s.acquire(&key, &fp, minute, minute).await.unwrap());
+    assert_eq!((second.attempt.number(), second.attempt.recovered()), (2, false));
+    let before = pttl(&server, &redis_key);
+    assert_eq!(s.abandon(&key, &second.token, Abandon::Uncertain).await.unwrap(), Transition::Ok);
+    let after = pttl(&server, &redis_key);
+    assert!(after > 0 && after <= before, "an uncertain release keeps the TTL: {before} then {after}");
+    let uncertain = record_of(&server, &redis_key);
+    assert_eq!((uncertain[layout::STATE], uncertain[layout::RECOVERED]), (layout::RELEASED, b'1'));
+    // A clean release by the same token is another transition: refused, and the mark stays.
+    assert_eq!(s.release(&key, &second.token).await.unwrap(), Transition::LeaseLost);
+    assert_eq!(record_of(&server, &redis_key), uncertain);
+
+    let third = grant(s.acquire(&key, &fp, minute, minute).await.unwrap());
+    assert_eq!((third.attempt.number(), third.attempt.recovered()), (3, true));
+    assert_eq!(s.abandon(&key, &third.token, Abandon::NeedsAttention).await.unwrap(), Transition::Ok);
+    let done = Resolution::Done { outcome: Bytes::from_static(b"settled"), retention: Duration::from_secs(5) };
+    assert_eq!(s.resolve(&key, done).await.unwrap(), Resolved::Ok);
+    assert!((1..=5_000).contains(&pttl(&server, &redis_key)), "kept for the given retention");
+    assert_eq!(s.acquire(&key, &fp, minute, minute).await.unwrap(), Acquire::Replay(Bytes::from_static(b"settled")));
+}
+
+/// A needs-attention record (written by hand, so that its attempt and fence are known) is
+/// answered alike by `SET NX GET`, which reads it in Rust without a script, and by the acquire
+/// script, for the record's own token too; nothing changes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn needs_attention_reads_alike_on_both_acquire_paths() {
+    let server = RedisServer::start();
+    let plain = store(&server);
+    plain.warm_up().await.unwrap();
+    let scripts = RedisStore::builder(server.url()).set_get_acquire(false).build().unwrap();
+    scripts.warm_up().await.unwrap();
+    let (key, redis_key) = fresh(&plain);
+    let (fp, other_fp) = (Fingerprint::from_bytes([3; 32]), Fingerprint::from_bytes([4; 32]));
+    let (token, fence, attempt) = ("a".repeat(32), 4_503_599_627_370_497_u64, 7_u32);
+    let (lease, fence_len, attempt_len) = (layout::LEASE.len(), layout::FENCE.len(), layout::ATTEMPT.len());
+    let record = format!("A{}{token}{:0lease$}{fence:0fence_len$}{attempt:0attempt_len$}0", fp.to_hex(), 12);
+    assert_eq!(record.len(), layout::RUNNING_LEN);
+    server.cmd(&["SET", &redis_key, &record]);
+
+    let minute = Duration::from_secs(60);
+    let waiting = Acquire::NeedsAttention { attempt, fence };
+    for (how, s, sent) in [("SET NX GET", &plain, "set"), ("script", &scripts, "evalsha")] {
+        let monitor = server.monitor();
+        assert_eq!(s.acquire(&key, &fp, minute, minute).await.unwrap(), waiting, "{how}");
+        assert_eq!(s.acquire(&key, &other_fp, minute, minute).await.unwrap(), Acquire::Mismatch, "{how}");
+        assert_eq!(monitor.client_commands(), [sent, sent], "{how}: one command per acquire");
+    }
+    // The record's own token (a late duplicate of the acquire that took it) is answered alike.
+    let (arg_lease, arg_retention) = (layout::ARG_LEASE.len(), layout::ARG_RETENTION.len());
+    let args = format!("{}{token}{:0arg_lease$}{:0arg_retention$}", fp.to_hex(), 60_000, 60_000);
+    let own: Vec<i64> =
+        Script::new(source::ACQUIRE).key(&redis_key).arg(args).invoke(&mut server.connection()).unwrap();
+    assert_eq!(own, [5, i64::from(attempt), fence as i64]);
+    assert_eq!(String::from_utf8(record_of(&server, &redis_key)).unwrap(), record, "an acquire changed the record");
+    assert_eq!(pttl(&server, &redis_key), -1);
+}
+
+/// A needs-attention record this crate did not write (cut short, a malformed number, a fence
+/// beyond 2^53) is reported as corrupt by both acquire paths and by resolve, and left as it is;
+/// so is any key resolve finds holding something that is not a record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_needs_attention_records_are_errors() {
+    let server = RedisServer::start();
+    let plain = store(&server);
+    plain.warm_up().await.unwrap();
+    let scripts = RedisStore::builder(server.url()).set_get_acquire(false).build().unwrap();
+    let (key, redis_key) = fresh(&plain);
+    let fp = Fingerprint::from_bytes([5; 32]);
+    let head = format!("A{}{}", fp.to_hex(), "a".repeat(32));
+    let (lease, fence, attempt) = (layout::LEASE.len(), layout::FENCE.len(), layout::ATTEMPT.len());
+    let records = [
+        format!("{head}123"),
+        format!("{head}{:0lease$}{:>fence$}{:0attempt$}0", 1, "nan", 1),
+        format!("{head}{:0lease$}{:0fence$}{:>attempt$}0", 1, 1, "x"),
+        format!("{head}{:0lease$}{:0fence$}{:0attempt$}0", 1, layout::MAX_FENCE, 1),
+    ];
+    let minute = Duration::from_secs(60);
+    for record in &records {
+        server.cmd(&["SET", &redis_key, record]);
+        for (how, s) in [("SET NX GET", &plain), ("script", &scripts)] {
+            let err = s.acquire(&key, &fp, minute, minute).await.unwrap_err();
+            assert!(matches!(err, Error::Corrupt { .. }), "{how}, {record}: {err}");
+        }
+        for resolution in [Resolution::NotDone, Resolution::Done { outcome: Bytes::new(), retention: minute }] {
+            let err = plain.resolve(&key, resolution).await.unwrap_err();
+            assert!(matches!(err, Error::Corrupt { .. }), "resolve, {record}: {err}");
+        }
+        assert_eq!(&String::from_utf8(record_of(&server, &redis_key)).unwrap(), record);
+    }
+    for garbage in [&["SET", &redis_key, "not a record"][..], &["HSET", &redis_key, "st", "A"]] {
+        server.cmd(&["DEL", &redis_key]);
+        server.cmd(garbage);
+        let err = plain.resolve(&key, Resolution::NotDone).await.unwrap_err();
+        assert!(matches!(err, Error::Corrupt { .. }), "resolve, {garbage:?}: {err}");
+    }
 }

@@ -13,9 +13,11 @@
 -- Replies
 --   the whole record                done: the client compares the fingerprint and replays the
 --                                   result, or answers Mismatch
---   {1, fence, attempt, recovered}  acquired (recovered = 1 when a previous lease ran out)
+--   {1, fence, attempt, recovered}  acquired (recovered = 1 when a previous lease ran out, or
+--                                   the previous attempt was released uncertain)
 --   {3, retry_after_ms}             another owner's lease is live
 --   {4}                             the record has another fingerprint
+--   {5, attempt, fence}             the record needs attention (abandoned by that attempt)
 --   error IDEMPOTENT_CORRUPT ...    the key holds something these scripts did not write
 local key, args = KEYS[1], ARGV[1]
 if #args ~= ACQUIRE_ARG_LEN then
@@ -34,7 +36,7 @@ if rec then
     -- replays.
     return rec
   end
-  if #rec ~= RUNNING_LEN or (state ~= RUNNING and state ~= NEW and state ~= RELEASED) then
+  if #rec ~= RUNNING_LEN or (state ~= RUNNING and state ~= NEW and state ~= RELEASED and state ~= NEEDS_ATTENTION) then
     return redis.error_reply('IDEMPOTENT_CORRUPT the key holds a string that is not a record')
   end
   -- Digits only: Lua's tonumber would also take 'nan', 'inf', '0x..', '1e18' and signs.
@@ -47,6 +49,13 @@ if rec then
   lease, last_fence, last_attempt = tonumber(lease_s), tonumber(fence_s), tonumber(attempt_s)
   if last_fence >= MAX_FENCE then
     return redis.error_reply('IDEMPOTENT_CORRUPT the record has a fence beyond 2^53')
+  end
+  if state == NEEDS_ATTENTION then
+    -- Nothing runs until the record is resolved, whoever asks (its own token included).
+    if string.sub(rec, FINGERPRINT_FROM, FINGERPRINT_TO) ~= string.sub(args, ARG_FINGERPRINT_FROM, ARG_FINGERPRINT_TO) then
+      return {4}
+    end
+    return {5, last_attempt, last_fence}
   end
   -- This token already acquired the key: a retry, or a late duplicate, of an acquire whose
   -- reply was lost. Answer as then, and change nothing.
@@ -75,6 +84,9 @@ elseif state == NEW then
     return {3, ttl - lease}
   end
   recovered = 1
+elseif state == RELEASED then
+  -- Released uncertain (abandon): the next attempt is recovered at once.
+  recovered = string.sub(rec, RECOVERED, RECOVERED) == '1' and 1 or 0
 end
 
 -- Fences only grow: one more than the last, and never below the server's clock in microseconds,

@@ -9,7 +9,8 @@
 -- TTL.
 --
 -- Replies: 1 done (also when this token already completed it: a retry after a lost reply);
---          0 the token no longer owns the key (lease lost)
+--          0 the token no longer owns the key (lease lost), or its attempt was released or
+--          abandoned (a complete that lands after the mark is refused)
 local key = KEYS[1]
 local ok, rec = pcall(redis.call, 'GET', key)
 if not ok or not rec or #rec < TOKEN_TO or string.sub(rec, TOKEN_FROM, TOKEN_TO) ~= ARGV[1] then

@@ -4,21 +4,25 @@
 -- test there checks that the two agree.
 --
 -- A record is one string:
---   state       R running, N new (running, written by SET NX), X released, D done
+--   state       R running, N new (running, written by SET NX), X released, A needs attention
+--               (kept without a TTL until resolved), D done
 --   fingerprint the payload's, 64 hex characters
 --   token       owner token of the last acquisition, 32 characters
--- then, for R, N and X (RUNNING_LEN bytes in all):
+-- then, for R, N, X and A (RUNNING_LEN bytes in all):
 --   lease       R: lease deadline, milliseconds of server time, 15 digits
 --               N: the TTL in milliseconds at or below which the lease has passed (the record's
 --                  TTL minus the lease, 15 digits): a SET cannot read the server's clock, so the
 --                  lease of an N record is judged by its TTL
---               X: unused
---   fence       20 digits
---   attempt     10 digits
---   recovered   0 or 1
+--               X, A: unused (what the running record held)
+--   fence       20 digits (A: the fence of the attempt that left it)
+--   attempt     10 digits (A: that attempt's number)
+--   recovered   R, N: 1 when a previous lease ran out, else 0
+--               X: 1 when the attempt that released it may have run the action (abandoned as
+--                  uncertain: the next acquisition is recovered), else 0
+--               A: unused
 -- or, for D, the encoded result to the end (no fence is kept: nothing acquires a done key).
 local STATE = 1
-local RUNNING, NEW, RELEASED, DONE = 'R', 'N', 'X', 'D'
+local RUNNING, NEW, RELEASED, NEEDS_ATTENTION, DONE = 'R', 'N', 'X', 'A', 'D'
 local FINGERPRINT_FROM, FINGERPRINT_TO = 2, 65
 local TOKEN_FROM, TOKEN_TO = 66, 97
 local LEASE_FROM, LEASE_TO = 98, 112

@@ -12,23 +12,27 @@ pub const STATE: usize = 0;
 pub const RUNNING: u8 = b'R';
 /// State of a running record written by `SET NX` (its lease is judged by its TTL).
 pub const NEW: u8 = b'N';
-/// State of a released record (the fence is kept).
+/// State of a released record (the fence is kept; the recovered byte says whether the attempt
+/// that released it was uncertain).
 pub const RELEASED: u8 = b'X';
+/// State of a record that needs attention (laid out as a running record, kept without a TTL).
+pub const NEEDS_ATTENTION: u8 = b'A';
 /// State of a done record (the result follows the token).
 pub const DONE: u8 = b'D';
 /// The payload's fingerprint, in hex.
 pub const FINGERPRINT: Range<usize> = 1..65;
 /// The owner token of the last acquisition.
 pub const TOKEN: Range<usize> = 65..97;
-/// Running and released records: the lease deadline (`R`) or threshold TTL (`N`), in digits.
+/// Running, released and needs-attention records: the lease deadline (`R`) or threshold TTL (`N`), in digits.
 pub const LEASE: Range<usize> = 97..112;
-/// Running and released records: the fence, in digits.
+/// Running, released and needs-attention records: the fence, in digits.
 pub const FENCE: Range<usize> = 112..132;
-/// Running and released records: the attempt number, in digits.
+/// Running, released and needs-attention records: the attempt number, in digits.
 pub const ATTEMPT: Range<usize> = 132..142;
-/// Running and released records: `1` when the previous lease ran out, else `0`.
+/// Running records: `1` when the previous lease ran out, else `0`; released records: `1` when
+/// the attempt that released it was uncertain (the next one is recovered), else `0`.
 pub const RECOVERED: usize = 142;
-/// The length of a running (`R`, `N`) or released (`X`) record.
+/// The length of a running (`R`, `N`), released (`X`) or needs-attention (`A`) record.
 pub const RUNNING_LEN: usize = 143;
 /// Done records: the encoded result.
 pub const RESULT: RangeFrom<usize> = 97..;
@@ -96,7 +100,14 @@ mod tests {
             assert_eq!(take(&format!("{name}_FROM")), (range.start + 1).to_string(), "{name}");
             assert_eq!(take(&format!("{name}_TO")), range.end.to_string(), "{name}");
         }
-        for (name, state) in [("RUNNING", RUNNING), ("NEW", NEW), ("RELEASED", RELEASED), ("DONE", DONE)] {
+        let states = [
+            ("RUNNING", RUNNING),
+            ("NEW", NEW),
+            ("RELEASED", RELEASED),
+            ("NEEDS_ATTENTION", NEEDS_ATTENTION),
+            ("DONE", DONE),
+        ];
+        for (name, state) in states {
             assert_eq!(take(name), char::from(state).to_string(), "{name}");
         }
         assert_eq!(take("RUNNING_LEN"), RUNNING_LEN.to_string());
@@ -113,7 +124,7 @@ mod tests {
     #[test]
     fn every_script_starts_with_the_prelude() {
         use super::super::source;
-        for script in [source::ACQUIRE, source::COMPLETE, source::RELEASE, source::RENEW] {
+        for script in source::ALL {
             assert!(script.starts_with(LUA) && script.len() > LUA.len());
         }
     }
@@ -131,5 +142,13 @@ mod tests {
         assert_eq!(ARG_RETENTION.end, ACQUIRE_ARG_LEN);
         assert_eq!((FINGERPRINT.len(), TOKEN.len()), (ARG_FINGERPRINT.len(), ARG_TOKEN.len()));
         assert!(MAX_FENCE.to_string().len() <= FENCE.len());
+    }
+
+    /// Every state has its own letter.
+    #[test]
+    fn the_states_are_distinct() {
+        let states = [RUNNING, NEW, RELEASED, NEEDS_ATTENTION, DONE];
+        let distinct: std::collections::BTreeSet<_> = states.iter().collect();
+        assert_eq!(distinct.len(), states.len());
     }
 }

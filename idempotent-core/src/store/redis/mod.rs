@@ -20,14 +20,14 @@ use self::arg::{Arg, millis};
 use self::clock::ServerClock;
 use self::conn::{Connections, Pool};
 use self::layout::{
-    ATTEMPT, DONE, FENCE, FINGERPRINT, LEASE, MAX_FENCE, NEW, RECOVERED, RELEASED, RESULT, RUNNING, RUNNING_LEN, STATE,
-    TOKEN,
+    ATTEMPT, DONE, FENCE, FINGERPRINT, LEASE, MAX_FENCE, NEEDS_ATTENTION, NEW, RECOVERED, RELEASED, RESULT, RUNNING,
+    RUNNING_LEN, STATE, TOKEN,
 };
 use super::{BoxFuture, Store};
 use crate::attempt::Attempt;
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
-use crate::record::{Acquire, Grant, Token, Transition};
+use crate::record::{Abandon, Acquire, Grant, KEEP_RESOLVED_RELEASE, Resolution, Resolved, Token, Transition};
 
 mod arg;
 mod builder;
@@ -58,6 +58,12 @@ pub mod source {
     pub const RELEASE: &str = with_layout!("release.lua");
     /// `renew.lua`.
     pub const RENEW: &str = with_layout!("renew.lua");
+    /// `abandon.lua`.
+    pub const ABANDON: &str = with_layout!("abandon.lua");
+    /// `resolve.lua`.
+    pub const RESOLVE: &str = with_layout!("resolve.lua");
+    /// Every script.
+    pub const ALL: [&str; 6] = [ACQUIRE, COMPLETE, RELEASE, RENEW, ABANDON, RESOLVE];
 }
 
 struct Scripts {
@@ -65,6 +71,8 @@ struct Scripts {
     complete: Script,
     release: Script,
     renew: Script,
+    abandon: Script,
+    resolve: Script,
 }
 
 impl Scripts {
@@ -74,7 +82,13 @@ impl Scripts {
             complete: Script::new(source::COMPLETE),
             release: Script::new(source::RELEASE),
             renew: Script::new(source::RENEW),
+            abandon: Script::new(source::ABANDON),
+            resolve: Script::new(source::RESOLVE),
         }
+    }
+
+    fn all(&self) -> [&Script; 6] {
+        [&self.acquire, &self.complete, &self.release, &self.renew, &self.abandon, &self.resolve]
     }
 }
 
@@ -82,9 +96,10 @@ impl Scripts {
 ///
 /// An acquire is one plain `SET key <record> NX GET PX <ttl>` (Redis 7.0+, Valkey): it takes an
 /// absent key, and otherwise returns the record that is there, so a first acquisition and a
-/// replay cost Redis no more than a `SET` or a `GET`. Only a key found running or released goes
-/// on to the `acquire` Lua script, which judges the lease by the server's clock. Complete,
-/// release and renew are one script each (`EVALSHA`, reloaded on `NOSCRIPT`). On a server before
+/// replay cost Redis no more than a `SET` or a `GET` (a record that needs attention is answered
+/// from what that returns too). Only a key found running or released goes on to the `acquire`
+/// Lua script, which judges the lease by the server's clock. Complete, release, renew, abandon
+/// and resolve are one script each (`EVALSHA`, reloaded on `NOSCRIPT`). On a server before
 /// Redis 7.0, or with [`RedisStoreBuilder::set_get_acquire`] off, every acquire is the script.
 ///
 /// Commands go out on a few multiplexed connections the store keeps checked out of its deadpool
@@ -106,8 +121,9 @@ impl Scripts {
 /// that answered `TIME` and the key's node). A record is one string: state, fingerprint and owner
 /// token, then the lease, fence and attempt while the operation runs, or the stored result once
 /// it is done (the layout is documented in `layout.lua`); a done record costs the result plus
-/// 97 bytes. A key that holds anything else (another type, a string this store did not write)
-/// is answered with [`Error::Corrupt`], never a replay or a second run.
+/// 97 bytes. A record that needs attention ([`Abandon::NeedsAttention`]) has no TTL: it stays
+/// until [resolved](Store::resolve). A key that holds anything else (another type, a string this
+/// store did not write) is answered with [`Error::Corrupt`], never a replay or a second run.
 ///
 /// At start-up, `store.preflight().await?.ensure()?` fails when the server's settings break
 /// the guarantee (see [`RedisStore::preflight`]).
@@ -222,8 +238,7 @@ impl RedisStore {
     /// that the first calls do not pay for it. Optional: all of it otherwise happens on first
     /// use. Run it at start-up, with [`preflight`](Self::preflight), to fail fast on a wrong URL.
     pub async fn warm_up(&self) -> Result<(), Error> {
-        let scripts = &self.inner.scripts;
-        self.open_all(&[&scripts.acquire, &scripts.complete, &scripts.release, &scripts.renew]).await?;
+        self.open_all(&self.inner.scripts.all()).await?;
         self.sync_clock().await
     }
 
@@ -330,6 +345,13 @@ impl RedisStore {
                 Ok(Acquire::InFlight { retry_after: Duration::from_millis(ms) })
             }
             (Some(4), 1) => Ok(Acquire::Mismatch),
+            (Some(5), 3) => {
+                let (Some(attempt), Some(fence)) = (int(items.get(1)), int(items.get(2))) else {
+                    return Err(Self::corrupt(key, "malformed acquire reply"));
+                };
+                let fence = u64::try_from(fence).map_err(|_| Self::corrupt(key, "negative fence"))?;
+                Ok(Acquire::NeedsAttention { attempt: u32::try_from(attempt).unwrap_or(u32::MAX), fence })
+            }
             _ => Err(Self::corrupt(key, format!("unexpected acquire reply {items:?}"))),
         }
     }
@@ -344,10 +366,11 @@ impl RedisStore {
         self.send("acquire", key, &cmd, None).await
     }
 
-    /// What a record read by acquire answers: a done record replays or mismatches; a running or
-    /// released one under another payload mismatches, and one this very token took (a retry
-    /// after a lost reply) is acquired as recorded. `None`: another owner's running or released
-    /// record under this payload, for the acquire script to judge.
+    /// What a record read by acquire answers: a done record replays or mismatches, and so does
+    /// one that needs attention (its attempt and fence); a running or released one under another
+    /// payload mismatches, and one this very token took (a retry after a lost reply) is acquired
+    /// as recorded. `None`: another owner's running or released record under this payload, for
+    /// the acquire script to judge.
     fn read_record(&self, key: &Key, record: Vec<u8>, fp: &[u8; 64], token: &Token) -> Result<Option<Acquire>, Error> {
         let not_a_record = || Self::corrupt(key, "the key holds a string that is not a record");
         if record.len() < TOKEN.end {
@@ -356,7 +379,7 @@ impl RedisStore {
         match record[STATE] {
             DONE if record[FINGERPRINT] == fp[..] => Ok(Some(Acquire::Replay(Bytes::from(record).slice(RESULT)))),
             DONE => Ok(Some(Acquire::Mismatch)),
-            RUNNING | NEW | RELEASED if record.len() == RUNNING_LEN => {
+            RUNNING | NEW | RELEASED | NEEDS_ATTENTION if record.len() == RUNNING_LEN => {
                 let digits = |range: std::ops::Range<usize>| {
                     let field = &record[range];
                     if !field.iter().all(u8::is_ascii_digit) {
@@ -370,9 +393,18 @@ impl RedisStore {
                 if fence >= MAX_FENCE {
                     return Err(Self::corrupt(key, "the record has a fence beyond 2^53"));
                 }
+                let attempt = u32::try_from(attempt).unwrap_or(u32::MAX);
+                if record[STATE] == NEEDS_ATTENTION {
+                    // Whoever asks, this token included: nothing runs until it is resolved.
+                    return Ok(Some(if record[FINGERPRINT] == fp[..] {
+                        Acquire::NeedsAttention { attempt, fence }
+                    } else {
+                        Acquire::Mismatch
+                    }));
+                }
                 if record[TOKEN] == *token.as_str().as_bytes() && record[STATE] != RELEASED {
                     let recovered = record[RECOVERED] == b'1';
-                    let attempt = Attempt::new(*key, fence, u32::try_from(attempt).unwrap_or(u32::MAX), recovered);
+                    let attempt = Attempt::new(*key, fence, attempt, recovered);
                     return Ok(Some(Acquire::Acquired(Grant { token: token.clone(), attempt })));
                 }
                 if record[FINGERPRINT] != fp[..] {
@@ -456,27 +488,44 @@ impl Store for RedisStore {
         })
     }
 
-    // WIP(#17): replaced by the real transition before this branch lands.
     fn abandon<'a>(
         &'a self,
-        _key: &'a Key,
-        _token: &'a Token,
-        _mark: crate::record::Abandon,
+        key: &'a Key,
+        token: &'a Token,
+        mark: Abandon,
     ) -> BoxFuture<'a, Result<Transition, Error>> {
-        Box::pin(std::future::ready(Err(Error::Config(
-            "WIP(#17): abandon is not implemented for this store yet".into(),
-        ))))
+        Box::pin(async move {
+            // The state the record goes to.
+            let to = match mark {
+                Abandon::Uncertain => RELEASED,
+                Abandon::NeedsAttention => NEEDS_ATTENTION,
+            };
+            let args = [Arg::Bytes(token.as_str().as_bytes()), Arg::Bytes(&[to])];
+            let reply = self.invoke("abandon", &self.inner.scripts.abandon, key, &args).await?;
+            self.transition(key, reply)
+        })
     }
 
-    // WIP(#17): replaced by the real transition before this branch lands.
-    fn resolve<'a>(
-        &'a self,
-        _key: &'a Key,
-        _resolution: crate::record::Resolution,
-    ) -> BoxFuture<'a, Result<crate::record::Resolved, Error>> {
-        Box::pin(std::future::ready(Err(Error::Config(
-            "WIP(#17): resolve is not implemented for this store yet".into(),
-        ))))
+    fn resolve<'a>(&'a self, key: &'a Key, resolution: Resolution) -> BoxFuture<'a, Result<Resolved, Error>> {
+        Box::pin(async move {
+            let script = &self.inner.scripts.resolve;
+            // The state the record goes to, and its TTL.
+            let reply = match &resolution {
+                Resolution::Done { outcome, retention } => {
+                    let args = [Arg::Bytes(&[DONE]), Arg::Millis(millis(*retention)), Arg::Bytes(outcome)];
+                    self.invoke("resolve", script, key, &args).await?
+                }
+                Resolution::NotDone => {
+                    let args = [Arg::Bytes(&[RELEASED]), Arg::Millis(millis(KEEP_RESOLVED_RELEASE))];
+                    self.invoke("resolve", script, key, &args).await?
+                }
+            };
+            match reply {
+                Value::Int(1) => Ok(Resolved::Ok),
+                Value::Int(0) => Ok(Resolved::NotNeedingAttention),
+                other => Err(Self::corrupt(key, format!("unexpected resolve reply {other:?}"))),
+            }
+        })
     }
 
     fn describe(&self) -> String {

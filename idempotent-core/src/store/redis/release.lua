@@ -4,7 +4,8 @@
 -- ARGV[1]  owner token
 --
 -- Replies: 1 released (also when this token already released it: a retry after a lost reply);
---          0 the token no longer owns the key (lease lost)
+--          0 the token no longer owns the key (lease lost), or the record is in another state
+--          (done, released uncertain, needing attention)
 local key = KEYS[1]
 local ok, rec = pcall(redis.call, 'GET', key)
 if not ok or not rec or #rec ~= RUNNING_LEN or string.sub(rec, TOKEN_FROM, TOKEN_TO) ~= ARGV[1] then
@@ -12,11 +13,14 @@ if not ok or not rec or #rec ~= RUNNING_LEN or string.sub(rec, TOKEN_FROM, TOKEN
 end
 local state = string.sub(rec, STATE, STATE)
 if state == RELEASED then
-  return 1
+  -- Released clean by this token; released uncertain (abandon) is another transition.
+  return string.sub(rec, RECOVERED, RECOVERED) == '0' and 1 or 0
 end
 if state ~= RUNNING and state ~= NEW then
   return 0
 end
--- SETRANGE counts from 0.
+-- SETRANGE counts from 0. Released clean: the recovered byte 0 (the next acquisition is not
+-- recovered).
 redis.call('SETRANGE', key, STATE - 1, RELEASED)
+redis.call('SETRANGE', key, RECOVERED - 1, '0')
 return 1
