@@ -124,14 +124,18 @@ use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, Connection, Row, SqlSafeStr, SqlStr};
 use tokio::time::Instant;
 
-use super::sql::{AcquireCall, Arg, CommitsWith, Found, TransactionalStore, micros};
+use super::sql::{AcquireCall, Arg, CommitsWith, Found, NEVER_US, TransactionalStore, micros, resolved_row};
 use super::{BoxFuture, Store};
 use crate::error::{BoxError, Error};
 use crate::key::{Fingerprint, Key};
-use crate::record::{Acquire, Token, Transition};
+use crate::record::{Abandon, Acquire, Resolution, Resolved, Token, Transition};
 
 /// The schema version this crate writes and reads.
-const SCHEMA_VERSION: i32 = 1;
+const SCHEMA_VERSION: i32 = 2;
+/// The version before, which `migrate` upgrades: it had no `needs_attention` state.
+const SCHEMA_V1: i32 = 1;
+/// The states a row can be in (the table's `CHECK` constraint).
+const STATES: &str = "'running', 'released', 'done', 'needs_attention'";
 /// Expired rows deleted per purge batch at most.
 const PURGE_BATCH: i64 = 256;
 /// Acquisitions of one store between two purge batches.
@@ -211,6 +215,9 @@ struct Statements {
     complete: SqlStr,
     release: SqlStr,
     renew: SqlStr,
+    abandon_uncertain: SqlStr,
+    abandon_attention: SqlStr,
+    resolve: SqlStr,
     purge: SqlStr,
 }
 
@@ -244,7 +251,7 @@ impl Statements {
              fingerprint = excluded.fingerprint, state = 'running', token = excluded.token,\n  \
              fence = greatest(r.fence + 1, {now}),\n  \
              attempt = CASE WHEN {expired} THEN 1 ELSE r.attempt + 1 END,\n  \
-             recovered = NOT {expired} AND r.state = 'running',\n  \
+             recovered = NOT {expired} AND (r.state = 'running' OR r.recovered),\n  \
              lease_until = excluded.lease_until, expires_at = excluded.expires_at, result = NULL\n\
              WHERE {free}\n\
              RETURNING r.token, r.fingerprint, r.state, r.fence, r.attempt, r.recovered\n\
@@ -260,7 +267,22 @@ impl Statements {
              state = 'done'\n\
              WHERE {owned} AND state IN ('running', 'done')"
         );
-        let release = format!("UPDATE {t} SET state = 'released' WHERE {owned} AND state IN ('running', 'released')");
+        let release = format!(
+            "UPDATE {t} SET state = 'released', recovered = false\n\
+             WHERE {owned} AND (state = 'running' OR (state = 'released' AND NOT recovered))"
+        );
+        let abandon_uncertain = format!(
+            "UPDATE {t} SET state = 'released', recovered = true\n\
+             WHERE {owned} AND (state = 'running' OR (state = 'released' AND recovered))"
+        );
+        let abandon_attention = format!(
+            "UPDATE {t} SET state = 'needs_attention', expires_at = {NEVER_US}\n\
+             WHERE {owned} AND state IN ('running', 'needs_attention')"
+        );
+        let resolve = format!(
+            "UPDATE {t} SET state = $2, result = $3, expires_at = {NOW_US} + $4, recovered = false\n\
+             WHERE key = $1 AND state = 'needs_attention'"
+        );
         let renew = format!(
             "UPDATE {t} SET lease_until = {NOW_US} + $3, expires_at = greatest(expires_at, {NOW_US} + $3)\n\
              WHERE {owned} AND state = 'running'"
@@ -277,6 +299,9 @@ impl Statements {
             complete: sql(complete),
             release: sql(release),
             renew: sql(renew),
+            abandon_uncertain: sql(abandon_uncertain),
+            abandon_attention: sql(abandon_attention),
+            resolve: sql(resolve),
             purge: sql(purge),
         }
     }
@@ -521,9 +546,10 @@ impl PostgresStore {
             |cols: &[(String, String)]| cols.iter().map(|(n, t)| format!("{n} {t}")).collect::<Vec<_>>().join(", ");
         match version {
             Some(SCHEMA_VERSION) if columns == expected => {}
-            Some(SCHEMA_VERSION) => {
+            Some(SCHEMA_V1) if columns == expected => self.upgrade_v1(&mut tx, op).await?,
+            Some(v @ (SCHEMA_VERSION | SCHEMA_V1)) => {
                 return Err(Error::Config(format!(
-                    "{db}: table `{table}` is marked as idempotent schema version {SCHEMA_VERSION} but has the \
+                    "{db}: table `{table}` is marked as idempotent schema version {v} but has the \
                      columns ({}) instead of ({}); it was changed by hand. Restore it, or drop it and its row in \
                      idempotent_schema (losing its records), or choose another table with PostgresStoreBuilder::table",
                     shown(&columns),
@@ -533,8 +559,8 @@ impl PostgresStore {
             Some(v) => {
                 return Err(Error::Config(format!(
                     "{db}: table `{table}` has idempotent schema version {v}, and this version of idempotent-core \
-                     reads version {SCHEMA_VERSION} only; use the idempotent-core that wrote it, or choose another \
-                     table with PostgresStoreBuilder::table"
+                     reads versions {SCHEMA_V1} (upgraded in place) and {SCHEMA_VERSION} only; use the \
+                     idempotent-core that wrote it, or choose another table with PostgresStoreBuilder::table"
                 )));
             }
             None if exists => {
@@ -549,7 +575,7 @@ impl PostgresStore {
                     "CREATE TABLE \"{table}\" (\n\
                      key bytea PRIMARY KEY NOT NULL CHECK (length(key) = 32),\n\
                      fingerprint bytea NOT NULL,\n\
-                     state text NOT NULL CHECK (state IN ('running', 'released', 'done')),\n\
+                     state text NOT NULL CONSTRAINT \"{table}_state_check\" CHECK (state IN ({STATES})),\n\
                      token text NOT NULL,\n\
                      fence bigint NOT NULL,\n\
                      attempt bigint NOT NULL,\n\
@@ -570,6 +596,39 @@ impl PostgresStore {
             }
         }
         tx.commit().await.map_err(err)
+    }
+
+    /// Upgrades the table from schema version 1, inside `migrate`'s transaction: version 2 allows
+    /// the state `needs_attention` (its `CHECK` constraint is replaced), and reads a released
+    /// row's `recovered` as "released uncertain" (version 1 left there whether the released
+    /// attempt had taken over a lease, so it is cleared).
+    async fn upgrade_v1(&self, tx: &mut sqlx::Transaction<'static, Postgres>, op: &'static str) -> Result<(), Error> {
+        let table = self.inner.table.as_str();
+        let db = &self.inner.describe;
+        // The name PostgreSQL gave version 1's column constraint.
+        let check = format!("{table}_state_check");
+        let upgrade = format!(
+            "ALTER TABLE \"{table}\" DROP CONSTRAINT \"{check}\",\n\
+             ADD CONSTRAINT \"{check}\" CHECK (state IN ({STATES}));\n\
+             UPDATE \"{table}\" SET recovered = false WHERE state = 'released' AND recovered"
+        );
+        sqlx::raw_sql(AssertSqlSafe(upgrade)).execute(&mut **tx).await.map_err(|e| match e {
+            sqlx::Error::Database(e) if e.code().as_deref() == Some("42704") => Error::Config(format!(
+                "{db}: table `{table}` has idempotent schema version {SCHEMA_V1} but no constraint `{check}` on its \
+                 state, so it cannot be upgraded to version {SCHEMA_VERSION}; it was changed by hand. Restore the \
+                 constraint (CHECK (state IN ('running', 'released', 'done'))), or choose another table with \
+                 PostgresStoreBuilder::table"
+            )),
+            e => self.error(op, e),
+        })?;
+        sqlx::query("UPDATE idempotent_schema SET version = $2 WHERE name = $1")
+            .bind(table)
+            .bind(SCHEMA_VERSION)
+            .execute(&mut **tx)
+            .await
+            .map_err(|e| self.error(op, e))?;
+        tracing::info!(store = %db, table, "idempotent.postgres: upgraded the table to schema version {SCHEMA_VERSION}");
+        Ok(())
     }
 
     /// The number of statements this store (and its clones) ran for the [`Store`] calls,
@@ -893,27 +952,25 @@ impl Store for PostgresStore {
         Box::pin(self.transition("renew", &self.inner.sql.renew, key, token, Some(Arg::Lease(lease))))
     }
 
-    // WIP(#17): replaced by the real transition before this branch lands.
-    fn abandon<'a>(
-        &'a self,
-        _key: &'a Key,
-        _token: &'a Token,
-        _mark: crate::record::Abandon,
-    ) -> BoxFuture<'a, Result<Transition, Error>> {
-        Box::pin(std::future::ready(Err(Error::Config(
-            "WIP(#17): abandon is not implemented for this store yet".into(),
-        ))))
+    fn abandon<'a>(&'a self, key: &'a Key, token: &'a Token, mark: Abandon) -> BoxFuture<'a, Result<Transition, Error>> {
+        let sql = match mark {
+            Abandon::Uncertain => &self.inner.sql.abandon_uncertain,
+            Abandon::NeedsAttention => &self.inner.sql.abandon_attention,
+        };
+        Box::pin(self.transition("abandon", sql, key, token, None))
     }
 
-    // WIP(#17): replaced by the real transition before this branch lands.
-    fn resolve<'a>(
-        &'a self,
-        _key: &'a Key,
-        _resolution: crate::record::Resolution,
-    ) -> BoxFuture<'a, Result<crate::record::Resolved, Error>> {
-        Box::pin(std::future::ready(Err(Error::Config(
-            "WIP(#17): resolve is not implemented for this store yet".into(),
-        ))))
+    fn resolve<'a>(&'a self, key: &'a Key, resolution: Resolution) -> BoxFuture<'a, Result<Resolved, Error>> {
+        Box::pin(async move {
+            let (state, result, keep_us) = resolved_row(resolution);
+            let q = sqlx::query(self.inner.sql.resolve.clone())
+                .bind(&key.as_bytes()[..])
+                .bind(state)
+                .bind(result.map(|r| r.to_vec()))
+                .bind(keep_us);
+            let n = self.execute("resolve", q).await.map_err(|f| f.error)?;
+            Ok(if n == 1 { Resolved::Ok } else { Resolved::NotNeedingAttention })
+        })
     }
 
     fn describe(&self) -> String {

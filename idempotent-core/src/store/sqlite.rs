@@ -91,14 +91,16 @@ use sqlx::sqlite::{
 };
 use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr};
 
-use super::sql::{AcquireCall, Arg, CommitsWith, Found, TransactionalStore, micros};
+use super::sql::{AcquireCall, Arg, CommitsWith, Found, NEVER_US, TransactionalStore, micros, resolved_row};
 use super::{BoxFuture, Store};
 use crate::error::{BoxError, Error};
 use crate::key::{Fingerprint, Key};
-use crate::record::{Acquire, Token, Transition};
+use crate::record::{Abandon, Acquire, Resolution, Resolved, Token, Transition};
 
 /// The schema version this crate writes and reads.
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
+/// The version before, which `migrate` upgrades: it had no `needs_attention` state.
+const SCHEMA_V1: i64 = 1;
 /// Rows examined per purge batch.
 const PURGE_BATCH: i64 = 256;
 /// Acquisitions of one store between two purge batches.
@@ -152,6 +154,9 @@ struct Statements {
     complete: SqlStr,
     release: SqlStr,
     renew: SqlStr,
+    abandon_uncertain: SqlStr,
+    abandon_attention: SqlStr,
+    resolve: SqlStr,
     purge_range: SqlStr,
     purge_delete: SqlStr,
 }
@@ -174,7 +179,8 @@ impl Statements {
             pick("token", "excluded.token"),
             pick("fence", &format!("max(r.fence + 1, {now})")),
             pick("attempt", &format!("CASE WHEN {expired} THEN 1 ELSE r.attempt + 1 END")),
-            pick("recovered", &format!("CASE WHEN {expired} THEN 0 WHEN r.state = 'running' THEN 1 ELSE 0 END")),
+            // A released row's `recovered` says its release was uncertain.
+            pick("recovered", &format!("CASE WHEN {expired} THEN 0 WHEN r.state = 'running' THEN 1 ELSE r.recovered END")),
             pick("lease_until", "excluded.lease_until"),
             pick("expires_at", "excluded.expires_at"),
             pick("result", "NULL"),
@@ -195,7 +201,22 @@ impl Statements {
              state = 'done'\n\
              WHERE {owned} AND state IN ('running', 'done')"
         );
-        let release = format!("UPDATE {t} SET state = 'released' WHERE {owned} AND state IN ('running', 'released')");
+        let release = format!(
+            "UPDATE {t} SET state = 'released', recovered = 0\n\
+             WHERE {owned} AND (state = 'running' OR (state = 'released' AND recovered = 0))"
+        );
+        let abandon_uncertain = format!(
+            "UPDATE {t} SET state = 'released', recovered = 1\n\
+             WHERE {owned} AND (state = 'running' OR (state = 'released' AND recovered = 1))"
+        );
+        let abandon_attention = format!(
+            "UPDATE {t} SET state = 'needs_attention', expires_at = {NEVER_US}\n\
+             WHERE {owned} AND state IN ('running', 'needs_attention')"
+        );
+        let resolve = format!(
+            "UPDATE {t} SET state = ?2, result = ?3, expires_at = {NOW_US} + ?4, recovered = 0\n\
+             WHERE key = ?1 AND state = 'needs_attention'"
+        );
         let renew = format!(
             "UPDATE {t} SET lease_until = {NOW_US} + ?3, expires_at = max(expires_at, {NOW_US} + ?3)\n\
              WHERE {owned} AND state = 'running'"
@@ -210,6 +231,9 @@ impl Statements {
             complete: sql(complete),
             release: sql(release),
             renew: sql(renew),
+            abandon_uncertain: sql(abandon_uncertain),
+            abandon_attention: sql(abandon_attention),
+            resolve: sql(resolve),
             purge_range: sql(purge_range),
             purge_delete: sql(purge_delete),
         }
@@ -275,6 +299,24 @@ impl SqliteStoreBuilder {
         store.migrate().await?;
         Ok(store)
     }
+}
+
+/// The `CREATE TABLE` statement of schema version 2 for a table named `table`.
+fn create_table(table: &str) -> String {
+    format!(
+        "CREATE TABLE \"{table}\" (\n\
+         key BLOB PRIMARY KEY NOT NULL CHECK (length(key) = 32),\n\
+         fingerprint BLOB NOT NULL,\n\
+         state TEXT NOT NULL CHECK (state IN ('running', 'released', 'done', 'needs_attention')),\n\
+         token TEXT NOT NULL,\n\
+         fence INTEGER NOT NULL,\n\
+         attempt INTEGER NOT NULL,\n\
+         recovered INTEGER NOT NULL,\n\
+         lease_until INTEGER NOT NULL,\n\
+         expires_at INTEGER NOT NULL,\n\
+         result BLOB\n\
+         )"
+    )
 }
 
 fn validate_table(name: &str) -> Result<(), Error> {
@@ -433,36 +475,23 @@ impl SqliteStore {
         let path = &self.inner.describe;
         match version {
             Some(SCHEMA_VERSION) if columns == COLUMNS => Ok(()),
-            Some(SCHEMA_VERSION) => Err(Error::Config(format!(
-                "{path}: table `{table}` is marked as idempotent schema version {SCHEMA_VERSION} but has the columns \
+            Some(SCHEMA_V1) if columns == COLUMNS => self.upgrade_v1(conn, table).await,
+            Some(v @ (SCHEMA_VERSION | SCHEMA_V1)) => Err(Error::Config(format!(
+                "{path}: table `{table}` is marked as idempotent schema version {v} but has the columns \
                  {columns:?} instead of {COLUMNS:?}; it was changed by hand. Restore it, or drop it and its row in \
                  idempotent_schema (losing its records), or choose another table with SqliteStoreBuilder::table"
             ))),
             Some(v) => Err(Error::Config(format!(
                 "{path}: table `{table}` has idempotent schema version {v}, and this version of idempotent-core reads \
-                 version {SCHEMA_VERSION} only; use the idempotent-core that wrote it, or choose another table with \
-                 SqliteStoreBuilder::table"
+                 versions {SCHEMA_V1} (upgraded in place) and {SCHEMA_VERSION} only; use the idempotent-core that wrote \
+                 it, or choose another table with SqliteStoreBuilder::table"
             ))),
             None if !columns.is_empty() => Err(Error::Config(format!(
                 "{path}: table `{table}` exists (columns {columns:?}) but was not created by idempotent-core; it was \
                  left as it is. Choose another table with SqliteStoreBuilder::table, or drop that one"
             ))),
             None => {
-                let create = format!(
-                    "CREATE TABLE \"{table}\" (\n\
-                     key BLOB PRIMARY KEY NOT NULL CHECK (length(key) = 32),\n\
-                     fingerprint BLOB NOT NULL,\n\
-                     state TEXT NOT NULL CHECK (state IN ('running', 'released', 'done')),\n\
-                     token TEXT NOT NULL,\n\
-                     fence INTEGER NOT NULL,\n\
-                     attempt INTEGER NOT NULL,\n\
-                     recovered INTEGER NOT NULL,\n\
-                     lease_until INTEGER NOT NULL,\n\
-                     expires_at INTEGER NOT NULL,\n\
-                     result BLOB\n\
-                     )"
-                );
-                sqlx::raw_sql(AssertSqlSafe(create)).execute(&mut *conn).await.map_err(err)?;
+                sqlx::raw_sql(AssertSqlSafe(create_table(table))).execute(&mut *conn).await.map_err(err)?;
                 sqlx::query("INSERT INTO idempotent_schema (name, version) VALUES (?1, ?2)")
                     .bind(table)
                     .bind(SCHEMA_VERSION)
@@ -472,6 +501,35 @@ impl SqliteStore {
                 Ok(())
             }
         }
+    }
+
+    /// Upgrades `table` from schema version 1, inside `migrate`'s transaction: version 2 allows
+    /// the state `needs_attention`, and reads a released row's `recovered` as "released
+    /// uncertain" (version 1 left there whether the released attempt had taken over a lease, so
+    /// it is cleared). SQLite cannot change a `CHECK` constraint in place, so the table is copied
+    /// into a new one of version 2, which then takes its name.
+    async fn upgrade_v1(&self, conn: &mut sqlx::SqliteConnection, table: &str) -> Result<(), Error> {
+        let err = |e: sqlx::Error| self.error("migrate", e);
+        let new = format!("{table}__idempotent_v{SCHEMA_VERSION}");
+        let copy = format!(
+            "{create};\n\
+             INSERT INTO \"{new}\" ({cols})\n\
+             SELECT key, fingerprint, state, token, fence, attempt, CASE WHEN state = 'released' THEN 0 ELSE recovered \
+             END, lease_until, expires_at, result FROM \"{table}\" ORDER BY rowid;\n\
+             DROP TABLE \"{table}\";\n\
+             ALTER TABLE \"{new}\" RENAME TO \"{table}\"",
+            create = create_table(&new),
+            cols = COLUMNS.join(", "),
+        );
+        sqlx::raw_sql(AssertSqlSafe(copy)).execute(&mut *conn).await.map_err(err)?;
+        sqlx::query("UPDATE idempotent_schema SET version = ?2 WHERE name = ?1")
+            .bind(table)
+            .bind(SCHEMA_VERSION)
+            .execute(&mut *conn)
+            .await
+            .map_err(err)?;
+        tracing::info!(store = %self.inner.describe, table, "idempotent.sqlite: upgraded the table to schema version {SCHEMA_VERSION}");
+        Ok(())
     }
 
     /// The number of statements this store (and its clones) ran for the [`Store`] calls,
@@ -684,27 +742,28 @@ impl Store for SqliteStore {
         Box::pin(self.transition("renew", &self.inner.sql.renew, key, token, Some(Arg::Lease(lease))))
     }
 
-    // WIP(#17): replaced by the real transition before this branch lands.
-    fn abandon<'a>(
-        &'a self,
-        _key: &'a Key,
-        _token: &'a Token,
-        _mark: crate::record::Abandon,
-    ) -> BoxFuture<'a, Result<Transition, Error>> {
-        Box::pin(std::future::ready(Err(Error::Config(
-            "WIP(#17): abandon is not implemented for this store yet".into(),
-        ))))
+    fn abandon<'a>(&'a self, key: &'a Key, token: &'a Token, mark: Abandon) -> BoxFuture<'a, Result<Transition, Error>> {
+        let sql = match mark {
+            Abandon::Uncertain => &self.inner.sql.abandon_uncertain,
+            Abandon::NeedsAttention => &self.inner.sql.abandon_attention,
+        };
+        Box::pin(self.transition("abandon", sql, key, token, None))
     }
 
-    // WIP(#17): replaced by the real transition before this branch lands.
-    fn resolve<'a>(
-        &'a self,
-        _key: &'a Key,
-        _resolution: crate::record::Resolution,
-    ) -> BoxFuture<'a, Result<crate::record::Resolved, Error>> {
-        Box::pin(std::future::ready(Err(Error::Config(
-            "WIP(#17): resolve is not implemented for this store yet".into(),
-        ))))
+    fn resolve<'a>(&'a self, key: &'a Key, resolution: Resolution) -> BoxFuture<'a, Result<Resolved, Error>> {
+        Box::pin(async move {
+            let (state, result, keep_us) = resolved_row(resolution);
+            self.inner.statements.fetch_add(1, Ordering::Relaxed);
+            let done = sqlx::query(self.inner.sql.resolve.clone())
+                .bind(&key.as_bytes()[..])
+                .bind(state)
+                .bind(result.map(|r| r.to_vec()))
+                .bind(keep_us)
+                .execute(&self.inner.pool)
+                .await
+                .map_err(|e| self.error("resolve", e))?;
+            Ok(if done.rows_affected() == 1 { Resolved::Ok } else { Resolved::NotNeedingAttention })
+        })
     }
 
     fn describe(&self) -> String {
