@@ -643,7 +643,10 @@ async fn purge_never_removes_a_record_that_needs_attention() {
     assert_eq!(store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap(), waiting);
     let done = Resolution::Done { outcome: Bytes::from_static(b"checked"), retention: KEEP };
     assert_eq!(store.resolve(&key(1), done).await.unwrap(), Resolved::Ok);
-    assert_eq!(store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap(), Acquire::Replay(Bytes::from_static(b"checked")));
+    assert_eq!(
+        store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap(),
+        Acquire::Replay(Bytes::from_static(b"checked"))
+    );
 }
 
 /// Two stores (two pools) resolve the same records at once, one as done and one as not done:

@@ -415,7 +415,10 @@ async fn purge_never_removes_a_record_that_needs_attention() {
     assert_eq!(store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap(), waiting);
     let done = Resolution::Done { outcome: Bytes::from_static(b"checked"), retention: KEEP };
     assert_eq!(store.resolve(&key(1), done).await.unwrap(), Resolved::Ok);
-    assert_eq!(store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap(), Acquire::Replay(Bytes::from_static(b"checked")));
+    assert_eq!(
+        store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap(),
+        Acquire::Replay(Bytes::from_static(b"checked"))
+    );
 }
 
 /// Two stores (two pools) on one file resolve the same records at once, one as done and one as
@@ -491,10 +494,7 @@ async fn a_version_1_table_is_upgraded_in_place_keeping_its_records() {
     sqlx::raw_sql(V1_TABLE).execute(&mut conn).await.unwrap();
     sqlx::raw_sql("ALTER TABLE idempotent_records DROP COLUMN result").execute(&mut conn).await.unwrap();
     let err = SqliteStore::open(&path).await.unwrap_err();
-    assert!(
-        matches!(&err, Error::Config(m) if m.contains("version 1") && m.contains("changed by hand")),
-        "{err:?}"
-    );
+    assert!(matches!(&err, Error::Config(m) if m.contains("version 1") && m.contains("changed by hand")), "{err:?}");
     let version: i64 = sqlx::query_scalar("SELECT version FROM idempotent_schema").fetch_one(&mut conn).await.unwrap();
     assert_eq!(version, 1, "the table was upgraded");
 }

@@ -1,6 +1,6 @@
 //! The PostgreSQL store, on sqlx: one table, shared by every process that reaches the database.
 //!
-//! # Schema (version 1)
+//! # Schema (version 2)
 //!
 //! One row per key, in a table named by [`PostgresStoreBuilder::table`] (`idempotent_records`
 //! unless set), in the first schema of the connection's `search_path` (`current_schema()`):
@@ -9,13 +9,13 @@
 //! |---|---|---|
 //! | `key` | `bytea PRIMARY KEY` | the key's 32 bytes |
 //! | `fingerprint` | `bytea` | the payload's 32 bytes |
-//! | `state` | `text` | `running`, `released` or `done` |
-//! | `token` | `text` | owner token of the last acquisition (kept when done or released, so that a repeated complete or release by it is acknowledged) |
+//! | `state` | `text` | `running`, `released`, `done` or `needs_attention` |
+//! | `token` | `text` | owner token of the last acquisition (kept when done, released or needing attention, so that a repeated complete, release or abandon by it is acknowledged) |
 //! | `fence` | `bigint` | fencing token of the last acquisition |
 //! | `attempt` | `bigint` | its attempt number |
-//! | `recovered` | `boolean` | it took over a lease that ran out |
+//! | `recovered` | `boolean` | running: it took over a lease that ran out; released: the release was uncertain ([`Abandon::Uncertain`]), so the next acquisition is recovered |
 //! | `lease_until` | `bigint` | lease deadline, µs since the Unix epoch on the database clock |
-//! | `expires_at` | `bigint` | when the row counts as absent, µs since the Unix epoch; indexed (`<table>_expires_at`) for the purge |
+//! | `expires_at` | `bigint` | when the row counts as absent, µs since the Unix epoch; `i64::MAX` (never) while it needs attention; indexed (`<table>_expires_at`) for the purge |
 //! | `result` | `bytea` | the stored outcome, when done |
 //!
 //! and a table `idempotent_schema (name, version)` saying which tables this crate created and
@@ -28,6 +28,13 @@
 //! starting at once do not both create it. A table of that name that this crate did not create,
 //! or of another version or shape, is an [`Error::Config`] saying what to do, and is never
 //! altered.
+//!
+//! A table of version 1 (before `needs_attention`) is upgraded in place by `migrate`, in its
+//! transaction under the advisory lock: its state constraint `<table>_state_check` is replaced
+//! (an `ALTER TABLE`, which waits for the calls under way), and version 1's `recovered` on a
+//! released row (whether that attempt had taken over a lease) is cleared. Upgrade every process
+//! on the table together: one still on version 1 answers an error (fails closed) on a record that
+//! needs attention, and ignores the uncertain mark of a released one.
 //!
 //! # Statements
 //!
@@ -55,7 +62,15 @@
 //!   a done record stays done until it expires, and expiry is judged at that same time.
 //! - complete, release, renew: `UPDATE … WHERE key = $1 AND token = $2 AND state IN (…) AND
 //!   expires_at > now`; a repeat by the token that completed (or released) matches its own done
-//!   (released) row and changes nothing, so it is acknowledged.
+//!   (released) row and changes nothing, so it is acknowledged. Release writes `recovered =
+//!   false`, so that a repeated clean release does not match an uncertain one.
+//! - abandon: the same `UPDATE`, to `released` with `recovered` set ([`Abandon::Uncertain`]), or to
+//!   `needs_attention` with `expires_at` never ([`Abandon::NeedsAttention`]); a repeat with the
+//!   same mark matches its own row. A late complete by the marked attempt finds neither
+//!   `running` nor `done`, and is refused.
+//! - resolve: `UPDATE … SET state = $2, result = $3, expires_at = now + $4 WHERE key = $1 AND state =
+//!   'needs_attention'`: of two resolves at once, the second finds the row settled and changes
+//!   nothing ([`Resolved::NotNeedingAttention`]).
 //!
 //! [`PostgresStore::statements`] counts them: a first execution is 2 (acquire, complete), a replay
 //! 1 (`tests/tests/postgres_store.rs` asserts both, and that replays leave the row version as it
@@ -97,6 +112,8 @@
 //! # Purging
 //!
 //! A row expires `max(lease, retention)` after its acquisition, `retention` after its completion.
+//! A row that needs attention never expires, so no purge deletes it; once resolved, it expires
+//! after the resolution's retention (as done) or [`KEEP_RESOLVED_RELEASE`](crate::record::KEEP_RESOLVED_RELEASE) (as not done).
 //! An expired row counts as absent at once (acquire takes it over, the fence still grows); it is
 //! deleted by a purge that takes up to 256 expired rows by the `expires_at` index (`FOR UPDATE
 //! SKIP LOCKED`, so it never waits for a call) and deletes them, one batch for every 64
@@ -952,7 +969,12 @@ impl Store for PostgresStore {
         Box::pin(self.transition("renew", &self.inner.sql.renew, key, token, Some(Arg::Lease(lease))))
     }
 
-    fn abandon<'a>(&'a self, key: &'a Key, token: &'a Token, mark: Abandon) -> BoxFuture<'a, Result<Transition, Error>> {
+    fn abandon<'a>(
+        &'a self,
+        key: &'a Key,
+        token: &'a Token,
+        mark: Abandon,
+    ) -> BoxFuture<'a, Result<Transition, Error>> {
         let sql = match mark {
             Abandon::Uncertain => &self.inner.sql.abandon_uncertain,
             Abandon::NeedsAttention => &self.inner.sql.abandon_attention,

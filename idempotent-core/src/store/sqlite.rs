@@ -1,7 +1,7 @@
 //! The SQLite store, on sqlx: one file, shared by the tasks of a process and by the processes of
 //! one host.
 //!
-//! # Schema (version 1)
+//! # Schema (version 2)
 //!
 //! One row per key, in a table named by [`SqliteStoreBuilder::table`] (`idempotent_records`
 //! unless set):
@@ -10,17 +10,25 @@
 //! |---|---|---|
 //! | `key` | `BLOB PRIMARY KEY` | the key's 32 bytes |
 //! | `fingerprint` | `BLOB` | the payload's 32 bytes |
-//! | `state` | `TEXT` | `running`, `released` or `done` |
-//! | `token` | `TEXT` | owner token of the last acquisition (kept when done or released, so that a repeated complete or release by it is acknowledged) |
+//! | `state` | `TEXT` | `running`, `released`, `done` or `needs_attention` |
+//! | `token` | `TEXT` | owner token of the last acquisition (kept when done, released or needing attention, so that a repeated complete, release or abandon by it is acknowledged) |
 //! | `fence` | `INTEGER` | fencing token of the last acquisition |
 //! | `attempt` | `INTEGER` | its attempt number |
-//! | `recovered` | `INTEGER` | 1 when it took over a lease that ran out |
+//! | `recovered` | `INTEGER` | running: 1 when it took over a lease that ran out; released: 1 when the release was uncertain ([`Abandon::Uncertain`]), so the next acquisition is recovered |
 //! | `lease_until` | `INTEGER` | lease deadline, µs since the Unix epoch |
-//! | `expires_at` | `INTEGER` | when the row counts as absent, µs since the Unix epoch |
+//! | `expires_at` | `INTEGER` | when the row counts as absent, µs since the Unix epoch; `i64::MAX` (never) while it needs attention |
 //! | `result` | `BLOB` | the stored outcome, when done |
 //!
 //! and a table `idempotent_schema (name, version)` saying which tables this crate created and
 //! at which version.
+//!
+//! A table of version 1 (before `needs_attention`) is upgraded in place by `migrate`, in its
+//! immediate transaction: SQLite cannot change a `CHECK` constraint, so the rows are copied into
+//! a new table of version 2, which takes the old one's name (a one-time cost of one pass over the
+//! table). Version 1's `recovered` on a released row said whether that attempt had taken over a
+//! lease, so it is cleared. Upgrade every process on the file together: one still on version 1
+//! answers an error (fails closed) on a record that needs attention, and ignores the uncertain
+//! mark of a released one.
 //!
 //! # Statements
 //!
@@ -36,7 +44,15 @@
 //!   rewrite the index entry on every replay).
 //! - complete, release, renew: `UPDATE … WHERE key = ? AND token = ? AND state IN (…) AND
 //!   expires_at > now`; a repeat by the token that completed (or released) matches its own done
-//!   (released) row and changes nothing, so it is acknowledged.
+//!   (released) row and changes nothing, so it is acknowledged. Release writes `recovered =
+//!   false`, so that a repeated clean release does not match an uncertain one.
+//! - abandon: the same `UPDATE`, to `released` with `recovered` set ([`Abandon::Uncertain`]), or to
+//!   `needs_attention` with `expires_at` never ([`Abandon::NeedsAttention`]); a repeat with the
+//!   same mark matches its own row. A late complete by the marked attempt finds neither
+//!   `running` nor `done`, and is refused.
+//! - resolve: `UPDATE … SET state = ?2, result = ?3, expires_at = now + ?4 WHERE key = ?1 AND state =
+//!   'needs_attention'`: of two resolves at once, the second finds the row settled and changes
+//!   nothing ([`Resolved::NotNeedingAttention`]).
 //!
 //! [`SqliteStore::statements`] counts them: a first execution is 2 (acquire, complete), a replay
 //! 1 (`tests/tests/sqlite_store.rs` asserts both, and that replays leave the WAL as it was).
@@ -66,6 +82,8 @@
 //! # Purging
 //!
 //! A row expires `max(lease, retention)` after its acquisition, `retention` after its completion.
+//! A row that needs attention never expires, so no purge deletes it; once resolved, it expires
+//! after the resolution's retention (as done) or [`KEEP_RESOLVED_RELEASE`](crate::record::KEEP_RESOLVED_RELEASE) (as not done).
 //! An expired row counts as absent at once (acquire takes it over, the fence still grows); it is
 //! deleted by a sweep that walks the table in `rowid` order, 256 rows per batch, one batch for
 //! every 64 acquisitions of a store (in a background task), so a sweep costs a bounded amount per
@@ -180,7 +198,10 @@ impl Statements {
             pick("fence", &format!("max(r.fence + 1, {now})")),
             pick("attempt", &format!("CASE WHEN {expired} THEN 1 ELSE r.attempt + 1 END")),
             // A released row's `recovered` says its release was uncertain.
-            pick("recovered", &format!("CASE WHEN {expired} THEN 0 WHEN r.state = 'running' THEN 1 ELSE r.recovered END")),
+            pick(
+                "recovered",
+                &format!("CASE WHEN {expired} THEN 0 WHEN r.state = 'running' THEN 1 ELSE r.recovered END"),
+            ),
             pick("lease_until", "excluded.lease_until"),
             pick("expires_at", "excluded.expires_at"),
             pick("result", "NULL"),
@@ -742,7 +763,12 @@ impl Store for SqliteStore {
         Box::pin(self.transition("renew", &self.inner.sql.renew, key, token, Some(Arg::Lease(lease))))
     }
 
-    fn abandon<'a>(&'a self, key: &'a Key, token: &'a Token, mark: Abandon) -> BoxFuture<'a, Result<Transition, Error>> {
+    fn abandon<'a>(
+        &'a self,
+        key: &'a Key,
+        token: &'a Token,
+        mark: Abandon,
+    ) -> BoxFuture<'a, Result<Transition, Error>> {
         let sql = match mark {
             Abandon::Uncertain => &self.inner.sql.abandon_uncertain,
             Abandon::NeedsAttention => &self.inner.sql.abandon_attention,
