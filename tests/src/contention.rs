@@ -1,12 +1,16 @@
 //! Contention workloads through the executor, for every shared store: many tasks on one key, and
-//! many callers over many keys, each spread over several stores (pools) on the same records.
+//! many callers over many keys, each spread over several stores (pools) on the same records; and
+//! two stores racing to resolve the same records that need attention.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures_util::future::join_all;
-use idempotent_core::{Error, RunContext, SharedStore};
+use idempotent_core::record::{Abandon, Acquire, Resolution, Resolved, Transition};
+use idempotent_core::{Error, Fingerprint, Key, RunContext, SharedStore};
+use tokio::sync::Barrier;
 
 /// `tasks` tasks, task `t` on `stores[t % n]`, call one step with one payload at once; the
 /// action (which takes 50 ms) must run once and every caller get its result. Answers the
@@ -64,4 +68,47 @@ pub async fn every_key_runs_once(stores: &[SharedStore], keys: usize, callers: u
     }
     let per_key: Vec<usize> = runs.iter().map(|r| r.load(Ordering::SeqCst)).collect();
     assert!(per_key.iter().all(|&n| n == 1), "a key ran other than once: {per_key:?}");
+}
+
+/// For each of `keys` keys, `a` takes the key and marks it needing attention; then `a` resolves it
+/// as done (outcome `by-a`) while `b` resolves it as not done, both released by one barrier.
+/// Exactly one of them must be answered [`Resolved::Ok`], and the record must then be as the
+/// winner said: replayed with `by-a`, or taken afresh (attempt 2, not recovered).
+pub async fn resolve_races_have_one_winner(a: &SharedStore, b: &SharedStore, keys: u32) {
+    let fp = Fingerprint::from_bytes([3; 32]);
+    let (lease, keep) = (Duration::from_secs(10), Duration::from_secs(60));
+    let mut wins = [0u32; 2];
+    for n in 0..keys {
+        let mut bytes = [0x5e; 32];
+        bytes[..4].copy_from_slice(&n.to_le_bytes());
+        let key = Key::from_bytes(bytes);
+        let Acquire::Acquired(grant) = a.acquire(&key, &fp, lease, keep).await.unwrap() else {
+            panic!("key {n}: not acquired")
+        };
+        assert_eq!(a.abandon(&key, &grant.token, Abandon::NeedsAttention).await.unwrap(), Transition::Ok);
+        let barrier = Arc::new(Barrier::new(2));
+        let racer = |store: &SharedStore, resolution: Resolution| {
+            let (store, barrier) = (store.clone(), barrier.clone());
+            tokio::spawn(async move {
+                barrier.wait().await;
+                store.resolve(&key, resolution).await.unwrap()
+            })
+        };
+        let done = Resolution::Done { outcome: Bytes::from_static(b"by-a"), retention: keep };
+        let (by_a, by_b) = (racer(a, done), racer(b, Resolution::NotDone));
+        let answers = [by_a.await.unwrap(), by_b.await.unwrap()];
+        let winners: Vec<usize> = (0..2).filter(|&i| answers[i] == Resolved::Ok).collect();
+        assert_eq!(winners.len(), 1, "key {n}: resolves answered {answers:?}");
+        assert!(answers.contains(&Resolved::NotNeedingAttention), "key {n}: {answers:?}");
+        wins[winners[0]] += 1;
+        match (winners[0], b.acquire(&key, &fp, lease, keep).await.unwrap()) {
+            (0, Acquire::Replay(r)) => assert_eq!(r, Bytes::from_static(b"by-a"), "key {n}"),
+            (1, Acquire::Acquired(next)) => {
+                assert_eq!((next.attempt.number(), next.attempt.recovered()), (2, false), "key {n}");
+                assert!(next.attempt.fence() > grant.attempt.fence(), "key {n}: the fence must grow");
+            }
+            (w, other) => panic!("key {n}: resolved by store {w}, then acquire answered {other:?}"),
+        }
+    }
+    tracing::debug!(?wins, "resolve races won by a, by b");
 }

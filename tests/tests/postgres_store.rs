@@ -1,6 +1,7 @@
 //! `PostgresStore` beyond the conformance suite: contention between pools, a database killed or
-//! paused mid-run, garbage rows, statements per call, schema checks, purging, connections held,
-//! and a step's writes committed with its record. Each test runs its own throwaway server.
+//! paused mid-run, garbage rows, statements per call, schema checks and upgrades, purging,
+//! connections held, a step's writes committed with its record, and records that need attention
+//! (never purged, resolved once). Each test runs its own throwaway server.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -8,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::future::join_all;
-use idempotent_core::record::{Acquire, Grant, Transition};
+use idempotent_core::record::{Abandon, Acquire, Grant, Resolution, Resolved, Transition};
 use idempotent_core::store::TransactionalStore;
 use idempotent_core::{Error, Fingerprint, Key, PostgresStore, RunContext, SharedStore, Store};
 use idempotent_tests::{PgServer, contention};
@@ -390,9 +391,9 @@ async fn an_incompatible_table_is_refused_and_left_alone() {
     // Another table works; marked with a newer version, or changed by hand, it is refused.
     let store = PostgresStore::builder(server.url()).table("records").connect().await.unwrap();
     store.close().await;
-    sqlx::raw_sql("UPDATE idempotent_schema SET version = 2 WHERE name = 'records'").execute(&mut conn).await.unwrap();
+    sqlx::raw_sql("UPDATE idempotent_schema SET version = 3 WHERE name = 'records'").execute(&mut conn).await.unwrap();
     let err = PostgresStore::builder(server.url()).table("records").connect().await.unwrap_err();
-    assert!(matches!(&err, Error::Config(m) if m.contains("version 2")), "{err:?}");
+    assert!(matches!(&err, Error::Config(m) if m.contains("version 3")), "{err:?}");
     let changed = "UPDATE idempotent_schema SET version = 1 WHERE name = 'records';
                    ALTER TABLE records ALTER COLUMN attempt TYPE integer";
     sqlx::raw_sql(changed).execute(&mut conn).await.unwrap();
@@ -612,4 +613,118 @@ async fn a_completion_commits_or_rolls_back_with_the_transaction_that_holds_it()
     let done = store.complete_in(&mut tx, &key(2), &other.token, Bytes::new(), KEEP).await.unwrap();
     assert_eq!(done, Transition::LeaseLost);
     tx.rollback().await.unwrap();
+}
+
+/// A record that needs attention outlives the lease and retention it was acquired with: the
+/// purge deletes an expired neighbour, and keeps it; it is resolved later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_never_removes_a_record_that_needs_attention() {
+    let server = PgServer::start();
+    let store = PostgresStore::connect(server.url()).await.unwrap();
+    let short = Duration::from_millis(300);
+    let Acquire::Acquired(marked) = store.acquire(&key(1), &FP, short, short).await.unwrap() else { panic!() };
+    let Acquire::Acquired(_) = store.acquire(&key(2), &FP, short, short).await.unwrap() else { panic!() };
+    assert_eq!(store.abandon(&key(1), &marked.token, Abandon::NeedsAttention).await.unwrap(), Transition::Ok);
+    // Key 2, acquired after key 1 with the same lease and retention, has expired: so has what
+    // key 1 was acquired with.
+    let mut conn = server.connection().await;
+    let expired = "SELECT count(*) FROM idempotent_records WHERE expires_at <= (extract(epoch FROM \
+                   clock_timestamp()) * 1000000)::bigint";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while count(&mut conn, expired).await < 1 {
+        assert!(Instant::now() < deadline, "key 2 never expired");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(store.purge().await.unwrap(), 1, "the expired neighbour");
+    assert_eq!(store.purge().await.unwrap(), 0);
+    assert_eq!(state_of(&mut conn, &key(1)).await, Some(("needs_attention".to_owned(), 1)));
+    assert_eq!(count(&mut conn, "SELECT count(*) FROM idempotent_records").await, 1);
+    let waiting = Acquire::NeedsAttention { attempt: 1, fence: marked.attempt.fence() };
+    assert_eq!(store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap(), waiting);
+    let done = Resolution::Done { outcome: Bytes::from_static(b"checked"), retention: KEEP };
+    assert_eq!(store.resolve(&key(1), done).await.unwrap(), Resolved::Ok);
+    assert_eq!(
+        store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap(),
+        Acquire::Replay(Bytes::from_static(b"checked"))
+    );
+}
+
+/// Two stores (two pools) resolve the same records at once, one as done and one as not done:
+/// one wins each, and the record is as it said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_pools_racing_to_resolve_a_record_have_one_winner() {
+    let server = PgServer::start();
+    let a: SharedStore = Arc::new(PostgresStore::connect(server.url()).await.unwrap());
+    let b: SharedStore = Arc::new(PostgresStore::connect(server.url()).await.unwrap());
+    contention::resolve_races_have_one_winner(&a, &b, 32).await;
+}
+
+/// The table of schema version 1, as idempotent-core 0.1 created it.
+const V1_TABLE: &str = "CREATE TABLE idempotent_records (
+    key bytea PRIMARY KEY NOT NULL CHECK (length(key) = 32),
+    fingerprint bytea NOT NULL,
+    state text NOT NULL CHECK (state IN ('running', 'released', 'done')),
+    token text NOT NULL,
+    fence bigint NOT NULL,
+    attempt bigint NOT NULL,
+    recovered boolean NOT NULL,
+    lease_until bigint NOT NULL,
+    expires_at bigint NOT NULL,
+    result bytea
+);
+CREATE INDEX idempotent_records_expires_at ON idempotent_records (expires_at);
+CREATE TABLE idempotent_schema (name text PRIMARY KEY NOT NULL, version integer NOT NULL);
+INSERT INTO idempotent_schema VALUES ('idempotent_records', 1)";
+
+/// A table of version 1 is upgraded in place when a store connects: its records are kept (a
+/// done one replays, a released one is taken afresh: version 1's `recovered` on a released row
+/// said something else), and it can hold records that need attention. A version 1 table whose
+/// state constraint is gone is refused and left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_1_table_is_upgraded_in_place_keeping_its_records() {
+    let server = PgServer::start();
+    let mut conn = server.connection().await;
+    sqlx::raw_sql(V1_TABLE).execute(&mut conn).await.unwrap();
+    let far = 9_000_000_000_000_000i64;
+    for (k, state, recovered, result) in [(1u8, "done", false, Some(&b"old"[..])), (2, "released", true, None)] {
+        sqlx::query("INSERT INTO idempotent_records VALUES ($1, $2, $3, 'old-token', 5, 2, $4, 0, $5, $6)")
+            .bind(&key(k).as_bytes()[..])
+            .bind(&FP.as_bytes()[..])
+            .bind(state)
+            .bind(recovered)
+            .bind(far)
+            .bind(result)
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+    let store = PostgresStore::connect(server.url()).await.unwrap();
+    assert_eq!(count(&mut conn, "SELECT version::bigint FROM idempotent_schema").await, 2);
+    assert_eq!(store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap(), Acquire::Replay(Bytes::from_static(b"old")));
+    let next = acquired(&store, &key(2), LEASE).await;
+    assert_eq!((next.attempt.number(), next.attempt.recovered()), (3, false));
+    assert!(next.attempt.fence() > 5);
+    assert_eq!(store.abandon(&key(2), &next.token, Abandon::NeedsAttention).await.unwrap(), Transition::Ok);
+    let waiting = Acquire::NeedsAttention { attempt: 3, fence: next.attempt.fence() };
+    assert_eq!(store.acquire(&key(2), &FP, LEASE, KEEP).await.unwrap(), waiting);
+    store.close().await;
+    // Connected again: nothing to upgrade, nothing changed.
+    let store = PostgresStore::connect(server.url()).await.unwrap();
+    assert_eq!(store.acquire(&key(2), &FP, LEASE, KEEP).await.unwrap(), waiting);
+    assert_eq!(count(&mut conn, "SELECT count(*) FROM idempotent_records").await, 2);
+    store.close().await;
+
+    // Version 1 without its state constraint: refused, and not altered.
+    sqlx::raw_sql("DROP TABLE idempotent_records, idempotent_schema").execute(&mut conn).await.unwrap();
+    sqlx::raw_sql(V1_TABLE).execute(&mut conn).await.unwrap();
+    sqlx::raw_sql("ALTER TABLE idempotent_records DROP CONSTRAINT idempotent_records_state_check")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let err = PostgresStore::connect(server.url()).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::Config(m) if m.contains("version 1") && m.contains("idempotent_records_state_check")),
+        "{err:?}"
+    );
+    assert_eq!(count(&mut conn, "SELECT version::bigint FROM idempotent_schema").await, 1, "the table was upgraded");
 }

@@ -1,5 +1,6 @@
 //! `SqliteStore` beyond the conformance suite: contention between stores and processes on one
-//! file, durability across a reopen, purging, schema checks and statements per call.
+//! file, durability across a reopen, purging, schema checks and upgrades, statements per call, and
+//! records that need attention (never purged, resolved once).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -8,7 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use idempotent_core::record::{Acquire, Transition};
+use idempotent_core::record::{Abandon, Acquire, Resolution, Resolved, Transition};
 use idempotent_core::{Error, Fingerprint, Key, RunContext, SharedStore, SqliteStore, Store};
 use idempotent_tests::contention;
 use sqlx::{Connection, SqliteConnection};
@@ -211,9 +212,9 @@ async fn an_incompatible_table_is_refused_and_left_alone() {
     // Another table in the same file works; marked with a newer version, it is refused.
     let store = SqliteStore::builder(&path).table("records").open().await.unwrap();
     store.close().await;
-    sqlx::raw_sql("UPDATE idempotent_schema SET version = 2 WHERE name = 'records'").execute(&mut conn).await.unwrap();
+    sqlx::raw_sql("UPDATE idempotent_schema SET version = 3 WHERE name = 'records'").execute(&mut conn).await.unwrap();
     let err = SqliteStore::builder(&path).table("records").open().await.unwrap_err();
-    assert!(matches!(&err, Error::Config(m) if m.contains("version 2")), "{err:?}");
+    assert!(matches!(&err, Error::Config(m) if m.contains("version 3")), "{err:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -368,4 +369,132 @@ async fn two_hundred_keys_by_eight_callers_run_200_actions() {
     }
     contention::every_key_runs_once(&stores, 200, 8).await;
     assert_eq!(count_rows(&path, "idempotent_records").await, 200);
+}
+
+/// The database clock in µs, as the store's `expires_at` counts it.
+const NOW_US: &str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
+
+/// Polls until `sql` (a `SELECT count(*) …` on `conn`) is `want`: the database clock gets there.
+async fn wait_for_count(conn: &mut SqliteConnection, sql: &str, want: i64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned())).fetch_one(&mut *conn).await.unwrap();
+        if n == want {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "`{sql}` stayed {n}, not {want}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A record that needs attention outlives the lease and retention it was acquired with: the
+/// purge deletes an expired neighbour in the same batch, and keeps it; it is resolved later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_never_removes_a_record_that_needs_attention() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("attention.db");
+    let store = SqliteStore::open(&path).await.unwrap();
+    let short = Duration::from_millis(300);
+    let Acquire::Acquired(marked) = store.acquire(&key(1), &FP, short, short).await.unwrap() else { panic!() };
+    let Acquire::Acquired(_) = store.acquire(&key(2), &FP, short, short).await.unwrap() else { panic!() };
+    assert_eq!(store.abandon(&key(1), &marked.token, Abandon::NeedsAttention).await.unwrap(), Transition::Ok);
+    // Key 2, acquired after key 1 with the same lease and retention, has expired: so has what
+    // key 1 was acquired with.
+    let mut conn = raw(&path).await;
+    let expired = format!("SELECT count(*) FROM idempotent_records WHERE expires_at <= {NOW_US}");
+    wait_for_count(&mut conn, &expired, 1).await;
+    assert_eq!(store.purge().await.unwrap(), 1, "the expired neighbour");
+    let left: Vec<(Vec<u8>, String)> =
+        sqlx::query_as("SELECT key, state FROM idempotent_records").fetch_all(&mut conn).await.unwrap();
+    assert_eq!(left, [(key(1).as_bytes().to_vec(), "needs_attention".to_owned())]);
+    // A whole new pass finds nothing to delete either.
+    for _ in 0..2 {
+        assert_eq!(store.purge().await.unwrap(), 0);
+    }
+    let waiting = Acquire::NeedsAttention { attempt: 1, fence: marked.attempt.fence() };
+    assert_eq!(store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap(), waiting);
+    let done = Resolution::Done { outcome: Bytes::from_static(b"checked"), retention: KEEP };
+    assert_eq!(store.resolve(&key(1), done).await.unwrap(), Resolved::Ok);
+    assert_eq!(
+        store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap(),
+        Acquire::Replay(Bytes::from_static(b"checked"))
+    );
+}
+
+/// Two stores (two pools) on one file resolve the same records at once, one as done and one as
+/// not done: one wins each, and the record is as it said.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_stores_racing_to_resolve_a_record_have_one_winner() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("resolve.db");
+    let a: SharedStore = Arc::new(SqliteStore::open(&path).await.unwrap());
+    let b: SharedStore = Arc::new(SqliteStore::open(&path).await.unwrap());
+    contention::resolve_races_have_one_winner(&a, &b, 32).await;
+}
+
+/// The table of schema version 1, as idempotent-core 0.1 created it.
+const V1_TABLE: &str = "CREATE TABLE idempotent_records (
+    key BLOB PRIMARY KEY NOT NULL CHECK (length(key) = 32),
+    fingerprint BLOB NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('running', 'released', 'done')),
+    token TEXT NOT NULL,
+    fence INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    recovered INTEGER NOT NULL,
+    lease_until INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    result BLOB
+);
+CREATE TABLE idempotent_schema (name TEXT PRIMARY KEY NOT NULL, version INTEGER NOT NULL);
+INSERT INTO idempotent_schema VALUES ('idempotent_records', 1)";
+
+/// A table of version 1 is upgraded in place when the store opens it: its records are kept (a
+/// done one replays, a released one is taken afresh: version 1's `recovered` on a released row
+/// said something else), and it can hold records that need attention. A version 1 table changed
+/// by hand is refused and left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_1_table_is_upgraded_in_place_keeping_its_records() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("v1.db");
+    let mut conn = raw(&path).await;
+    sqlx::raw_sql(V1_TABLE).execute(&mut conn).await.unwrap();
+    let far = 9_000_000_000_000_000i64;
+    for (k, state, recovered, result) in [(1u8, "done", 0, Some(&b"old"[..])), (2, "released", 1, None)] {
+        sqlx::query("INSERT INTO idempotent_records VALUES (?1, ?2, ?3, 'old-token', 5, 2, ?4, 0, ?5, ?6)")
+            .bind(&key(k).as_bytes()[..])
+            .bind(&FP.as_bytes()[..])
+            .bind(state)
+            .bind(recovered)
+            .bind(far)
+            .bind(result)
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+    let store = SqliteStore::open(&path).await.unwrap();
+    let version: i64 = sqlx::query_scalar("SELECT version FROM idempotent_schema").fetch_one(&mut conn).await.unwrap();
+    assert_eq!(version, 2);
+    assert_eq!(store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap(), Acquire::Replay(Bytes::from_static(b"old")));
+    let Acquire::Acquired(next) = store.acquire(&key(2), &FP, LEASE, KEEP).await.unwrap() else { panic!() };
+    assert_eq!((next.attempt.number(), next.attempt.recovered()), (3, false));
+    assert!(next.attempt.fence() > 5);
+    assert_eq!(store.abandon(&key(2), &next.token, Abandon::NeedsAttention).await.unwrap(), Transition::Ok);
+    let waiting = Acquire::NeedsAttention { attempt: 3, fence: next.attempt.fence() };
+    assert_eq!(store.acquire(&key(2), &FP, LEASE, KEEP).await.unwrap(), waiting);
+    store.close().await;
+    // Opened again: nothing to upgrade, nothing changed.
+    let store = SqliteStore::open(&path).await.unwrap();
+    assert_eq!(store.acquire(&key(2), &FP, LEASE, KEEP).await.unwrap(), waiting);
+    assert_eq!(count_rows(&path, "idempotent_records").await, 2);
+    store.close().await;
+
+    // Version 1, changed by hand: refused, and not altered.
+    let path = dir.path().join("v1-changed.db");
+    let mut conn = raw(&path).await;
+    sqlx::raw_sql(V1_TABLE).execute(&mut conn).await.unwrap();
+    sqlx::raw_sql("ALTER TABLE idempotent_records DROP COLUMN result").execute(&mut conn).await.unwrap();
+    let err = SqliteStore::open(&path).await.unwrap_err();
+    assert!(matches!(&err, Error::Config(m) if m.contains("version 1") && m.contains("changed by hand")), "{err:?}");
+    let version: i64 = sqlx::query_scalar("SELECT version FROM idempotent_schema").fetch_one(&mut conn).await.unwrap();
+    assert_eq!(version, 1, "the table was upgraded");
 }

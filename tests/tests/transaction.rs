@@ -484,3 +484,56 @@ async fn an_http_response_the_layer_could_not_store_is_rebuilt_without_writing_t
     let fence: i64 = first.strip_prefix("invoice ").unwrap().parse().unwrap();
     assert_eq!(invoices(&store).await, [("order-20".to_owned(), fence)]);
 }
+
+/// A step whose record needs attention is refused before its transaction begins: the action is
+/// not called and nothing is written; resolved as not done, the next call runs it. A completion
+/// in a transaction by an attempt that was marked (uncertain, or needing attention) is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_whose_record_needs_attention_is_refused_and_its_action_not_called() {
+    use idempotent_core::record::{Abandon, Acquire, Resolved, Transition};
+    use idempotent_core::store::TransactionalStore;
+    use idempotent_core::{Key, Store};
+    let (lease, keep) = (Duration::from_secs(10), Duration::from_secs(60));
+    let (_dir, _path, store) = setup("attention.db").await;
+    let ctx = RunContext::new(store.clone(), "order-9");
+    let payload = ("order-9", 900);
+    let (key, fp) = ctx.step("create_invoice").key_for(&payload).unwrap();
+    let Acquire::Acquired(first) = store.acquire(&key, &fp, lease, keep).await.unwrap() else { panic!("taken") };
+    assert_eq!(store.abandon(&key, &first.token, Abandon::NeedsAttention).await.unwrap(), Transition::Ok);
+    let runs = AtomicU32::new(0);
+    let call = || {
+        ctx.step("create_invoice").run_in_transaction(&payload, async |tx: &mut SqliteTransaction<'_>, attempt| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            insert(tx, "order-9", attempt.fence()).await?;
+            Ok::<_, Error>(attempt.fence())
+        })
+    };
+    let err = call().await.unwrap_err();
+    assert!(
+        matches!(err, Error::NeedsAttention { attempt: 1, fence, .. } if fence == first.attempt.fence()),
+        "{err:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "the action was called");
+    assert_eq!(invoices(&store).await, []);
+    assert_eq!(record_state(&store).await, "needs_attention");
+    assert_eq!(ctx.step("create_invoice").resolve_not_done(&payload).await.unwrap(), Resolved::Ok);
+    let fence = call().await.unwrap();
+    assert!(fence > first.attempt.fence());
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(invoices(&store).await, [("order-9".to_owned(), fence as i64)]);
+
+    for (n, mark) in [Abandon::Uncertain, Abandon::NeedsAttention].into_iter().enumerate() {
+        let key = Key::from_bytes([n as u8 + 1; 32]);
+        let Acquire::Acquired(grant) = store.acquire(&key, &fp, lease, keep).await.unwrap() else { panic!("taken") };
+        assert_eq!(store.abandon(&key, &grant.token, mark).await.unwrap(), Transition::Ok);
+        let mut tx = store.begin().await.unwrap();
+        let late = bytes::Bytes::from_static(b"late");
+        assert_eq!(store.complete_in(&mut tx, &key, &grant.token, late, keep).await.unwrap(), Transition::LeaseLost);
+        tx.commit().await.unwrap();
+        match (mark, store.acquire(&key, &fp, lease, keep).await.unwrap()) {
+            (Abandon::Uncertain, Acquire::Acquired(next)) => assert!(next.attempt.recovered(), "{mark:?}"),
+            (Abandon::NeedsAttention, Acquire::NeedsAttention { attempt: 1, .. }) => {}
+            (mark, other) => panic!("{mark:?}: then acquire answered {other:?}"),
+        }
+    }
+}

@@ -1,6 +1,6 @@
 //! The PostgreSQL store, on sqlx: one table, shared by every process that reaches the database.
 //!
-//! # Schema (version 1)
+//! # Schema (version 2)
 //!
 //! One row per key, in a table named by [`PostgresStoreBuilder::table`] (`idempotent_records`
 //! unless set), in the first schema of the connection's `search_path` (`current_schema()`):
@@ -9,13 +9,13 @@
 //! |---|---|---|
 //! | `key` | `bytea PRIMARY KEY` | the key's 32 bytes |
 //! | `fingerprint` | `bytea` | the payload's 32 bytes |
-//! | `state` | `text` | `running`, `released` or `done` |
-//! | `token` | `text` | owner token of the last acquisition (kept when done or released, so that a repeated complete or release by it is acknowledged) |
+//! | `state` | `text` | `running`, `released`, `done` or `needs_attention` |
+//! | `token` | `text` | owner token of the last acquisition (kept when done, released or needing attention, so that a repeated complete, release or abandon by it is acknowledged) |
 //! | `fence` | `bigint` | fencing token of the last acquisition |
 //! | `attempt` | `bigint` | its attempt number |
-//! | `recovered` | `boolean` | it took over a lease that ran out |
+//! | `recovered` | `boolean` | running: it took over a lease that ran out; released: the release was uncertain ([`Abandon::Uncertain`]), so the next acquisition is recovered |
 //! | `lease_until` | `bigint` | lease deadline, µs since the Unix epoch on the database clock |
-//! | `expires_at` | `bigint` | when the row counts as absent, µs since the Unix epoch; indexed (`<table>_expires_at`) for the purge |
+//! | `expires_at` | `bigint` | when the row counts as absent, µs since the Unix epoch; `i64::MAX` (never) while it needs attention; indexed (`<table>_expires_at`) for the purge |
 //! | `result` | `bytea` | the stored outcome, when done |
 //!
 //! and a table `idempotent_schema (name, version)` saying which tables this crate created and
@@ -28,6 +28,13 @@
 //! starting at once do not both create it. A table of that name that this crate did not create,
 //! or of another version or shape, is an [`Error::Config`] saying what to do, and is never
 //! altered.
+//!
+//! A table of version 1 (before `needs_attention`) is upgraded in place by `migrate`, in its
+//! transaction under the advisory lock: its state constraint `<table>_state_check` is replaced
+//! (an `ALTER TABLE`, which waits for the calls under way), and version 1's `recovered` on a
+//! released row (whether that attempt had taken over a lease) is cleared. Upgrade every process
+//! on the table together: one still on version 1 answers an error (fails closed) on a record that
+//! needs attention, and ignores the uncertain mark of a released one.
 //!
 //! # Statements
 //!
@@ -55,7 +62,15 @@
 //!   a done record stays done until it expires, and expiry is judged at that same time.
 //! - complete, release, renew: `UPDATE … WHERE key = $1 AND token = $2 AND state IN (…) AND
 //!   expires_at > now`; a repeat by the token that completed (or released) matches its own done
-//!   (released) row and changes nothing, so it is acknowledged.
+//!   (released) row and changes nothing, so it is acknowledged. Release writes `recovered =
+//!   false`, so that a repeated clean release does not match an uncertain one.
+//! - abandon: the same `UPDATE`, to `released` with `recovered` set ([`Abandon::Uncertain`]), or to
+//!   `needs_attention` with `expires_at` never ([`Abandon::NeedsAttention`]); a repeat with the
+//!   same mark matches its own row. A late complete by the marked attempt finds neither
+//!   `running` nor `done`, and is refused.
+//! - resolve: `UPDATE … SET state = $2, result = $3, expires_at = now + $4 WHERE key = $1 AND state =
+//!   'needs_attention'`: of two resolves at once, the second finds the row settled and changes
+//!   nothing ([`Resolved::NotNeedingAttention`]).
 //!
 //! [`PostgresStore::statements`] counts them: a first execution is 2 (acquire, complete), a replay
 //! 1 (`tests/tests/postgres_store.rs` asserts both, and that replays leave the row version as it
@@ -97,6 +112,8 @@
 //! # Purging
 //!
 //! A row expires `max(lease, retention)` after its acquisition, `retention` after its completion.
+//! A row that needs attention never expires, so no purge deletes it; once resolved, it expires
+//! after the resolution's retention (as done) or [`KEEP_RESOLVED_RELEASE`](crate::record::KEEP_RESOLVED_RELEASE) (as not done).
 //! An expired row counts as absent at once (acquire takes it over, the fence still grows); it is
 //! deleted by a purge that takes up to 256 expired rows by the `expires_at` index (`FOR UPDATE
 //! SKIP LOCKED`, so it never waits for a call) and deletes them, one batch for every 64
@@ -124,14 +141,18 @@ use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, Connection, Row, SqlSafeStr, SqlStr};
 use tokio::time::Instant;
 
-use super::sql::{AcquireCall, Arg, CommitsWith, Found, TransactionalStore, micros};
+use super::sql::{AcquireCall, Arg, CommitsWith, Found, NEVER_US, TransactionalStore, micros, resolved_row};
 use super::{BoxFuture, Store};
 use crate::error::{BoxError, Error};
 use crate::key::{Fingerprint, Key};
-use crate::record::{Acquire, Token, Transition};
+use crate::record::{Abandon, Acquire, Resolution, Resolved, Token, Transition};
 
 /// The schema version this crate writes and reads.
-const SCHEMA_VERSION: i32 = 1;
+const SCHEMA_VERSION: i32 = 2;
+/// The version before, which `migrate` upgrades: it had no `needs_attention` state.
+const SCHEMA_V1: i32 = 1;
+/// The states a row can be in (the table's `CHECK` constraint).
+const STATES: &str = "'running', 'released', 'done', 'needs_attention'";
 /// Expired rows deleted per purge batch at most.
 const PURGE_BATCH: i64 = 256;
 /// Acquisitions of one store between two purge batches.
@@ -211,6 +232,9 @@ struct Statements {
     complete: SqlStr,
     release: SqlStr,
     renew: SqlStr,
+    abandon_uncertain: SqlStr,
+    abandon_attention: SqlStr,
+    resolve: SqlStr,
     purge: SqlStr,
 }
 
@@ -244,7 +268,7 @@ impl Statements {
              fingerprint = excluded.fingerprint, state = 'running', token = excluded.token,\n  \
              fence = greatest(r.fence + 1, {now}),\n  \
              attempt = CASE WHEN {expired} THEN 1 ELSE r.attempt + 1 END,\n  \
-             recovered = NOT {expired} AND r.state = 'running',\n  \
+             recovered = NOT {expired} AND (r.state = 'running' OR r.recovered),\n  \
              lease_until = excluded.lease_until, expires_at = excluded.expires_at, result = NULL\n\
              WHERE {free}\n\
              RETURNING r.token, r.fingerprint, r.state, r.fence, r.attempt, r.recovered\n\
@@ -260,7 +284,22 @@ impl Statements {
              state = 'done'\n\
              WHERE {owned} AND state IN ('running', 'done')"
         );
-        let release = format!("UPDATE {t} SET state = 'released' WHERE {owned} AND state IN ('running', 'released')");
+        let release = format!(
+            "UPDATE {t} SET state = 'released', recovered = false\n\
+             WHERE {owned} AND (state = 'running' OR (state = 'released' AND NOT recovered))"
+        );
+        let abandon_uncertain = format!(
+            "UPDATE {t} SET state = 'released', recovered = true\n\
+             WHERE {owned} AND (state = 'running' OR (state = 'released' AND recovered))"
+        );
+        let abandon_attention = format!(
+            "UPDATE {t} SET state = 'needs_attention', expires_at = {NEVER_US}\n\
+             WHERE {owned} AND state IN ('running', 'needs_attention')"
+        );
+        let resolve = format!(
+            "UPDATE {t} SET state = $2, result = $3, expires_at = {NOW_US} + $4, recovered = false\n\
+             WHERE key = $1 AND state = 'needs_attention'"
+        );
         let renew = format!(
             "UPDATE {t} SET lease_until = {NOW_US} + $3, expires_at = greatest(expires_at, {NOW_US} + $3)\n\
              WHERE {owned} AND state = 'running'"
@@ -277,6 +316,9 @@ impl Statements {
             complete: sql(complete),
             release: sql(release),
             renew: sql(renew),
+            abandon_uncertain: sql(abandon_uncertain),
+            abandon_attention: sql(abandon_attention),
+            resolve: sql(resolve),
             purge: sql(purge),
         }
     }
@@ -521,9 +563,10 @@ impl PostgresStore {
             |cols: &[(String, String)]| cols.iter().map(|(n, t)| format!("{n} {t}")).collect::<Vec<_>>().join(", ");
         match version {
             Some(SCHEMA_VERSION) if columns == expected => {}
-            Some(SCHEMA_VERSION) => {
+            Some(SCHEMA_V1) if columns == expected => self.upgrade_v1(&mut tx, op).await?,
+            Some(v @ (SCHEMA_VERSION | SCHEMA_V1)) => {
                 return Err(Error::Config(format!(
-                    "{db}: table `{table}` is marked as idempotent schema version {SCHEMA_VERSION} but has the \
+                    "{db}: table `{table}` is marked as idempotent schema version {v} but has the \
                      columns ({}) instead of ({}); it was changed by hand. Restore it, or drop it and its row in \
                      idempotent_schema (losing its records), or choose another table with PostgresStoreBuilder::table",
                     shown(&columns),
@@ -533,8 +576,8 @@ impl PostgresStore {
             Some(v) => {
                 return Err(Error::Config(format!(
                     "{db}: table `{table}` has idempotent schema version {v}, and this version of idempotent-core \
-                     reads version {SCHEMA_VERSION} only; use the idempotent-core that wrote it, or choose another \
-                     table with PostgresStoreBuilder::table"
+                     reads versions {SCHEMA_V1} (upgraded in place) and {SCHEMA_VERSION} only; use the \
+                     idempotent-core that wrote it, or choose another table with PostgresStoreBuilder::table"
                 )));
             }
             None if exists => {
@@ -549,7 +592,7 @@ impl PostgresStore {
                     "CREATE TABLE \"{table}\" (\n\
                      key bytea PRIMARY KEY NOT NULL CHECK (length(key) = 32),\n\
                      fingerprint bytea NOT NULL,\n\
-                     state text NOT NULL CHECK (state IN ('running', 'released', 'done')),\n\
+                     state text NOT NULL CONSTRAINT \"{table}_state_check\" CHECK (state IN ({STATES})),\n\
                      token text NOT NULL,\n\
                      fence bigint NOT NULL,\n\
                      attempt bigint NOT NULL,\n\
@@ -570,6 +613,39 @@ impl PostgresStore {
             }
         }
         tx.commit().await.map_err(err)
+    }
+
+    /// Upgrades the table from schema version 1, inside `migrate`'s transaction: version 2 allows
+    /// the state `needs_attention` (its `CHECK` constraint is replaced), and reads a released
+    /// row's `recovered` as "released uncertain" (version 1 left there whether the released
+    /// attempt had taken over a lease, so it is cleared).
+    async fn upgrade_v1(&self, tx: &mut sqlx::Transaction<'static, Postgres>, op: &'static str) -> Result<(), Error> {
+        let table = self.inner.table.as_str();
+        let db = &self.inner.describe;
+        // The name PostgreSQL gave version 1's column constraint.
+        let check = format!("{table}_state_check");
+        let upgrade = format!(
+            "ALTER TABLE \"{table}\" DROP CONSTRAINT \"{check}\",\n\
+             ADD CONSTRAINT \"{check}\" CHECK (state IN ({STATES}));\n\
+             UPDATE \"{table}\" SET recovered = false WHERE state = 'released' AND recovered"
+        );
+        sqlx::raw_sql(AssertSqlSafe(upgrade)).execute(&mut **tx).await.map_err(|e| match e {
+            sqlx::Error::Database(e) if e.code().as_deref() == Some("42704") => Error::Config(format!(
+                "{db}: table `{table}` has idempotent schema version {SCHEMA_V1} but no constraint `{check}` on its \
+                 state, so it cannot be upgraded to version {SCHEMA_VERSION}; it was changed by hand. Restore the \
+                 constraint (CHECK (state IN ('running', 'released', 'done'))), or choose another table with \
+                 PostgresStoreBuilder::table"
+            )),
+            e => self.error(op, e),
+        })?;
+        sqlx::query("UPDATE idempotent_schema SET version = $2 WHERE name = $1")
+            .bind(table)
+            .bind(SCHEMA_VERSION)
+            .execute(&mut **tx)
+            .await
+            .map_err(|e| self.error(op, e))?;
+        tracing::info!(store = %db, table, "idempotent.postgres: upgraded the table to schema version {SCHEMA_VERSION}");
+        Ok(())
     }
 
     /// The number of statements this store (and its clones) ran for the [`Store`] calls,
@@ -893,27 +969,30 @@ impl Store for PostgresStore {
         Box::pin(self.transition("renew", &self.inner.sql.renew, key, token, Some(Arg::Lease(lease))))
     }
 
-    // WIP(#17): replaced by the real transition before this branch lands.
     fn abandon<'a>(
         &'a self,
-        _key: &'a Key,
-        _token: &'a Token,
-        _mark: crate::record::Abandon,
+        key: &'a Key,
+        token: &'a Token,
+        mark: Abandon,
     ) -> BoxFuture<'a, Result<Transition, Error>> {
-        Box::pin(std::future::ready(Err(Error::Config(
-            "WIP(#17): abandon is not implemented for this store yet".into(),
-        ))))
+        let sql = match mark {
+            Abandon::Uncertain => &self.inner.sql.abandon_uncertain,
+            Abandon::NeedsAttention => &self.inner.sql.abandon_attention,
+        };
+        Box::pin(self.transition("abandon", sql, key, token, None))
     }
 
-    // WIP(#17): replaced by the real transition before this branch lands.
-    fn resolve<'a>(
-        &'a self,
-        _key: &'a Key,
-        _resolution: crate::record::Resolution,
-    ) -> BoxFuture<'a, Result<crate::record::Resolved, Error>> {
-        Box::pin(std::future::ready(Err(Error::Config(
-            "WIP(#17): resolve is not implemented for this store yet".into(),
-        ))))
+    fn resolve<'a>(&'a self, key: &'a Key, resolution: Resolution) -> BoxFuture<'a, Result<Resolved, Error>> {
+        Box::pin(async move {
+            let (state, result, keep_us) = resolved_row(resolution);
+            let q = sqlx::query(self.inner.sql.resolve.clone())
+                .bind(&key.as_bytes()[..])
+                .bind(state)
+                .bind(result.map(|r| r.to_vec()))
+                .bind(keep_us);
+            let n = self.execute("resolve", q).await.map_err(|f| f.error)?;
+            Ok(if n == 1 { Resolved::Ok } else { Resolved::NotNeedingAttention })
+        })
     }
 
     fn describe(&self) -> String {

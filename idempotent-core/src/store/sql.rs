@@ -19,7 +19,7 @@ use crate::attempt::Attempt;
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
 use crate::lease::FinishOnDrop;
-use crate::record::{Acquire, Grant, Token, Transition};
+use crate::record::{Acquire, Grant, KEEP_RESOLVED_RELEASE, Resolution, Token, Transition};
 
 /// A store whose records live in a SQL database, so that a step's completion can be written in
 /// the transaction that holds the step's business writes.
@@ -70,6 +70,10 @@ pub trait CommitsWith: sqlx::Database {
 /// Durations are clamped to 100 years, so that `now + d` stays within an `i64` of µs.
 pub(crate) const MAX_US: i64 = 100 * 365 * 24 * 60 * 60 * 1_000_000;
 
+/// The `expires_at` of a `needs_attention` row: never (it waits to be resolved, and the purge,
+/// which deletes rows whose `expires_at` has passed, never reaches it).
+pub(crate) const NEVER_US: i64 = i64::MAX;
+
 /// A duration in µs, as the SQL stores bind it.
 pub(crate) fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(MAX_US).min(MAX_US)
@@ -81,6 +85,15 @@ pub(crate) enum Arg {
     Result(Bytes, Duration),
     /// renew: the new lease.
     Lease(Duration),
+}
+
+/// What the resolve statement writes over a `needs_attention` row: its new state, its result, and
+/// how long from now it is kept.
+pub(crate) fn resolved_row(resolution: Resolution) -> (&'static str, Option<Bytes>, i64) {
+    match resolution {
+        Resolution::Done { outcome, retention } => ("done", Some(outcome), micros(retention)),
+        Resolution::NotDone => ("released", None, micros(KEEP_RESOLVED_RELEASE)),
+    }
 }
 
 /// The row an acquire statement returns, read out of the driver's row type.
@@ -98,13 +111,15 @@ pub(crate) struct Found {
 
 impl Found {
     /// Tells the outcome of an acquire by `token` with `fingerprint` from the row it returned:
-    /// ours, the key was taken; another's, the row says replay, in flight or mismatch.
+    /// ours, the key was taken; another's, the row says replay, in flight, needs attention or
+    /// mismatch.
     pub(crate) fn judge(self, key: &Key, fingerprint: &Fingerprint, token: &Token) -> Result<Acquire, Error> {
         let corrupt = |detail: String| Error::Corrupt { key: key.short(), detail };
+        let fence = || u64::try_from(self.fence).map_err(|_| corrupt(format!("negative fence {}", self.fence)));
+        let attempt =
+            || u32::try_from(self.attempt).map_err(|_| corrupt(format!("attempt {} out of range", self.attempt)));
         if self.token == token.as_str() {
-            let fence = u64::try_from(self.fence).map_err(|_| corrupt(format!("negative fence {}", self.fence)))?;
-            let attempt =
-                u32::try_from(self.attempt).map_err(|_| corrupt(format!("attempt {} out of range", self.attempt)))?;
+            let (fence, attempt) = (fence()?, attempt()?);
             return Ok(Acquire::Acquired(Grant {
                 token: token.clone(),
                 attempt: Attempt::new(*key, fence, attempt, self.recovered),
@@ -121,6 +136,7 @@ impl Found {
             "running" => {
                 Ok(Acquire::InFlight { retry_after: Duration::from_micros(self.left_us.max(0).unsigned_abs()) })
             }
+            "needs_attention" => Ok(Acquire::NeedsAttention { attempt: attempt()?, fence: fence()? }),
             other => Err(corrupt(format!("the record is {other:?} and another attempt's, yet was not taken"))),
         }
     }

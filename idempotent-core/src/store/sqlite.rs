@@ -1,7 +1,7 @@
 //! The SQLite store, on sqlx: one file, shared by the tasks of a process and by the processes of
 //! one host.
 //!
-//! # Schema (version 1)
+//! # Schema (version 2)
 //!
 //! One row per key, in a table named by [`SqliteStoreBuilder::table`] (`idempotent_records`
 //! unless set):
@@ -10,17 +10,25 @@
 //! |---|---|---|
 //! | `key` | `BLOB PRIMARY KEY` | the key's 32 bytes |
 //! | `fingerprint` | `BLOB` | the payload's 32 bytes |
-//! | `state` | `TEXT` | `running`, `released` or `done` |
-//! | `token` | `TEXT` | owner token of the last acquisition (kept when done or released, so that a repeated complete or release by it is acknowledged) |
+//! | `state` | `TEXT` | `running`, `released`, `done` or `needs_attention` |
+//! | `token` | `TEXT` | owner token of the last acquisition (kept when done, released or needing attention, so that a repeated complete, release or abandon by it is acknowledged) |
 //! | `fence` | `INTEGER` | fencing token of the last acquisition |
 //! | `attempt` | `INTEGER` | its attempt number |
-//! | `recovered` | `INTEGER` | 1 when it took over a lease that ran out |
+//! | `recovered` | `INTEGER` | running: 1 when it took over a lease that ran out; released: 1 when the release was uncertain ([`Abandon::Uncertain`]), so the next acquisition is recovered |
 //! | `lease_until` | `INTEGER` | lease deadline, µs since the Unix epoch |
-//! | `expires_at` | `INTEGER` | when the row counts as absent, µs since the Unix epoch |
+//! | `expires_at` | `INTEGER` | when the row counts as absent, µs since the Unix epoch; `i64::MAX` (never) while it needs attention |
 //! | `result` | `BLOB` | the stored outcome, when done |
 //!
 //! and a table `idempotent_schema (name, version)` saying which tables this crate created and
 //! at which version.
+//!
+//! A table of version 1 (before `needs_attention`) is upgraded in place by `migrate`, in its
+//! immediate transaction: SQLite cannot change a `CHECK` constraint, so the rows are copied into
+//! a new table of version 2, which takes the old one's name (a one-time cost of one pass over the
+//! table). Version 1's `recovered` on a released row said whether that attempt had taken over a
+//! lease, so it is cleared. Upgrade every process on the file together: one still on version 1
+//! answers an error (fails closed) on a record that needs attention, and ignores the uncertain
+//! mark of a released one.
 //!
 //! # Statements
 //!
@@ -36,7 +44,15 @@
 //!   rewrite the index entry on every replay).
 //! - complete, release, renew: `UPDATE … WHERE key = ? AND token = ? AND state IN (…) AND
 //!   expires_at > now`; a repeat by the token that completed (or released) matches its own done
-//!   (released) row and changes nothing, so it is acknowledged.
+//!   (released) row and changes nothing, so it is acknowledged. Release writes `recovered =
+//!   false`, so that a repeated clean release does not match an uncertain one.
+//! - abandon: the same `UPDATE`, to `released` with `recovered` set ([`Abandon::Uncertain`]), or to
+//!   `needs_attention` with `expires_at` never ([`Abandon::NeedsAttention`]); a repeat with the
+//!   same mark matches its own row. A late complete by the marked attempt finds neither
+//!   `running` nor `done`, and is refused.
+//! - resolve: `UPDATE … SET state = ?2, result = ?3, expires_at = now + ?4 WHERE key = ?1 AND state =
+//!   'needs_attention'`: of two resolves at once, the second finds the row settled and changes
+//!   nothing ([`Resolved::NotNeedingAttention`]).
 //!
 //! [`SqliteStore::statements`] counts them: a first execution is 2 (acquire, complete), a replay
 //! 1 (`tests/tests/sqlite_store.rs` asserts both, and that replays leave the WAL as it was).
@@ -66,6 +82,8 @@
 //! # Purging
 //!
 //! A row expires `max(lease, retention)` after its acquisition, `retention` after its completion.
+//! A row that needs attention never expires, so no purge deletes it; once resolved, it expires
+//! after the resolution's retention (as done) or [`KEEP_RESOLVED_RELEASE`](crate::record::KEEP_RESOLVED_RELEASE) (as not done).
 //! An expired row counts as absent at once (acquire takes it over, the fence still grows); it is
 //! deleted by a sweep that walks the table in `rowid` order, 256 rows per batch, one batch for
 //! every 64 acquisitions of a store (in a background task), so a sweep costs a bounded amount per
@@ -91,14 +109,16 @@ use sqlx::sqlite::{
 };
 use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr};
 
-use super::sql::{AcquireCall, Arg, CommitsWith, Found, TransactionalStore, micros};
+use super::sql::{AcquireCall, Arg, CommitsWith, Found, NEVER_US, TransactionalStore, micros, resolved_row};
 use super::{BoxFuture, Store};
 use crate::error::{BoxError, Error};
 use crate::key::{Fingerprint, Key};
-use crate::record::{Acquire, Token, Transition};
+use crate::record::{Abandon, Acquire, Resolution, Resolved, Token, Transition};
 
 /// The schema version this crate writes and reads.
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
+/// The version before, which `migrate` upgrades: it had no `needs_attention` state.
+const SCHEMA_V1: i64 = 1;
 /// Rows examined per purge batch.
 const PURGE_BATCH: i64 = 256;
 /// Acquisitions of one store between two purge batches.
@@ -152,6 +172,9 @@ struct Statements {
     complete: SqlStr,
     release: SqlStr,
     renew: SqlStr,
+    abandon_uncertain: SqlStr,
+    abandon_attention: SqlStr,
+    resolve: SqlStr,
     purge_range: SqlStr,
     purge_delete: SqlStr,
 }
@@ -174,7 +197,11 @@ impl Statements {
             pick("token", "excluded.token"),
             pick("fence", &format!("max(r.fence + 1, {now})")),
             pick("attempt", &format!("CASE WHEN {expired} THEN 1 ELSE r.attempt + 1 END")),
-            pick("recovered", &format!("CASE WHEN {expired} THEN 0 WHEN r.state = 'running' THEN 1 ELSE 0 END")),
+            // A released row's `recovered` says its release was uncertain.
+            pick(
+                "recovered",
+                &format!("CASE WHEN {expired} THEN 0 WHEN r.state = 'running' THEN 1 ELSE r.recovered END"),
+            ),
             pick("lease_until", "excluded.lease_until"),
             pick("expires_at", "excluded.expires_at"),
             pick("result", "NULL"),
@@ -195,7 +222,22 @@ impl Statements {
              state = 'done'\n\
              WHERE {owned} AND state IN ('running', 'done')"
         );
-        let release = format!("UPDATE {t} SET state = 'released' WHERE {owned} AND state IN ('running', 'released')");
+        let release = format!(
+            "UPDATE {t} SET state = 'released', recovered = 0\n\
+             WHERE {owned} AND (state = 'running' OR (state = 'released' AND recovered = 0))"
+        );
+        let abandon_uncertain = format!(
+            "UPDATE {t} SET state = 'released', recovered = 1\n\
+             WHERE {owned} AND (state = 'running' OR (state = 'released' AND recovered = 1))"
+        );
+        let abandon_attention = format!(
+            "UPDATE {t} SET state = 'needs_attention', expires_at = {NEVER_US}\n\
+             WHERE {owned} AND state IN ('running', 'needs_attention')"
+        );
+        let resolve = format!(
+            "UPDATE {t} SET state = ?2, result = ?3, expires_at = {NOW_US} + ?4, recovered = 0\n\
+             WHERE key = ?1 AND state = 'needs_attention'"
+        );
         let renew = format!(
             "UPDATE {t} SET lease_until = {NOW_US} + ?3, expires_at = max(expires_at, {NOW_US} + ?3)\n\
              WHERE {owned} AND state = 'running'"
@@ -210,6 +252,9 @@ impl Statements {
             complete: sql(complete),
             release: sql(release),
             renew: sql(renew),
+            abandon_uncertain: sql(abandon_uncertain),
+            abandon_attention: sql(abandon_attention),
+            resolve: sql(resolve),
             purge_range: sql(purge_range),
             purge_delete: sql(purge_delete),
         }
@@ -275,6 +320,24 @@ impl SqliteStoreBuilder {
         store.migrate().await?;
         Ok(store)
     }
+}
+
+/// The `CREATE TABLE` statement of schema version 2 for a table named `table`.
+fn create_table(table: &str) -> String {
+    format!(
+        "CREATE TABLE \"{table}\" (\n\
+         key BLOB PRIMARY KEY NOT NULL CHECK (length(key) = 32),\n\
+         fingerprint BLOB NOT NULL,\n\
+         state TEXT NOT NULL CHECK (state IN ('running', 'released', 'done', 'needs_attention')),\n\
+         token TEXT NOT NULL,\n\
+         fence INTEGER NOT NULL,\n\
+         attempt INTEGER NOT NULL,\n\
+         recovered INTEGER NOT NULL,\n\
+         lease_until INTEGER NOT NULL,\n\
+         expires_at INTEGER NOT NULL,\n\
+         result BLOB\n\
+         )"
+    )
 }
 
 fn validate_table(name: &str) -> Result<(), Error> {
@@ -433,36 +496,23 @@ impl SqliteStore {
         let path = &self.inner.describe;
         match version {
             Some(SCHEMA_VERSION) if columns == COLUMNS => Ok(()),
-            Some(SCHEMA_VERSION) => Err(Error::Config(format!(
-                "{path}: table `{table}` is marked as idempotent schema version {SCHEMA_VERSION} but has the columns \
+            Some(SCHEMA_V1) if columns == COLUMNS => self.upgrade_v1(conn, table).await,
+            Some(v @ (SCHEMA_VERSION | SCHEMA_V1)) => Err(Error::Config(format!(
+                "{path}: table `{table}` is marked as idempotent schema version {v} but has the columns \
                  {columns:?} instead of {COLUMNS:?}; it was changed by hand. Restore it, or drop it and its row in \
                  idempotent_schema (losing its records), or choose another table with SqliteStoreBuilder::table"
             ))),
             Some(v) => Err(Error::Config(format!(
                 "{path}: table `{table}` has idempotent schema version {v}, and this version of idempotent-core reads \
-                 version {SCHEMA_VERSION} only; use the idempotent-core that wrote it, or choose another table with \
-                 SqliteStoreBuilder::table"
+                 versions {SCHEMA_V1} (upgraded in place) and {SCHEMA_VERSION} only; use the idempotent-core that wrote \
+                 it, or choose another table with SqliteStoreBuilder::table"
             ))),
             None if !columns.is_empty() => Err(Error::Config(format!(
                 "{path}: table `{table}` exists (columns {columns:?}) but was not created by idempotent-core; it was \
                  left as it is. Choose another table with SqliteStoreBuilder::table, or drop that one"
             ))),
             None => {
-                let create = format!(
-                    "CREATE TABLE \"{table}\" (\n\
-                     key BLOB PRIMARY KEY NOT NULL CHECK (length(key) = 32),\n\
-                     fingerprint BLOB NOT NULL,\n\
-                     state TEXT NOT NULL CHECK (state IN ('running', 'released', 'done')),\n\
-                     token TEXT NOT NULL,\n\
-                     fence INTEGER NOT NULL,\n\
-                     attempt INTEGER NOT NULL,\n\
-                     recovered INTEGER NOT NULL,\n\
-                     lease_until INTEGER NOT NULL,\n\
-                     expires_at INTEGER NOT NULL,\n\
-                     result BLOB\n\
-                     )"
-                );
-                sqlx::raw_sql(AssertSqlSafe(create)).execute(&mut *conn).await.map_err(err)?;
+                sqlx::raw_sql(AssertSqlSafe(create_table(table))).execute(&mut *conn).await.map_err(err)?;
                 sqlx::query("INSERT INTO idempotent_schema (name, version) VALUES (?1, ?2)")
                     .bind(table)
                     .bind(SCHEMA_VERSION)
@@ -472,6 +522,35 @@ impl SqliteStore {
                 Ok(())
             }
         }
+    }
+
+    /// Upgrades `table` from schema version 1, inside `migrate`'s transaction: version 2 allows
+    /// the state `needs_attention`, and reads a released row's `recovered` as "released
+    /// uncertain" (version 1 left there whether the released attempt had taken over a lease, so
+    /// it is cleared). SQLite cannot change a `CHECK` constraint in place, so the table is copied
+    /// into a new one of version 2, which then takes its name.
+    async fn upgrade_v1(&self, conn: &mut sqlx::SqliteConnection, table: &str) -> Result<(), Error> {
+        let err = |e: sqlx::Error| self.error("migrate", e);
+        let new = format!("{table}__idempotent_v{SCHEMA_VERSION}");
+        let copy = format!(
+            "{create};\n\
+             INSERT INTO \"{new}\" ({cols})\n\
+             SELECT key, fingerprint, state, token, fence, attempt, CASE WHEN state = 'released' THEN 0 ELSE recovered \
+             END, lease_until, expires_at, result FROM \"{table}\" ORDER BY rowid;\n\
+             DROP TABLE \"{table}\";\n\
+             ALTER TABLE \"{new}\" RENAME TO \"{table}\"",
+            create = create_table(&new),
+            cols = COLUMNS.join(", "),
+        );
+        sqlx::raw_sql(AssertSqlSafe(copy)).execute(&mut *conn).await.map_err(err)?;
+        sqlx::query("UPDATE idempotent_schema SET version = ?2 WHERE name = ?1")
+            .bind(table)
+            .bind(SCHEMA_VERSION)
+            .execute(&mut *conn)
+            .await
+            .map_err(err)?;
+        tracing::info!(store = %self.inner.describe, table, "idempotent.sqlite: upgraded the table to schema version {SCHEMA_VERSION}");
+        Ok(())
     }
 
     /// The number of statements this store (and its clones) ran for the [`Store`] calls,
@@ -684,27 +763,33 @@ impl Store for SqliteStore {
         Box::pin(self.transition("renew", &self.inner.sql.renew, key, token, Some(Arg::Lease(lease))))
     }
 
-    // WIP(#17): replaced by the real transition before this branch lands.
     fn abandon<'a>(
         &'a self,
-        _key: &'a Key,
-        _token: &'a Token,
-        _mark: crate::record::Abandon,
+        key: &'a Key,
+        token: &'a Token,
+        mark: Abandon,
     ) -> BoxFuture<'a, Result<Transition, Error>> {
-        Box::pin(std::future::ready(Err(Error::Config(
-            "WIP(#17): abandon is not implemented for this store yet".into(),
-        ))))
+        let sql = match mark {
+            Abandon::Uncertain => &self.inner.sql.abandon_uncertain,
+            Abandon::NeedsAttention => &self.inner.sql.abandon_attention,
+        };
+        Box::pin(self.transition("abandon", sql, key, token, None))
     }
 
-    // WIP(#17): replaced by the real transition before this branch lands.
-    fn resolve<'a>(
-        &'a self,
-        _key: &'a Key,
-        _resolution: crate::record::Resolution,
-    ) -> BoxFuture<'a, Result<crate::record::Resolved, Error>> {
-        Box::pin(std::future::ready(Err(Error::Config(
-            "WIP(#17): resolve is not implemented for this store yet".into(),
-        ))))
+    fn resolve<'a>(&'a self, key: &'a Key, resolution: Resolution) -> BoxFuture<'a, Result<Resolved, Error>> {
+        Box::pin(async move {
+            let (state, result, keep_us) = resolved_row(resolution);
+            self.inner.statements.fetch_add(1, Ordering::Relaxed);
+            let done = sqlx::query(self.inner.sql.resolve.clone())
+                .bind(&key.as_bytes()[..])
+                .bind(state)
+                .bind(result.map(|r| r.to_vec()))
+                .bind(keep_us)
+                .execute(&self.inner.pool)
+                .await
+                .map_err(|e| self.error("resolve", e))?;
+            Ok(if done.rows_affected() == 1 { Resolved::Ok } else { Resolved::NotNeedingAttention })
+        })
     }
 
     fn describe(&self) -> String {
