@@ -71,7 +71,11 @@ pub enum Error {
     /// "unknown", or the step refuses to re-run a recovered attempt blindly), so the operation
     /// waits for a person: nothing was run, and nothing will be until the record is resolved.
     #[error(
-        "step `{step}` (key {key}): attempt {attempt} (fence {fence}) could not tell whether the action          ran, so the operation needs attention and nothing was run. Check the downstream system for          the operation's downstream key {downstream_key}, then resolve the record: as done with the          result it had (`Step::resolve_done`) or as not done, so that the next call runs it          (`Step::resolve_not_done`)"
+        "step `{step}` (key {key}): attempt {attempt} (fence {fence}) could not tell whether the action \
+         ran, so the operation needs attention and nothing was run. Check the downstream system for \
+         the operation's downstream key {downstream_key}, then resolve the record: as done with the \
+         result it had (`Step::resolve_done`) or as not done, so that the next call runs it \
+         (`Step::resolve_not_done`)"
     )]
     NeedsAttention {
         /// The step.
@@ -89,7 +93,9 @@ pub enum Error {
     /// A step's verifier did not answer within its timeout; the record was left as it was (the
     /// next call verifies again).
     #[error(
-        "step `{step}` (key {key}): the verifier did not answer within {after:?}; nothing was run and          the record was left for the next call to verify again. Raise the step's verify_timeout, or          make the verifier answer `Verdict::Unknown` when it cannot tell"
+        "step `{step}` (key {key}): the verifier did not answer within {after:?}; nothing was run and \
+         the record was left for the next call to verify again. Raise the step's verify_timeout, or \
+         make the verifier answer `Verdict::Unknown` when it cannot tell"
     )]
     VerifyTimeout {
         /// The step.

@@ -162,9 +162,10 @@ async fn an_unknown_verdict_stops_every_call_until_resolved_as_done(b: Backend) 
     let ctx = b.ctx();
     let first: Result<String, Error> =
         ctx.step(STEP).verify(|_| async { Ok::<_, Error>(Verdict::Unknown) }).run(&PAYLOAD, never("action")).await;
-    let Err(Error::NeedsAttention { attempt, fence: marked, downstream_key, .. }) = first else {
-        panic!("expected NeedsAttention, got {first:?}")
-    };
+    let Err(error @ Error::NeedsAttention { .. }) = first else { panic!("expected NeedsAttention, got {first:?}") };
+    let message = error.to_string();
+    assert!(message.contains("resolve_done") && message.contains(&key) && !message.contains("  "), "{message}");
+    let Error::NeedsAttention { attempt, fence: marked, downstream_key, .. } = error else { unreachable!() };
     assert_eq!(attempt, 2, "the verifying attempt left it");
     assert!(marked > fence);
     assert_eq!(downstream_key, key);
