@@ -88,6 +88,9 @@ pub enum Error {
         fence: u64,
         /// The operation's [`DownstreamKey`](crate::DownstreamKey), to look the effect up by.
         downstream_key: String,
+        /// The record's whole key (64 hex digits; a hash, as `key` is), to resolve it by
+        /// ([`Store::resolve`](crate::Store::resolve)).
+        record_key: String,
     },
 
     /// A step's verifier did not answer within its timeout; the record was left as it was (the
@@ -171,7 +174,8 @@ pub enum Error {
 
     /// The store is at its configured capacity.
     #[error(
-        "store {store} is full ({capacity} records); the action was not run. Raise its capacity or lower the retention"
+        "store {store} is full ({capacity} records); the action was not run. Raise its capacity or lower the \
+         retention, and resolve the records that need attention (they are kept until resolved)"
     )]
     Full {
         /// Which store.
@@ -181,7 +185,9 @@ pub enum Error {
     },
 
     /// The action's encoded result is larger than the step's `max_result_bytes`; it was not
-    /// stored and the key was released, so a retry runs the action again.
+    /// stored and the key was released, marked uncertain: the next attempt is
+    /// [`recovered`](crate::Attempt::recovered), and runs the action again unless the step has a
+    /// verifier or stops for a person ([`OnRecovered`](crate::OnRecovered)).
     #[error(
         "step `{step}`: the action ran but its result ({size} bytes encoded) is larger than the \
          {max}-byte cap, so it was not stored and a retry will run the action again; return less \
@@ -233,6 +239,18 @@ fn after_note(op: &str) -> &'static str {
 }
 
 impl Error {
+    /// The error of a call on `key` whose record needs attention since `attempt` (with `fence`).
+    pub(crate) fn needs_attention(step: &str, key: &crate::Key, attempt: u32, fence: u64) -> Error {
+        Error::NeedsAttention {
+            step: step.to_owned(),
+            key: key.short(),
+            attempt,
+            fence,
+            downstream_key: crate::DownstreamKey::of(key).to_string(),
+            record_key: key.to_hex(),
+        }
+    }
+
     /// How long to wait before retrying, when the error says.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {

@@ -249,22 +249,37 @@ impl<'c> Step<'c> {
     /// under the lease (renewed as the action's is) and within
     /// [`verify_timeout`](Self::verify_timeout). An `Err` from it, or a timeout, leaves the
     /// record for the next call to verify again, and is returned.
-    pub fn verify<V>(self, verifier: V) -> Verified<'c, V> {
+    ///
+    /// `verify` turns the step into a [`Verified`] one, which runs as the step does: give it
+    /// last, after the other options.
+    pub fn verify<V, VFut>(self, verifier: V) -> Verified<'c, V>
+    where
+        V: FnOnce(Attempt) -> VFut,
+    {
         Verified { step: self, verifier }
     }
 
     /// Settles this operation's record, which [needs attention](Error::NeedsAttention), as done
-    /// with `result`: every later call replays it.
-    /// [`Resolved::NotNeedingAttention`] (and nothing changed) when the record does not need
+    /// with `result`: every later call replays it, for the step's retention.
+    /// [`Resolved::Unchanged`] (and nothing changed) when the record does not need
     /// attention.
+    ///
+    /// `T` must be the step's result type (the `T` its `run` returns): the calls after it decode
+    /// the stored result as that type, and fail with [`Error::Decode`] otherwise.
     pub async fn resolve_done<P, T>(self, payload: &P, result: &T) -> Result<Resolved, Error>
     where
         P: Serialize + ?Sized,
         T: Serialize + ?Sized,
     {
+        self.options.validate()?;
         let (key, _) = self.key_for(payload)?;
+        let step = self.name.to_string();
         let outcome =
-            crate::record::encode_ok(result).map_err(|source| Error::Encode { step: self.name.to_string(), source })?;
+            crate::record::encode_ok(result).map_err(|source| Error::Encode { step: step.clone(), source })?;
+        let max = self.options.max_result_bytes;
+        if outcome.len() > max {
+            return Err(Error::ResultTooLarge { step, size: outcome.len(), max });
+        }
         self.ctx.store.resolve(&key, Resolution::Done { outcome, retention: self.options.retention }).await
     }
 
@@ -374,9 +389,12 @@ impl<'c> Step<'c> {
             Recovery::Stop(mark, error) => {
                 // Nothing ran: the error is what the caller needs, whether or not the mark
                 // reached the store (if not, the lease runs out and the next attempt is
-                // recovered, which is the same as an uncertain mark).
-                let _ = lease.end(End::Abandon(mark)).await;
-                return Err(error);
+                // recovered, which is the same as an uncertain mark) — unless another attempt
+                // took the key over, which may have settled it since.
+                return match lease.end(End::Abandon(mark)).await {
+                    Ok(Transition::LeaseLost) => Err(self.lease_lost(&key, lease.attempt().fence()).into()),
+                    _ => Err(error),
+                };
             }
         };
         let fence = lease.attempt().fence();
@@ -385,13 +403,9 @@ impl<'c> Step<'c> {
             Outcome::Store(bytes) => match lease.end(End::Complete(bytes)).await {
                 Ok(Transition::Ok) => result,
                 Ok(Transition::LeaseLost) => Err(self.lease_lost(&key, fence).into()),
-                Err(e) => {
-                    // The action ran; its outcome may not have been stored. Mark the record
-                    // uncertain, so that the next attempt verifies at once rather than after the
-                    // lease (if the outcome was stored after all, the mark changes nothing).
-                    let _ = lease.end(End::Abandon(Abandon::Uncertain)).await;
-                    Err(e.into())
-                }
+                // The action ran; its outcome may not have been stored (the lease has marked the
+                // record uncertain, so that the next attempt is recovered at once).
+                Err(e) => Err(e.into()),
             },
             // The action's error is what the caller needs; a failed release frees itself when
             // the lease runs out (logged by the lease).
@@ -399,8 +413,10 @@ impl<'c> Step<'c> {
                 let _ = lease.release().await;
                 result
             }
+            // The action ran but its result cannot be stored: the next attempt is recovered, so
+            // that a verifier (or `OnRecovered`) decides whether it runs again.
             Outcome::Fail(e) => {
-                let _ = lease.release().await;
+                let _ = lease.end(End::Abandon(Abandon::Uncertain)).await;
                 Err(e.into())
             }
         }
@@ -440,6 +456,12 @@ impl<'c> Step<'c> {
                 tracing::info!(step, key = %short, fence = attempt.fence(), "idempotent.verified: the previous attempt's effect happened; storing what the verifier found");
                 Recovery::Found(value)
             }
+            // The lease was lost while the verifier ran: another attempt may have taken the key
+            // and run the action. Run nothing.
+            Ok(Ok(Verdict::NotDone)) if lease.is_lost() => {
+                tracing::warn!(step, key = %short, fence = attempt.fence(), "idempotent.lease_lost: the lease was lost while the verifier ran; the action was not run");
+                Recovery::Stop(Abandon::Uncertain, self.lease_lost(lease.key(), attempt.fence()).into())
+            }
             Ok(Ok(Verdict::NotDone)) => {
                 tracing::info!(step, key = %short, fence = attempt.fence(), "idempotent.verified: the previous attempt's effect did not happen; running the action");
                 Recovery::Run
@@ -461,13 +483,7 @@ impl<'c> Step<'c> {
     }
 
     fn needs_attention(&self, attempt: &Attempt) -> Error {
-        Error::NeedsAttention {
-            step: self.name.to_string(),
-            key: attempt.key().short(),
-            attempt: attempt.number(),
-            fence: attempt.fence(),
-            downstream_key: attempt.downstream_key().to_string(),
-        }
+        Error::needs_attention(&self.name, attempt.key(), attempt.number(), attempt.fence())
     }
 
     /// Acquires the key as `terms` say, and answers what the store answered without a lease:
@@ -499,14 +515,9 @@ impl<'c> Step<'c> {
                 tracing::warn!(step, key = %short, "idempotent.mismatch: same key, different payload");
                 Err(Error::Mismatch { step: step.to_owned(), key: short.to_string() }.into())
             }
-            Ok(Taken::NeedsAttention { attempt, fence }) => Err(Error::NeedsAttention {
-                step: step.to_owned(),
-                key: short.to_string(),
-                attempt,
-                fence,
-                downstream_key: crate::DownstreamKey::of(key).to_string(),
+            Ok(Taken::NeedsAttention { attempt, fence }) => {
+                Err(Error::needs_attention(step, key, attempt, fence).into())
             }
-            .into()),
             // Lease or retention out of bounds (`lease::acquire` checks them): nothing was sent.
             Err(e @ Error::Config(_)) => Err(e.into()),
             Err(e) if e.is_store_failure() && self.options.fail_mode == FailMode::Open => {
@@ -532,20 +543,18 @@ impl<'c> Step<'c> {
         let step: &str = &self.name;
         let short = key.short_key();
         let encoded = match result {
-            Ok(value) => {
-                let mut buf = vec![TAG_OK];
-                match serde_json::to_writer(&mut buf, value) {
-                    Ok(()) => buf,
-                    // Nothing to store; free the key so the operation is not stuck for a lease.
-                    Err(source) => return Outcome::Fail(Error::Encode { step: step.to_owned(), source }),
-                }
-            }
+            Ok(value) => match crate::record::encode_ok(value) {
+                Ok(bytes) => bytes,
+                // Nothing to store; free the key (marked uncertain) so the operation is not stuck
+                // for a lease.
+                Err(source) => return Outcome::Fail(Error::Encode { step: step.to_owned(), source }),
+            },
             Err(e) => match encode_err(e) {
                 Some(Ok(json)) => {
                     let mut buf = Vec::with_capacity(json.len() + 1);
                     buf.push(TAG_ERR);
                     buf.extend_from_slice(&json);
-                    buf
+                    Bytes::from(buf)
                 }
                 Some(Err(err)) => {
                     tracing::warn!(step, key = %short, error = %err, "idempotent.store_error: the error could not be encoded; releasing the key instead");
@@ -556,10 +565,10 @@ impl<'c> Step<'c> {
         };
         let max = self.options.max_result_bytes;
         if encoded.len() > max {
-            tracing::warn!(step, key = %short, size = encoded.len(), max, "idempotent.store_error: result too large to store; releasing the key");
+            tracing::warn!(step, key = %short, size = encoded.len(), max, "idempotent.store_error: result too large to store; releasing the key as uncertain");
             return Outcome::Fail(Error::ResultTooLarge { step: step.to_owned(), size: encoded.len(), max });
         }
-        Outcome::Store(Bytes::from(encoded))
+        Outcome::Store(encoded)
     }
 
     fn lease_lost(&self, key: &Key, fence: u64) -> Error {
@@ -586,11 +595,16 @@ fn no_verifier<T, E>() -> Option<NoVerifier<T, E>> {
 }
 
 /// A step with a verifier ([`Step::verify`]): run it as a [`Step`].
-#[derive(Debug)]
 #[must_use = "a step does nothing until `run` is awaited"]
 pub struct Verified<'c, V> {
     step: Step<'c>,
     verifier: V,
+}
+
+impl<V> std::fmt::Debug for Verified<'_, V> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Verified").field("step", &self.step).finish_non_exhaustive()
+    }
 }
 
 impl<V> Verified<'_, V> {
@@ -653,7 +667,8 @@ enum Outcome {
     Store(Bytes),
     /// Release the key and return the result (an `Err` the step does not store).
     Release,
-    /// Release the key and fail: the result cannot be stored.
+    /// Release the key, marked uncertain, and fail: the action ran, but its result cannot be
+    /// stored.
     Fail(Error),
 }
 

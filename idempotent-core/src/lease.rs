@@ -451,11 +451,7 @@ impl Lease {
     /// in a future of their own that should hold one store call's room, not a second lease.
     pub async fn end(&self, end: End) -> Result<Transition, Error> {
         self.check_deadline();
-        let stored = matches!(end, End::Complete(_));
-        let mark = match &end {
-            End::Abandon(mark) => Some(*mark),
-            _ => None,
-        };
+        let ending = Ending::of(&end);
         // Keeps what the call needs to be sent again from a task of its own, should this future
         // be dropped before the store answered: every transition is idempotent for its owner
         // token, so a call that had already reached the store is harmless to repeat. The guard's
@@ -477,45 +473,52 @@ impl Lease {
         })
         .await;
         guard.end = None;
-        let (short, fence) = (self.key.short_key(), self.attempt.fence());
-        match (&answer, mark) {
-            (Ok(Transition::Ok), Some(Abandon::Uncertain)) => {
-                tracing::info!(key = %short, fence, "idempotent.released: uncertain, the next attempt is recovered")
-            }
-            (Ok(Transition::Ok), Some(Abandon::NeedsAttention)) => {
-                tracing::warn!(key = %short, fence, "idempotent.needs_attention: the record waits to be resolved")
-            }
-            (Ok(Transition::LeaseLost), Some(_)) => {
-                tracing::warn!(key = %short, fence, "idempotent.lease_lost: the record was not marked; another attempt took over the key")
-            }
-            (Err(e), Some(_)) => {
-                tracing::error!(key = %short, error = %e, "idempotent.store_error: could not mark the record; the key stays taken until its lease runs out, and the next attempt is recovered")
-            }
-            _ => (),
-        }
-        if mark.is_some() {
-            return answer;
-        }
-        match (&answer, stored) {
-            (Ok(Transition::Ok), true) if self.is_lost() => {
-                tracing::info!(key = %short, fence, "idempotent.stored: the lease had run out, but no other attempt took the key")
-            }
-            (Ok(Transition::Ok), true) => tracing::debug!(key = %short, fence, "idempotent.stored"),
-            (Ok(Transition::Ok), false) => tracing::debug!(key = %short, "idempotent.released"),
-            (Ok(Transition::LeaseLost), true) => {
-                tracing::warn!(key = %short, fence, "idempotent.lease_lost: the outcome was not stored; another attempt took over the key")
-            }
-            (Ok(Transition::LeaseLost), false) => {
-                tracing::debug!(key = %short, fence, "idempotent.lease_lost: nothing to release; another attempt took over the key")
-            }
-            (Err(e), true) => {
-                tracing::error!(key = %short, error = %e, "idempotent.store_error: the work ran but its outcome was not stored; the key stays taken until its lease runs out")
-            }
-            (Err(e), false) => {
-                tracing::warn!(key = %short, error = %e, "idempotent.store_error: could not release; the key frees itself when the lease runs out")
-            }
+        self.log_end(ending, &answer);
+        if ending == Ending::Complete && answer.is_err() {
+            // The work ran, and its outcome may not have been stored: mark the record uncertain,
+            // so that the next attempt is recovered at once rather than after the lease. If the
+            // outcome was stored after all (only the reply was lost), the mark finds the record
+            // done and changes nothing.
+            let marked = self.send(End::Abandon(Abandon::Uncertain)).await;
+            self.log_end(Ending::Mark(Abandon::Uncertain), &marked);
         }
         answer
+    }
+
+    fn log_end(&self, ending: Ending, answer: &Result<Transition, Error>) {
+        let (short, fence) = (self.key.short_key(), self.attempt.fence());
+        match (ending, answer) {
+            (Ending::Complete, Ok(Transition::Ok)) if self.is_lost() => {
+                tracing::info!(key = %short, fence, "idempotent.stored: the lease had run out, but no other attempt took the key")
+            }
+            (Ending::Complete, Ok(Transition::Ok)) => tracing::debug!(key = %short, fence, "idempotent.stored"),
+            (Ending::Complete, Ok(Transition::LeaseLost)) => {
+                tracing::warn!(key = %short, fence, "idempotent.lease_lost: the outcome was not stored; another attempt took over the key")
+            }
+            (Ending::Complete, Err(e)) => {
+                tracing::error!(key = %short, error = %e, "idempotent.store_error: the work ran but its outcome may not have been stored; marking the record uncertain")
+            }
+            (Ending::Release, Ok(Transition::Ok)) => tracing::debug!(key = %short, "idempotent.released"),
+            (Ending::Release, Ok(Transition::LeaseLost)) => {
+                tracing::debug!(key = %short, fence, "idempotent.lease_lost: nothing to release; another attempt took over the key")
+            }
+            (Ending::Release, Err(e)) => {
+                tracing::warn!(key = %short, error = %e, "idempotent.store_error: could not release; the key frees itself when the lease runs out")
+            }
+            (Ending::Mark(Abandon::Uncertain), Ok(Transition::Ok)) => {
+                tracing::info!(key = %short, fence, "idempotent.released: uncertain, the next attempt is recovered")
+            }
+            // The `needs_attention` event itself is logged by whoever decided on it.
+            (Ending::Mark(Abandon::NeedsAttention), Ok(Transition::Ok)) => {
+                tracing::debug!(key = %short, fence, "idempotent.marked: the record waits to be resolved")
+            }
+            (Ending::Mark(_), Ok(Transition::LeaseLost)) => {
+                tracing::debug!(key = %short, fence, "idempotent.not_marked: the record is done, or another attempt took the key over")
+            }
+            (Ending::Mark(_), Err(e)) => {
+                tracing::warn!(key = %short, error = %e, "idempotent.store_error: could not mark the record; the key stays taken until its lease runs out, and the next attempt is recovered")
+            }
+        }
     }
 
     /// The store call that ends the lease as `end` says.
@@ -536,6 +539,24 @@ fn send<'a>(
         End::Complete(bytes) => store.complete(key, token, bytes, retention),
         End::Release => store.release(key, token),
         End::Abandon(mark) => store.abandon(key, token, mark),
+    }
+}
+
+/// Which call ends a lease, for its log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    Complete,
+    Release,
+    Mark(Abandon),
+}
+
+impl Ending {
+    fn of(end: &End) -> Ending {
+        match end {
+            End::Complete(_) => Ending::Complete,
+            End::Release => Ending::Release,
+            End::Abandon(mark) => Ending::Mark(*mark),
+        }
     }
 }
 
@@ -561,14 +582,14 @@ impl Drop for EndOnDrop<'_> {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(key = %lease.key.short_key(), "idempotent.store_error: dropped while storing the outcome, outside a runtime; the key frees itself when the lease runs out");
+            tracing::warn!(key = %lease.key.short_key(), "idempotent.store_error: dropped while ending the lease (storing the outcome, releasing or marking the key), outside a runtime; the key frees itself when the lease runs out");
             return;
         };
         let (store, key, token, retention) = (lease.store.clone(), lease.key, lease.token.clone(), lease.retention);
         let again = async move {
             let answer = send(&store, &key, &token, retention, end).await;
             if let Err(e) = answer {
-                tracing::warn!(key = %key.short_key(), error = %e, "idempotent.store_error: storing the outcome after the caller went away failed");
+                tracing::warn!(key = %key.short_key(), error = %e, "idempotent.store_error: ending the lease after the caller went away failed");
             }
         };
         runtime.spawn(tracing::Instrument::in_current_span(again));

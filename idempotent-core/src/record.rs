@@ -158,7 +158,7 @@ pub enum Resolved {
     Ok,
     /// The record does not need attention (it is absent, running, released or done, possibly
     /// because someone resolved it first): nothing changed.
-    NotNeedingAttention,
+    Unchanged,
 }
 
 /// The answer to complete, release and renew.

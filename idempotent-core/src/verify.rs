@@ -56,6 +56,10 @@ pub enum Verdict<T> {
 }
 
 /// What a step without a verifier does with a [`recovered`](crate::Attempt::recovered) attempt.
+///
+/// A step that fails open ([`FailMode::Open`](crate::FailMode::Open)) runs its action
+/// unprotected when the store is unreachable, and so cannot see a record that waits for a
+/// person either: do not combine `Open` with a step that must never re-run blindly.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum OnRecovered {

@@ -104,6 +104,8 @@ pub(crate) struct Args {
     /// `verify = path`: the async fn called instead of the body when the attempt is recovered.
     pub(crate) verify: Option<Path>,
     pub(crate) on_recovered: Option<Recovered>,
+    /// Where `on_recovered` was written, for the errors that name it.
+    pub(crate) on_recovered_span: Option<Span>,
     pub(crate) krate: Option<Path>,
 }
 
@@ -265,6 +267,7 @@ impl Parse for Args {
                 once(&args.on_recovered, "on_recovered", kw.span)?;
                 equals(input, "on_recovered", kw.span, "on_recovered = \"needs_attention\"")?;
                 let policy: LitStr = input.parse()?;
+                args.on_recovered_span = Some(kw.span);
                 args.on_recovered = Some(match policy.value().as_str() {
                     "run" => Recovered::Run,
                     "needs_attention" => Recovered::NeedsAttention,
@@ -307,6 +310,22 @@ impl Parse for Args {
                  transaction as the body's writes, so a recovered attempt knows they did not commit; \
                  remove `verify`",
             ));
+        }
+        if let Some(span) = args.on_recovered_span {
+            if args.verify.is_some() {
+                return Err(syn::Error::new(
+                    span,
+                    "`on_recovered` does not combine with `verify`: the verifier decides what a recovered \
+                     attempt does (`Verdict::Unknown` leaves the record for a person); remove one",
+                ));
+            }
+            if args.transaction.is_some() {
+                return Err(syn::Error::new(
+                    span,
+                    "`on_recovered` does not combine with `transaction`: the step's record commits with the \
+                     body's writes, so a recovered attempt knows they did not commit; remove `on_recovered`",
+                ));
+            }
         }
         if args.step.is_none() {
             return Err(syn::Error::new(

@@ -332,8 +332,8 @@ pub async fn needs_attention_refuses_every_call_until_resolved_done(store: &Shar
     assert_eq!(store.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap(), expected, "nothing above changed it");
     let done = Resolution::Done { outcome: Bytes::from_static(b"found"), retention: KEEP };
     assert_eq!(store.resolve(&key, done.clone()).await.unwrap(), Resolved::Ok);
-    assert_eq!(store.resolve(&key, done).await.unwrap(), Resolved::NotNeedingAttention, "resolved already");
-    assert_eq!(store.resolve(&key, Resolution::NotDone).await.unwrap(), Resolved::NotNeedingAttention);
+    assert_eq!(store.resolve(&key, done).await.unwrap(), Resolved::Unchanged, "resolved already");
+    assert_eq!(store.resolve(&key, Resolution::NotDone).await.unwrap(), Resolved::Unchanged);
     for _ in 0..3 {
         assert_eq!(
             store.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap(),
@@ -357,17 +357,17 @@ pub async fn resolved_not_done_runs_afresh(store: &SharedStore) {
 }
 
 /// resolve on a record that does not need attention (absent, running, released, done) answers
-/// NotNeedingAttention and leaves it as it was.
+/// Unchanged and leaves it as it was.
 pub async fn resolve_leaves_every_other_state_alone(store: &SharedStore) {
     let done = || Resolution::Done { outcome: Bytes::from_static(b"forced"), retention: KEEP };
     let absent = fresh_key();
-    assert_eq!(store.resolve(&absent, done()).await.unwrap(), Resolved::NotNeedingAttention);
+    assert_eq!(store.resolve(&absent, done()).await.unwrap(), Resolved::Unchanged);
     assert_eq!(acquired(store, &absent, &fp(1), LEASE).await.attempt.number(), 1, "still absent");
 
     let key = fresh_key();
     let running = acquired(store, &key, &fp(1), LEASE).await;
-    assert_eq!(store.resolve(&key, done()).await.unwrap(), Resolved::NotNeedingAttention);
-    assert_eq!(store.resolve(&key, Resolution::NotDone).await.unwrap(), Resolved::NotNeedingAttention);
+    assert_eq!(store.resolve(&key, done()).await.unwrap(), Resolved::Unchanged);
+    assert_eq!(store.resolve(&key, Resolution::NotDone).await.unwrap(), Resolved::Unchanged);
     assert!(
         matches!(store.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap(), Acquire::InFlight { .. }),
         "still running"
@@ -375,13 +375,13 @@ pub async fn resolve_leaves_every_other_state_alone(store: &SharedStore) {
     assert_eq!(store.renew(&key, &running.token, LEASE).await.unwrap(), Transition::Ok, "still the holder's");
 
     assert_eq!(store.release(&key, &running.token).await.unwrap(), Transition::Ok);
-    assert_eq!(store.resolve(&key, done()).await.unwrap(), Resolved::NotNeedingAttention);
+    assert_eq!(store.resolve(&key, done()).await.unwrap(), Resolved::Unchanged);
     let again = acquired(store, &key, &fp(1), LEASE).await;
     assert_eq!((again.attempt.number(), again.attempt.recovered()), (2, false), "still released");
 
     store.complete(&key, &again.token, Bytes::from_static(b"real"), KEEP).await.unwrap();
-    assert_eq!(store.resolve(&key, done()).await.unwrap(), Resolved::NotNeedingAttention);
-    assert_eq!(store.resolve(&key, Resolution::NotDone).await.unwrap(), Resolved::NotNeedingAttention);
+    assert_eq!(store.resolve(&key, done()).await.unwrap(), Resolved::Unchanged);
+    assert_eq!(store.resolve(&key, Resolution::NotDone).await.unwrap(), Resolved::Unchanged);
     assert_eq!(store.acquire(&key, &fp(1), LEASE, KEEP).await.unwrap(), Acquire::Replay(Bytes::from_static(b"real")));
 }
 

@@ -99,7 +99,7 @@ pub async fn resolve_races_have_one_winner(a: &SharedStore, b: &SharedStore, key
         let answers = [by_a.await.unwrap(), by_b.await.unwrap()];
         let winners: Vec<usize> = (0..2).filter(|&i| answers[i] == Resolved::Ok).collect();
         assert_eq!(winners.len(), 1, "key {n}: resolves answered {answers:?}");
-        assert!(answers.contains(&Resolved::NotNeedingAttention), "key {n}: {answers:?}");
+        assert!(answers.contains(&Resolved::Unchanged), "key {n}: {answers:?}");
         wins[winners[0]] += 1;
         match (winners[0], b.acquire(&key, &fp, lease, keep).await.unwrap()) {
             (0, Acquire::Replay(r)) => assert_eq!(r, Bytes::from_static(b"by-a"), "key {n}"),

@@ -179,7 +179,7 @@ async fn an_unknown_verdict_stops_every_call_until_resolved_as_done(b: Backend) 
     // A person checks the provider, finds the charge, and resolves the record with it.
     let found = ledger.find(&key).unwrap().id;
     assert_eq!(ctx.step(STEP).resolve_done(&PAYLOAD, &found).await.unwrap(), Resolved::Ok);
-    assert_eq!(ctx.step(STEP).resolve_done(&PAYLOAD, &found).await.unwrap(), Resolved::NotNeedingAttention);
+    assert_eq!(ctx.step(STEP).resolve_done(&PAYLOAD, &found).await.unwrap(), Resolved::Unchanged);
     let calls = (0..50).map(|_| async {
         ctx.step(STEP).verify(never("verifier")).run::<_, String, Error, _, _, _>(&PAYLOAD, never("action")).await
     });
@@ -316,4 +316,87 @@ async fn a_lost_complete_reply_replays_without_verifying(b: Backend) {
         .await
         .unwrap();
     assert_eq!(charge, ledger.charges()[0].id);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The executor's edges, on the in-memory store
+
+/// A store whose renewals all fail: a lease held on it is lost once it runs out locally.
+fn renewals_fail(inner: SharedStore) -> SharedStore {
+    Arc::new(HookedStore::new(inner).on_renew(|call| {
+        let store = call.store.describe();
+        Box::pin(
+            async move { Err(Error::Unavailable { store, op: "renew", reason: "partitioned".into(), source: None }) },
+        )
+    }))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_verifier_that_outlives_its_lease_runs_nothing() {
+    let b = Backend::start("memory").await;
+    let ledger = b.ledger();
+    crash_after_charge(b.worker(), &ledger, LEASE).await;
+    let runs = Arc::new(AtomicU32::new(0));
+    // A verifies on a partitioned link: its lease runs out while its verifier waits.
+    let answer = Arc::new(tokio::sync::Notify::new());
+    let verifying = Arc::new(tokio::sync::Notify::new());
+    let a = {
+        let ctx = RunContext::new(renewals_fail(b.store.clone()), RUN);
+        let (runs, answer, verifying) = (runs.clone(), answer.clone(), verifying.clone());
+        tokio::spawn(async move {
+            ctx.step(STEP)
+                .lease(LEASE)
+                .verify(|_| async move {
+                    verifying.notify_one();
+                    answer.notified().await;
+                    Ok::<_, Error>(Verdict::NotDone)
+                })
+                .run(&PAYLOAD, |_| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, Error>("ch_a".to_owned())
+                })
+                .await
+        })
+    };
+    verifying.notified().await;
+    // B takes over once A's lease has run out, finds nothing and runs the action.
+    let charge: String = b
+        .ctx()
+        .step(STEP)
+        .verify(|_| async { Ok::<_, Error>(Verdict::NotDone) })
+        .run(&PAYLOAD, |_| async {
+            runs.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, Error>("ch_b".to_owned())
+        })
+        .await
+        .unwrap();
+    assert_eq!(charge, "ch_b");
+    // A's verifier answers "not done" only now: its lease is gone, so it must not run the action.
+    answer.notify_one();
+    let a = a.await.unwrap();
+    assert!(matches!(a, Err(Error::LeaseLost { .. })), "{a:?}");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "only B ran the action");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_result_too_large_to_store_leaves_the_next_attempt_recovered() {
+    let ctx = RunContext::new(MemoryStore::new(), "too-large");
+    let first: Result<String, Error> =
+        ctx.step("charge").max_result_bytes(10).run(&1, |_| async { Ok::<_, Error>("x".repeat(100)) }).await;
+    assert!(matches!(first, Err(Error::ResultTooLarge { .. })), "{first:?}");
+    // The charge happened and nothing says so: the next attempt is recovered, so a step that
+    // never re-runs blindly stops for a person instead of charging again.
+    let second: Result<String, Error> = ctx
+        .step("charge")
+        .on_in_flight(OnInFlight::Reject)
+        .on_recovered(OnRecovered::NeedsAttention)
+        .run(&1, never("action"))
+        .await;
+    assert!(matches!(second, Err(Error::NeedsAttention { attempt: 2, .. })), "{second:?}");
+    // A resolution is checked as a result is: too large is refused, and the record still waits.
+    let big = ctx.step("charge").max_result_bytes(10).resolve_done(&1, &"y".repeat(100)).await;
+    assert!(matches!(big, Err(Error::ResultTooLarge { .. })), "{big:?}");
+    assert_eq!(ctx.step("charge").resolve_done(&1, "ch_1").await.unwrap(), Resolved::Ok);
+    let replayed: String = ctx.step("charge").run(&1, never("action")).await.unwrap();
+    assert_eq!(replayed, "ch_1");
 }

@@ -370,9 +370,9 @@ impl Store for MemoryStore {
                     shard.expires_at(expires);
                     Resolved::Ok
                 }
-                _ => Resolved::NotNeedingAttention,
+                _ => Resolved::Unchanged,
             },
-            _ => Resolved::NotNeedingAttention,
+            _ => Resolved::Unchanged,
         };
         Box::pin(std::future::ready(Ok(answer)))
     }

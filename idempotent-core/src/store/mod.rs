@@ -94,7 +94,7 @@ pub trait Store: std::any::Any + Send + Sync {
     -> BoxFuture<'a, Result<Transition, Error>>;
 
     /// Settles a `needs_attention` record as `resolution` says; any other record is left as it
-    /// is ([`Resolved::NotNeedingAttention`]).
+    /// is ([`Resolved::Unchanged`]).
     fn resolve<'a>(&'a self, key: &'a Key, resolution: Resolution) -> BoxFuture<'a, Result<Resolved, Error>>;
 
     /// A short description for logs and errors (a URL without credentials, or `memory`).

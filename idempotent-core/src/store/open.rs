@@ -20,7 +20,7 @@ use crate::error::Error;
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idempotent_core::Error> {
 /// let store = idempotent_core::store::open("memory:").await?;
 /// assert_eq!(store.describe(), "memory");
-/// let refused = idempotent_core::store::open("mysql://db/records").await.unwrap_err();
+/// let Err(refused) = idempotent_core::store::open("mysql://db/records").await else { unreachable!() };
 /// assert!(refused.to_string().contains("mysql://"));
 /// # Ok(()) }
 /// ```

@@ -70,7 +70,7 @@
 //!   `running` nor `done`, and is refused.
 //! - resolve: `UPDATE … SET state = $2, result = $3, expires_at = now + $4 WHERE key = $1 AND state =
 //!   'needs_attention'`: of two resolves at once, the second finds the row settled and changes
-//!   nothing ([`Resolved::NotNeedingAttention`]).
+//!   nothing ([`Resolved::Unchanged`]).
 //!
 //! [`PostgresStore::statements`] counts them: a first execution is 2 (acquire, complete), a replay
 //! 1 (`tests/tests/postgres_store.rs` asserts both, and that replays leave the row version as it
@@ -991,7 +991,7 @@ impl Store for PostgresStore {
                 .bind(result.map(|r| r.to_vec()))
                 .bind(keep_us);
             let n = self.execute("resolve", q).await.map_err(|f| f.error)?;
-            Ok(if n == 1 { Resolved::Ok } else { Resolved::NotNeedingAttention })
+            Ok(if n == 1 { Resolved::Ok } else { Resolved::Unchanged })
         })
     }
 

@@ -52,7 +52,7 @@
 //!   `running` nor `done`, and is refused.
 //! - resolve: `UPDATE … SET state = ?2, result = ?3, expires_at = now + ?4 WHERE key = ?1 AND state =
 //!   'needs_attention'`: of two resolves at once, the second finds the row settled and changes
-//!   nothing ([`Resolved::NotNeedingAttention`]).
+//!   nothing ([`Resolved::Unchanged`]).
 //!
 //! [`SqliteStore::statements`] counts them: a first execution is 2 (acquire, complete), a replay
 //! 1 (`tests/tests/sqlite_store.rs` asserts both, and that replays leave the WAL as it was).
@@ -788,7 +788,7 @@ impl Store for SqliteStore {
                 .execute(&self.inner.pool)
                 .await
                 .map_err(|e| self.error("resolve", e))?;
-            Ok(if done.rows_affected() == 1 { Resolved::Ok } else { Resolved::NotNeedingAttention })
+            Ok(if done.rows_affected() == 1 { Resolved::Ok } else { Resolved::Unchanged })
         })
     }
 

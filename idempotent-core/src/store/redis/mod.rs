@@ -522,7 +522,7 @@ impl Store for RedisStore {
             };
             match reply {
                 Value::Int(1) => Ok(Resolved::Ok),
-                Value::Int(0) => Ok(Resolved::NotNeedingAttention),
+                Value::Int(0) => Ok(Resolved::Unchanged),
                 other => Err(Self::corrupt(key, format!("unexpected resolve reply {other:?}"))),
             }
         })

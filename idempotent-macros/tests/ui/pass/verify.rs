@@ -7,7 +7,7 @@ async fn find_charge(attempt: Attempt) -> Result<Verdict<String>, Error> {
     Ok(Verdict::Done(format!("found {}", attempt.downstream_key())))
 }
 
-#[idempotent(step = "charge", verify = find_charge, lease = 30)]
+#[idempotent(step = "charge", verify = crate::find_charge, lease = 30)]
 async fn charge(ctx: &RunContext, order_id: &str, amount: u64) -> Result<String, Error> {
     Ok(format!("ch_{order_id}_{amount}"))
 }
@@ -17,7 +17,7 @@ async fn refund(ctx: &RunContext, order_id: &str) -> Result<String, Error> {
     Ok(format!("re_{order_id}"))
 }
 
-#[idempotent(step = "notify", on_recovered = "run", verify = crate::find_charge)]
+#[idempotent(step = "notify", on_recovered = "run")]
 async fn notify(ctx: &RunContext, order_id: &str) -> Result<String, Error> {
     Ok(format!("sent_{order_id}"))
 }
