@@ -586,6 +586,33 @@ impl RedisCluster {
         replica
     }
 
+    /// A failover of master `master` cut off from the cluster: `SIGSTOP` (as a long pause or a
+    /// partition would), the cluster promotes its replica, then `SIGCONT`. Resumed, the old
+    /// master still believes it owns its slots until the gossip it missed reaches it, and may
+    /// take writes from clients meanwhile, which it then drops to copy the new master's data:
+    /// the classic way Redis Cluster loses acknowledged writes. Waits until the cluster is
+    /// healthy again and returns the index of the new master.
+    pub fn failover_pause(&mut self, master: usize) -> usize {
+        let replica = self.replica_of(master);
+        self.nodes[master].pause();
+        wait_until(
+            Duration::from_secs(30),
+            || format!("the cluster to promote node {replica} while node {master} is paused"),
+            || self.nodes[replica].role() == "master",
+        );
+        self.nodes[master].resume();
+        wait_until(
+            Duration::from_secs(30),
+            || format!("node {master} to turn into a replica of node {replica}"),
+            || {
+                self.nodes[master].role() == "slave"
+                    && self.nodes[master].info("replication").contains("master_link_status:up")
+            },
+        );
+        self.wait_healthy();
+        replica
+    }
+
     /// Waits until every running node reports `cluster_state:ok`, every master has a replica
     /// whose link is up, and every node's `CLUSTER NODES` names the same masters.
     pub fn wait_healthy(&self) {

@@ -158,7 +158,9 @@ async fn store_follows_clean_and_crash_failovers() {
         let p = probe(&ctx, &hist, &format!("after{i}")).await;
         assert!(matches!(p.outcome, Outcome::Ok(_)), "after{i} once the cluster healed: {:?}", p.outcome);
     }
-    let keys: Vec<String> = clean.iter().chain(&crash).map(|p| p.key.clone()).collect();
+    let mut keys: Vec<String> = clean.iter().chain(&crash).map(|p| p.key.clone()).collect();
+    keys.extend(before.into_iter().map(|(key, _)| key));
+    keys.extend((0..20).map(|i| format!("after{i}")));
     let report = final_check(&ctx, &hist, &keys).await.unwrap_or_else(|(r, e)| panic!("{r}: {e:?}"));
     assert_eq!(report.duplicates, 0);
     drop(cluster);
@@ -279,15 +281,26 @@ async fn standalone_store_does_not_follow_a_promoted_replica_and_fails_closed() 
     assert!(matches!(p.outcome, Outcome::Ok(_)), "{:?}", p.outcome);
 }
 
-/// Workers on 40 keys while masters fail over, clean and crash in turn, for
-/// IDEMPOTENT_FAILOVER_SECS (12 s by default); then the cluster heals, a final pass and the
-/// checker. Returns the report, the violations, and the failovers done (clean, crash).
-async fn nemesis(wait: bool) -> (Report, Vec<String>, (usize, usize)) {
+/// The failovers a nemesis did, by kind.
+struct Failovers {
+    clean: usize,
+    crash: usize,
+    paused: usize,
+}
+
+/// Keys the nemesis workers pick from: enough that most calls take a fresh key (a write) rather
+/// than replay one, so that failovers land among writes.
+const NEMESIS_KEYS: usize = 1500;
+
+/// Six workers on [`NEMESIS_KEYS`] keys while masters fail over (clean, crash, cut off, in
+/// turn) for IDEMPOTENT_FAILOVER_SECS (12 s by default); then the cluster heals, a final pass
+/// and the checker. Returns the report, the violations, and the failovers done.
+async fn nemesis(wait: bool) -> (Report, Vec<String>, Failovers) {
     let secs: u64 = std::env::var("IDEMPOTENT_FAILOVER_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(12);
     let cluster = tokio::task::spawn_blocking(RedisCluster::start_with_replicas).await.unwrap();
     let ctx = RunContext::new(cluster_store(&cluster, wait), unique("nemesis"));
     let hist = History::new();
-    let keys: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
+    let keys: Vec<String> = (0..NEMESIS_KEYS).map(|i| format!("k{i}")).collect();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
     let workers: Vec<_> = (0..6u64)
         .map(|w| tokio::spawn(random_calls(ctx.clone(), hist.clone(), keys.clone(), deadline, w + 1)))
@@ -296,21 +309,28 @@ async fn nemesis(wait: bool) -> (Report, Vec<String>, (usize, usize)) {
     let (cluster, failovers) = tokio::task::spawn_blocking(move || {
         let mut cluster = cluster;
         let mut rng = fastrand_like(7);
-        let (mut clean, mut crash) = (0, 0);
+        let (mut clean, mut crash, mut paused) = (0, 0, 0);
         while Instant::now() < until {
-            // The schedule: a pause, then a failover of a random master, crash every other time.
+            // The schedule: a pause, then a failover of a random master: clean, crash, cut off.
             std::thread::sleep(Duration::from_millis(200 + rng() % 400));
             let masters = cluster.masters();
             let m = masters[(rng() % masters.len() as u64) as usize];
-            if (clean + crash) % 2 == 0 {
-                cluster.failover_clean(m);
-                clean += 1;
-            } else {
-                cluster.failover_crash(m);
-                crash += 1;
+            match (clean + crash + paused) % 3 {
+                0 => {
+                    cluster.failover_clean(m);
+                    clean += 1;
+                }
+                1 => {
+                    cluster.failover_crash(m);
+                    crash += 1;
+                }
+                _ => {
+                    cluster.failover_pause(m);
+                    paused += 1;
+                }
             }
         }
-        (cluster, (clean, crash))
+        (cluster, Failovers { clean, crash, paused })
     })
     .await
     .unwrap();
@@ -323,10 +343,11 @@ async fn nemesis(wait: bool) -> (Report, Vec<String>, (usize, usize)) {
         Err(failed) => failed,
     };
     println!(
-        "failover nemesis, WAIT {}: {secs} s, {} clean + {} crash failovers, {report}",
+        "failover nemesis, WAIT {}: {secs} s, {} clean + {} crash + {} cut-off failovers, {report}",
         if wait { "1" } else { "off" },
-        failovers.0,
-        failovers.1
+        failovers.clean,
+        failovers.crash,
+        failovers.paused
     );
     for e in &errors {
         println!("  {e}");
@@ -342,8 +363,8 @@ async fn nemesis(wait: bool) -> (Report, Vec<String>, (usize, usize)) {
 /// anything else.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nemesis_failovers_without_wait() {
-    let (_, errors, (clean, crash)) = nemesis(false).await;
-    assert!(clean > 0 && crash > 0, "{clean} clean, {crash} crash failovers");
+    let (_, errors, done) = nemesis(false).await;
+    assert!(done.clean > 0 && done.crash > 0 && done.paused > 0, "not every kind of failover ran");
     for e in &errors {
         assert!(e.contains("different results were committed"), "a violation a lost write cannot explain: {e}");
     }
@@ -353,8 +374,8 @@ async fn nemesis_failovers_without_wait() {
 /// on the replica the cluster promotes: no duplicates.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nemesis_failovers_with_wait_have_no_duplicates() {
-    let (report, errors, (clean, crash)) = nemesis(true).await;
-    assert!(clean > 0 && crash > 0, "{clean} clean, {crash} crash failovers");
+    let (report, errors, done) = nemesis(true).await;
+    assert!(done.clean > 0 && done.crash > 0 && done.paused > 0, "not every kind of failover ran");
     assert!(errors.is_empty(), "{report}: {errors:?}");
     assert_eq!(report.duplicates, 0);
 }
