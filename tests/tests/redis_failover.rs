@@ -288,11 +288,11 @@ struct Failovers {
     paused: usize,
 }
 
-/// Keys the nemesis workers pick from: enough that most calls take a fresh key (a write) rather
-/// than replay one, so that failovers land among writes.
-const NEMESIS_KEYS: usize = 1500;
+/// Keys the nemesis workers pick from, per second of the run: enough that most calls take a
+/// fresh key (a write) rather than replay one, so that failovers land among writes.
+const NEMESIS_KEYS_PER_SEC: u64 = 125;
 
-/// Six workers on [`NEMESIS_KEYS`] keys while masters fail over (clean, crash, cut off, in
+/// Six workers on [`NEMESIS_KEYS_PER_SEC`] keys per second of the run while masters fail over (clean, crash, cut off, in
 /// turn; IDEMPOTENT_FAILOVER_KINDS picks some) for IDEMPOTENT_FAILOVER_SECS (12 s by default); then the cluster heals, a final pass
 /// and the checker. Returns the report, the violations, and the failovers done.
 async fn nemesis(wait: bool) -> (Report, Vec<String>, Failovers) {
@@ -300,7 +300,7 @@ async fn nemesis(wait: bool) -> (Report, Vec<String>, Failovers) {
     let cluster = tokio::task::spawn_blocking(RedisCluster::start_with_replicas).await.unwrap();
     let ctx = RunContext::new(cluster_store(&cluster, wait), unique("nemesis"));
     let hist = History::new();
-    let keys: Vec<String> = (0..NEMESIS_KEYS).map(|i| format!("k{i}")).collect();
+    let keys: Vec<String> = (0..NEMESIS_KEYS_PER_SEC * secs).map(|i| format!("k{i}")).collect();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
     let workers: Vec<_> = (0..6u64)
         .map(|w| tokio::spawn(random_calls(ctx.clone(), hist.clone(), keys.clone(), deadline, w + 1)))
