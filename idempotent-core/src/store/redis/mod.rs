@@ -125,6 +125,29 @@ impl Scripts {
 /// until [resolved](Store::resolve). A key that holds anything else (another type, a string this
 /// store did not write) is answered with [`Error::Corrupt`], never a replay or a second run.
 ///
+/// **Replication and failover.** On Redis Cluster the store follows a failover by itself:
+/// redirects (`MOVED`, `ASK`) and a refreshed slot map lead it to the new master, dead
+/// connections are replaced, and a call made while its shard has no master fails closed within
+/// the command timeout (nothing runs). Redis replicates asynchronously, so a failover can lose
+/// writes the old master acknowledged: a clean `CLUSTER FAILOVER` loses none (the replica
+/// catches up first); a crashed master loses what it had not yet sent to its replica; a master
+/// cut off from the cluster keeps taking writes until it learns it was replaced, then drops
+/// them. By default, a lost completion means the next call runs the action again, so it runs
+/// twice and callers may have seen two results; a lost acquire lets a second worker take the
+/// key while the first one still runs. The fence still protects downstream then: the second
+/// worker's fence is higher (a new record's fence is at least the server's clock in
+/// microseconds, to within the clock skew between the two nodes), so a system that rejects stale
+/// fences refuses the first worker's writes, and the store refuses its completion. With
+/// [`RedisStoreBuilder::wait_for_replicas`] (one replica per master, `WAIT 1`), callers act
+/// only on acquires and completions the replica has acknowledged, so a failover to that replica
+/// loses none of them; a write whose `WAIT` fell short is reported (an acquire fails, a
+/// completion is possibly unstored), and with more replicas than waited for, the one promoted
+/// may still lack a write. On standalone Redis the store keeps the URL it was built with: after
+/// a replica is promoted (by hand or by Sentinel) and the old master becomes a replica, every
+/// call there fails closed (`READONLY`); build a new store on the new master's URL (on
+/// Sentinel's `+switch-master`), or connect through a proxy that follows the master.
+/// RELIABILITY.md has the figures.
+///
 /// At start-up, `store.preflight().await?.ensure()?` fails when the server's settings break
 /// the guarantee (see [`RedisStore::preflight`]).
 ///
