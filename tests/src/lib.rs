@@ -285,9 +285,11 @@ impl RedisServer {
         // A full copy starts at once rather than after the default 5 s wait for more replicas.
         master.cmd(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"]);
         self.cmd(&["REPLICAOF", "127.0.0.1", &master.port().to_string()]);
-        wait_until(Duration::from_secs(20), || format!("replica {} linked to {}", self.port, master.port), || {
-            self.info("replication").contains("master_link_status:up")
-        });
+        wait_until(
+            Duration::from_secs(20),
+            || format!("replica {} linked to {}", self.port, master.port),
+            || self.info("replication").contains("master_link_status:up"),
+        );
         master.wait_replicated();
     }
 
@@ -302,18 +304,24 @@ impl RedisServer {
     /// has written so far (the replication offsets `ROLE` reports match). Keep writers quiet
     /// meanwhile, or the offsets never meet.
     pub fn wait_replicated(&self) {
-        wait_until(Duration::from_secs(20), || format!("replicas of {} in sync", self.port), || {
-            let redis::Value::Array(role) = self.cmd(&["ROLE"]) else { return false };
-            let (Some(redis::Value::Int(offset)), Some(redis::Value::Array(replicas))) = (role.get(1), role.get(2))
-            else {
-                return false;
-            };
-            !replicas.is_empty()
-                && replicas.iter().all(|r| match r {
-                    redis::Value::Array(fields) => fields.get(2).map(text).and_then(|o| o.parse::<i64>().ok()) == Some(*offset),
-                    _ => false,
-                })
-        });
+        wait_until(
+            Duration::from_secs(20),
+            || format!("replicas of {} in sync", self.port),
+            || {
+                let redis::Value::Array(role) = self.cmd(&["ROLE"]) else { return false };
+                let (Some(redis::Value::Int(offset)), Some(redis::Value::Array(replicas))) = (role.get(1), role.get(2))
+                else {
+                    return false;
+                };
+                !replicas.is_empty()
+                    && replicas.iter().all(|r| match r {
+                        redis::Value::Array(fields) => {
+                            fields.get(2).map(text).and_then(|o| o.parse::<i64>().ok()) == Some(*offset)
+                        }
+                        _ => false,
+                    })
+            },
+        );
     }
 
     /// The ports of the replicas connected to this master (`ROLE`).
@@ -538,10 +546,14 @@ impl RedisCluster {
     /// The index of the node that replicates master `master`.
     pub fn replica_of(&self, master: usize) -> usize {
         let mut ports = Vec::new();
-        wait_until(Duration::from_secs(20), || format!("a replica connected to node {master}"), || {
-            ports = self.nodes[master].replica_ports();
-            !ports.is_empty()
-        });
+        wait_until(
+            Duration::from_secs(20),
+            || format!("a replica connected to node {master}"),
+            || {
+                ports = self.nodes[master].replica_ports();
+                !ports.is_empty()
+            },
+        );
         self.nodes.iter().position(|n| n.port() == ports[0]).expect("the replica is one of the cluster's nodes")
     }
 
@@ -652,9 +664,7 @@ impl RedisCluster {
                 return Err(format!("replica {} has no link to its master", node.port()));
             }
         }
-        if replicated
-            && let Some(m) = self.masters().into_iter().find(|&m| self.nodes[m].replica_ports().is_empty())
-        {
+        if replicated && let Some(m) = self.masters().into_iter().find(|&m| self.nodes[m].replica_ports().is_empty()) {
             return Err(format!("master {} has no replica", self.nodes[m].port()));
         }
         Ok(())

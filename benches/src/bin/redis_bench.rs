@@ -373,13 +373,12 @@ fn main() {
         env
     });
 
-    let paths: Vec<(usize, Path)> =
-        Path::ALL
-            .iter()
-            .copied()
-            .enumerate()
-            .filter(|(_, p)| p.label().contains(only.as_str()) && (wait || !p.waits()))
-            .collect();
+    let paths: Vec<(usize, Path)> = Path::ALL
+        .iter()
+        .copied()
+        .enumerate()
+        .filter(|(_, p)| p.label().contains(only.as_str()) && (wait || !p.waits()))
+        .collect();
     let mut table: BTreeMap<(usize, usize), Row> = BTreeMap::new();
     let started = Instant::now();
     for round in 0..rounds {

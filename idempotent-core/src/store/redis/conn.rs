@@ -290,17 +290,19 @@ impl RedisStore {
             loop {
                 let mut conn = self.conn(op).await?;
                 let res = match (wait, script) {
-                    (Some(wait), _) => exchange_waited(&mut conn, script, cmd, wait).await.and_then(|(reply, acked)| {
-                        match acked {
+                    (Some(wait), _) => {
+                        exchange_waited(&mut conn, script, cmd, wait).await.and_then(|(reply, acked)| match acked {
                             Value::Int(n) => Ok(Written { reply, replicas: Some(n) }),
                             other => Err(redis::RedisError::from((
                                 redis::ErrorKind::Parse,
                                 "unexpected WAIT reply",
                                 format!("{other:?}"),
                             ))),
-                        }
-                    }),
-                    (None, Some(script)) => eval(&mut conn, script, cmd).await.map(|reply| Written { reply, replicas: None }),
+                        })
+                    }
+                    (None, Some(script)) => {
+                        eval(&mut conn, script, cmd).await.map(|reply| Written { reply, replicas: None })
+                    }
                     (None, None) => cmd.query_async(&mut conn).await.map(|reply| Written { reply, replicas: None }),
                 };
                 match res {

@@ -352,7 +352,8 @@ impl RedisStore {
             }
         }
         let args = [Arg::Acquire { fp: &fp, token, lease, retention }];
-        let Written { reply, replicas } = self.invoke_written("acquire", &self.inner.scripts.acquire, key, &args).await?;
+        let Written { reply, replicas } =
+            self.invoke_written("acquire", &self.inner.scripts.acquire, key, &args).await?;
         let items = match reply {
             // A done record, whole.
             Value::BulkString(record) => {
