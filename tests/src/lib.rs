@@ -290,6 +290,21 @@ impl RedisServer {
             || format!("replica {} linked to {}", self.port, master.port),
             || self.info("replication").contains("master_link_status:up"),
         );
+        // After a full copy the master streams to the replica (and counts it for `WAIT`) only
+        // from the replica's first acknowledgement, up to a second later: a write and `WAIT`
+        // until the replica has it.
+        let mut conn = master.connection();
+        let probe = format!("harness:replication-check:{}", self.port);
+        wait_until(
+            Duration::from_secs(20),
+            || format!("{} streaming to replica {}", master.port, self.port),
+            || {
+                let _: () = redis::cmd("SET").arg(&probe).arg(1).query(&mut conn).unwrap();
+                let acked: i64 = redis::cmd("WAIT").arg(1).arg(100).query(&mut conn).unwrap();
+                acked >= 1
+            },
+        );
+        let _: () = redis::cmd("DEL").arg(&probe).query(&mut conn).unwrap();
         master.wait_replicated();
     }
 
@@ -300,25 +315,28 @@ impl RedisServer {
         wait_until(Duration::from_secs(10), || format!("{} promoted", self.port), || self.role() == "master");
     }
 
-    /// On a master: waits until every replica connected to it has acknowledged everything it
-    /// has written so far (the replication offsets `ROLE` reports match). Keep writers quiet
-    /// meanwhile, or the offsets never meet.
+    /// On a master: waits until every replica connected to it is online (after a diskless full
+    /// copy a master counts a replica for `WAIT` only once it has acknowledged) and has
+    /// acknowledged everything the master has written so far (`INFO replication`). Keep writers
+    /// quiet meanwhile, or the offsets never meet.
     pub fn wait_replicated(&self) {
         wait_until(
             Duration::from_secs(20),
-            || format!("replicas of {} in sync", self.port),
+            || format!("replicas of {} in sync:\n{}", self.port, self.info("replication")),
             || {
-                let redis::Value::Array(role) = self.cmd(&["ROLE"]) else { return false };
-                let (Some(redis::Value::Int(offset)), Some(redis::Value::Array(replicas))) = (role.get(1), role.get(2))
-                else {
+                let info = self.info("replication");
+                let field = |line: &str, name: &str| {
+                    line.split([',', ':']).find_map(|kv| kv.strip_prefix(name)).map(str::to_owned)
+                };
+                let Some(offset) = info.lines().find_map(|l| l.strip_prefix("master_repl_offset:")) else {
                     return false;
                 };
+                let replicas: Vec<&str> =
+                    info.lines().filter(|l| l.starts_with("slave") && l.contains("state=")).collect();
                 !replicas.is_empty()
-                    && replicas.iter().all(|r| match r {
-                        redis::Value::Array(fields) => {
-                            fields.get(2).map(text).and_then(|o| o.parse::<i64>().ok()) == Some(*offset)
-                        }
-                        _ => false,
+                    && replicas.iter().all(|l| {
+                        field(l, "state=").as_deref() == Some("online")
+                            && field(l, "offset=").as_deref() == Some(offset.trim())
                     })
             },
         );
