@@ -7,6 +7,7 @@
 //! 6379. When `redis-server` is not installed, starting a server panics with how to install it:
 //! a Redis test never passes by skipping.
 
+use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -238,6 +239,124 @@ impl RedisServer {
         c.query(&mut self.connection()).unwrap_or_else(|e| panic!("{args:?} failed: {e}"))
     }
 
+    /// Runs one command, or says why it failed (for a node that may be down).
+    pub fn try_cmd(&self, args: &[&str]) -> Result<redis::Value, String> {
+        let client = redis::Client::open(self.url()).map_err(|e| e.to_string())?;
+        let mut conn = client.get_connection_with_timeout(Duration::from_secs(2)).map_err(|e| e.to_string())?;
+        conn.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
+        let mut c = redis::cmd(args[0]);
+        for a in &args[1..] {
+            c.arg(*a);
+        }
+        c.query(&mut conn).map_err(|e| e.to_string())
+    }
+
+    /// The text of `INFO <section>`.
+    pub fn info(&self, section: &str) -> String {
+        text(&self.cmd(&["INFO", section]))
+    }
+
+    /// The role `ROLE` reports: `master` or `slave`; `down` when the server does not answer.
+    pub fn role(&self) -> String {
+        match self.try_cmd(&["ROLE"]) {
+            Ok(redis::Value::Array(items)) if !items.is_empty() => text(&items[0]),
+            Ok(other) => panic!("unexpected ROLE reply {other:?}"),
+            Err(_) => "down".into(),
+        }
+    }
+
+    /// Whether the process runs (not killed; a paused server still runs).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Starts a standalone server that replicates `master` (`REPLICAOF`) and waits until it has
+    /// caught up: the standalone setup a Sentinel watches, with the failover done by hand
+    /// ([`promote`](Self::promote)).
+    pub fn replica_of(master: &RedisServer) -> RedisServer {
+        let replica = RedisServer::start();
+        replica.follow(master);
+        replica
+    }
+
+    /// `REPLICAOF 127.0.0.1 <master's port>`, then waits until the link is up and the replica
+    /// has caught up with the master.
+    pub fn follow(&self, master: &RedisServer) {
+        // A full copy starts at once rather than after the default 5 s wait for more replicas.
+        master.cmd(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"]);
+        self.cmd(&["REPLICAOF", "127.0.0.1", &master.port().to_string()]);
+        wait_until(
+            Duration::from_secs(20),
+            || format!("replica {} linked to {}", self.port, master.port),
+            || self.info("replication").contains("master_link_status:up"),
+        );
+        // After a full copy the master streams to the replica (and counts it for `WAIT`) only
+        // from the replica's first acknowledgement, up to a second later: a write and `WAIT`
+        // until the replica has it.
+        let mut conn = master.connection();
+        let probe = format!("harness:replication-check:{}", self.port);
+        wait_until(
+            Duration::from_secs(20),
+            || format!("{} streaming to replica {}", master.port, self.port),
+            || {
+                let _: () = redis::cmd("SET").arg(&probe).arg(1).query(&mut conn).unwrap();
+                let acked: i64 = redis::cmd("WAIT").arg(1).arg(100).query(&mut conn).unwrap();
+                acked >= 1
+            },
+        );
+        let _: () = redis::cmd("DEL").arg(&probe).query(&mut conn).unwrap();
+        master.wait_replicated();
+    }
+
+    /// `REPLICAOF NO ONE`: a replica becomes a master (what Sentinel does on a failover), and
+    /// waits until `ROLE` says so.
+    pub fn promote(&self) {
+        self.cmd(&["REPLICAOF", "NO", "ONE"]);
+        wait_until(Duration::from_secs(10), || format!("{} promoted", self.port), || self.role() == "master");
+    }
+
+    /// On a master: waits until every replica connected to it is online (after a diskless full
+    /// copy a master counts a replica for `WAIT` only once it has acknowledged) and has
+    /// acknowledged everything the master has written so far (`INFO replication`). Keep writers
+    /// quiet meanwhile, or the offsets never meet.
+    pub fn wait_replicated(&self) {
+        wait_until(
+            Duration::from_secs(20),
+            || format!("replicas of {} in sync:\n{}", self.port, self.info("replication")),
+            || {
+                let info = self.info("replication");
+                let field = |line: &str, name: &str| {
+                    line.split([',', ':']).find_map(|kv| kv.strip_prefix(name)).map(str::to_owned)
+                };
+                let Some(offset) = info.lines().find_map(|l| l.strip_prefix("master_repl_offset:")) else {
+                    return false;
+                };
+                let replicas: Vec<&str> =
+                    info.lines().filter(|l| l.starts_with("slave") && l.contains("state=")).collect();
+                !replicas.is_empty()
+                    && replicas.iter().all(|l| {
+                        field(l, "state=").as_deref() == Some("online")
+                            && field(l, "offset=").as_deref() == Some(offset.trim())
+                    })
+            },
+        );
+    }
+
+    /// The ports of the replicas connected to this master (`ROLE`).
+    pub fn replica_ports(&self) -> Vec<u16> {
+        let Ok(redis::Value::Array(role)) = self.try_cmd(&["ROLE"]) else { return Vec::new() };
+        match role.get(2) {
+            Some(redis::Value::Array(replicas)) => replicas
+                .iter()
+                .filter_map(|r| match r {
+                    redis::Value::Array(fields) => fields.get(1).map(text).and_then(|p| p.parse().ok()),
+                    _ => None,
+                })
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
     /// Resets `INFO commandstats`.
     pub fn reset_stats(&self) {
         self.cmd(&["CONFIG", "RESETSTAT"]);
@@ -316,6 +435,26 @@ fn make_certificate(dir: &Path) {
     assert!(out.status.success(), "openssl failed: {}", String::from_utf8_lossy(&out.stderr));
 }
 
+/// A reply as text (bulk, simple or verbatim string, or a number).
+fn text(v: &redis::Value) -> String {
+    match v {
+        redis::Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
+        redis::Value::SimpleString(s) => s.clone(),
+        redis::Value::VerbatimString { text, .. } => text.clone(),
+        redis::Value::Int(i) => i.to_string(),
+        other => panic!("expected a string reply, got {other:?}"),
+    }
+}
+
+/// Polls `done` every 20 ms until it holds; panics, saying `what`, after `timeout`.
+fn wait_until(timeout: Duration, what: impl Fn() -> String, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !done() {
+        assert!(Instant::now() < deadline, "gave up after {timeout:?} waiting for: {}", what());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn signal(pid: i32, sig: &str) {
     // `unsafe_code` is forbidden in the workspace, so signals go through the `kill` command.
     let status = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status().expect("run kill");
@@ -344,26 +483,51 @@ impl Drop for RedisServer {
     }
 }
 
-/// A Redis Cluster of three masters (no replicas), made with `redis-cli --cluster create`.
+/// A Redis Cluster made with `redis-cli --cluster create`: three masters, with no replicas
+/// ([`start`](Self::start)) or one replica each ([`start_with_replicas`](Self::start_with_replicas)),
+/// whose masters can be failed over cleanly or by a crash.
 #[derive(Debug)]
 pub struct RedisCluster {
-    /// The nodes, in creation order.
+    /// The nodes, in creation order (roles change with failovers: see [`masters`](Self::masters)).
     pub nodes: Vec<RedisServer>,
 }
+
+/// How long a replicated cluster's nodes wait before they deem a silent node failed
+/// (`cluster-node-timeout`): a crash failover takes about twice this.
+pub const CLUSTER_NODE_TIMEOUT: Duration = Duration::from_millis(1000);
 
 impl RedisCluster {
     /// Starts three cluster nodes, assigns the slots and waits until every node reports
     /// `cluster_state:ok`.
     pub fn start() -> RedisCluster {
-        let nodes: Vec<RedisServer> =
-            (0..3).map(|_| RedisServer::start_with(RedisOptions { cluster: true, ..Default::default() })).collect();
+        Self::create(3, 0, RedisOptions { cluster: true, ..Default::default() })
+    }
+
+    /// Starts six cluster nodes, three masters with one replica each (`--cluster-replicas 1`),
+    /// and waits until the cluster is ok and every replica has caught up with its master.
+    /// Nodes deem a silent node failed after [`CLUSTER_NODE_TIMEOUT`].
+    pub fn start_with_replicas() -> RedisCluster {
+        let ms = CLUSTER_NODE_TIMEOUT.as_millis().to_string();
+        // A full copy to a new or restarted replica starts at once, not after the default 5 s.
+        let extra = vec![("cluster-node-timeout".into(), ms), ("repl-diskless-sync-delay".into(), "0".into())];
+        let options = RedisOptions { cluster: true, extra, ..Default::default() };
+        let cluster = Self::create(6, 1, options);
+        cluster.wait_healthy();
+        for m in cluster.masters() {
+            cluster.nodes[m].wait_replicated();
+        }
+        cluster
+    }
+
+    fn create(count: usize, replicas: usize, options: RedisOptions) -> RedisCluster {
+        let nodes: Vec<RedisServer> = (0..count).map(|_| RedisServer::start_with(options.clone())).collect();
         let cli = require_binary("redis-cli");
         let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port())).collect();
         let out = Command::new(cli)
             .arg("--cluster")
             .arg("create")
             .args(&addrs)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdin(Stdio::null())
             .output()
             .expect("run redis-cli --cluster create");
@@ -390,6 +554,138 @@ impl RedisCluster {
     /// The nodes' `redis://` URLs.
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The indices in [`nodes`](Self::nodes) of the running nodes that are masters now.
+    pub fn masters(&self) -> Vec<usize> {
+        (0..self.nodes.len()).filter(|&i| self.nodes[i].is_running() && self.nodes[i].role() == "master").collect()
+    }
+
+    /// The index of the node that replicates master `master`.
+    pub fn replica_of(&self, master: usize) -> usize {
+        let mut ports = Vec::new();
+        wait_until(
+            Duration::from_secs(20),
+            || format!("a replica connected to node {master}"),
+            || {
+                ports = self.nodes[master].replica_ports();
+                !ports.is_empty()
+            },
+        );
+        self.nodes.iter().position(|n| n.port() == ports[0]).expect("the replica is one of the cluster's nodes")
+    }
+
+    /// A clean failover of master `master`: `CLUSTER FAILOVER` on its replica, which waits for
+    /// the replica to catch up, then swaps the roles. Waits until the cluster is healthy again
+    /// and returns the index of the new master.
+    pub fn failover_clean(&self, master: usize) -> usize {
+        let replica = self.replica_of(master);
+        self.nodes[replica].cmd(&["CLUSTER", "FAILOVER"]);
+        wait_until(
+            Duration::from_secs(20),
+            || format!("node {replica} to take over from node {master}"),
+            || self.nodes[replica].role() == "master" && self.nodes[master].role() == "slave",
+        );
+        self.wait_healthy();
+        replica
+    }
+
+    /// A crash failover of master `master`: `kill -9` (what it acknowledged but had not sent
+    /// to its replica is lost), then the cluster deems it failed and promotes its replica; once
+    /// that happened the old master is started again (empty, no persistence), rejoins as the new
+    /// master's replica and copies its data. Waits until the cluster is healthy again and
+    /// returns the index of the new master.
+    pub fn failover_crash(&mut self, master: usize) -> usize {
+        let replica = self.replica_of(master);
+        self.nodes[master].kill();
+        wait_until(
+            Duration::from_secs(30),
+            || format!("the cluster to promote node {replica} after node {master} crashed"),
+            || self.nodes[replica].role() == "master",
+        );
+        self.nodes[master].spawn();
+        wait_until(
+            Duration::from_secs(30),
+            || format!("node {master} to rejoin as a replica of node {replica}"),
+            || {
+                self.nodes[master].role() == "slave"
+                    && self.nodes[master].info("replication").contains("master_link_status:up")
+            },
+        );
+        self.wait_healthy();
+        replica
+    }
+
+    /// A failover of master `master` cut off from the cluster: `SIGSTOP` (as a long pause or a
+    /// partition would), the cluster promotes its replica, then `SIGCONT`. Resumed, the old
+    /// master still believes it owns its slots until the gossip it missed reaches it, and may
+    /// take writes from clients meanwhile, which it then drops to copy the new master's data:
+    /// the classic way Redis Cluster loses acknowledged writes. Waits until the cluster is
+    /// healthy again and returns the index of the new master.
+    pub fn failover_pause(&mut self, master: usize) -> usize {
+        let replica = self.replica_of(master);
+        self.nodes[master].pause();
+        wait_until(
+            Duration::from_secs(30),
+            || format!("the cluster to promote node {replica} while node {master} is paused"),
+            || self.nodes[replica].role() == "master",
+        );
+        self.nodes[master].resume();
+        wait_until(
+            Duration::from_secs(30),
+            || format!("node {master} to turn into a replica of node {replica}"),
+            || {
+                self.nodes[master].role() == "slave"
+                    && self.nodes[master].info("replication").contains("master_link_status:up")
+            },
+        );
+        self.wait_healthy();
+        replica
+    }
+
+    /// Waits until every running node reports `cluster_state:ok`, every master has a replica
+    /// whose link is up, and every node's `CLUSTER NODES` names the same masters.
+    pub fn wait_healthy(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let Err(why) = self.health() else { return };
+            assert!(Instant::now() < deadline, "the cluster did not heal within 30 s: {why}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn health(&self) -> Result<(), String> {
+        let masters: BTreeSet<u16> = self.masters().into_iter().map(|i| self.nodes[i].port()).collect();
+        let replicated = self.nodes.len() > 3;
+        for node in self.nodes.iter().filter(|n| n.is_running()) {
+            let info = text(&node.try_cmd(&["CLUSTER", "INFO"])?);
+            if !info.contains("cluster_state:ok") {
+                return Err(format!("node {} reports {info}", node.port()));
+            }
+            let view = text(&node.try_cmd(&["CLUSTER", "NODES"])?);
+            // `<id> <ip:port@bus> <flags> <master> …`; flags like `myself,master` or `slave`.
+            let seen: BTreeSet<u16> = view
+                .lines()
+                .filter_map(|l| {
+                    let mut f = l.split(' ');
+                    let addr = f.nth(1)?;
+                    let flags = f.next()?;
+                    (flags.split(',').any(|x| x == "master") && !flags.contains("fail"))
+                        .then(|| addr.split(['@', ':']).nth(1)?.parse().ok())
+                        .flatten()
+                })
+                .collect();
+            if seen != masters {
+                return Err(format!("node {} sees masters {seen:?}, ROLE says {masters:?}", node.port()));
+            }
+            if replicated && node.role() == "slave" && !node.info("replication").contains("master_link_status:up") {
+                return Err(format!("replica {} has no link to its master", node.port()));
+            }
+        }
+        if replicated && let Some(m) = self.masters().into_iter().find(|&m| self.nodes[m].replica_ports().is_empty()) {
+            return Err(format!("master {} has no replica", self.nodes[m].port()));
+        }
+        Ok(())
     }
 }
 

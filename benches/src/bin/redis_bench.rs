@@ -1,7 +1,7 @@
 //! `RedisStore` through the executor against the floor Redis itself sets, in one run.
 //!
 //! ```text
-//! cargo run --release -p idempotent-benches --bin redis_bench [-- --secs 1 --rounds 3 --pool 4]
+//! cargo run --release -p idempotent-benches --bin redis_bench [-- --secs 1 --rounds 3 --pool 4 --wait]
 //! ```
 //!
 //! Spawns its own `redis-server` (through the test harness), then measures at concurrency 1 and
@@ -13,6 +13,9 @@
 //!   round-robin per command): for a replay one raw round trip (`GET`, and `EVALSHA` of a trivial
 //!   `GET` script), for a first execution two (`SET NX` + `SET`, and two `EVALSHA` of a trivial
 //!   `SET` script);
+//! - with `--wait` (a replica started with `REPLICAOF`, attached to the server for the whole run):
+//!   first execution and replay on a second store built with `wait_for_replicas(1, 100 ms)`, and
+//!   the floor with `WAIT 1 100` pipelined behind each of its two `SET`s;
 //! - the commands each call sent, counted by `MONITOR` in a short pass of each row after the
 //!   timed rounds (`INFO commandstats` counts a script's commands as if a client had sent them,
 //!   and cannot tell our acquire's `SET` from the `SET` inside the complete script), and the
@@ -51,10 +54,13 @@ enum Path {
     FloorEvalGet,
     StoreFirst,
     StoreReplay,
+    OursFirstWait,
+    OursReplayWait,
+    FloorSetSetWait,
 }
 
 impl Path {
-    const ALL: [Path; 9] = [
+    const ALL: [Path; 12] = [
         Path::OursFirst { heartbeat: true },
         Path::OursFirst { heartbeat: false },
         Path::StoreFirst,
@@ -64,7 +70,15 @@ impl Path {
         Path::StoreReplay,
         Path::FloorGet,
         Path::FloorEvalGet,
+        Path::OursFirstWait,
+        Path::FloorSetSetWait,
+        Path::OursReplayWait,
     ];
+
+    /// Whether the row needs the replica (`--wait`).
+    fn waits(self) -> bool {
+        matches!(self, Path::OursFirstWait | Path::OursReplayWait | Path::FloorSetSetWait)
+    }
 
     fn label(self) -> &'static str {
         match self {
@@ -77,12 +91,17 @@ impl Path {
             Path::FloorEvalGet => "floor: EVALSHA trivial GET script",
             Path::StoreFirst => "diag: RedisStore acquire + complete, no executor",
             Path::StoreReplay => "diag: RedisStore acquire (replay), no executor",
+            Path::OursFirstWait => "first execution (ours, WAIT 1 replica)",
+            Path::OursReplayWait => "replay (ours, WAIT 1 replica)",
+            Path::FloorSetSetWait => "floor: (SET NX + WAIT 1) + (SET + WAIT 1), 2 round trips",
         }
     }
 }
 
 struct Env {
     ctx: RunContext,
+    /// On a store that waits for one replica (`--wait`).
+    ctx_wait: Option<RunContext>,
     /// The payload the rows through the executor borrow (with a sequence number of their own).
     payload: Refund,
     store: RedisStore,
@@ -120,6 +139,48 @@ async fn run(env: &Arc<Env>, path: Path, concurrency: usize, duration: Duration)
                         .await
                         .expect("first execution");
                     black_box(r);
+                }
+                Path::OursFirstWait => {
+                    let payload = env.payload.with_seq(env.seq.fetch_add(1, Ordering::Relaxed));
+                    let r: RefundResult = env
+                        .ctx_wait
+                        .as_ref()
+                        .expect("--wait")
+                        .step("issue_refund")
+                        .run(&payload, |_| async { Ok::<_, Error>(RefundResult::sample()) })
+                        .await
+                        .expect("first execution");
+                    black_box(r);
+                }
+                Path::OursReplayWait => {
+                    let payload = env.payload.with_seq(replay_index(task, i));
+                    let r: RefundResult = env
+                        .ctx_wait
+                        .as_ref()
+                        .expect("--wait")
+                        .step("replayed_refund")
+                        .run(&payload, |_| async { Err::<RefundResult, _>(Error::Config("replay ran".into())) })
+                        .await
+                        .expect("replay");
+                    black_box(r);
+                }
+                Path::FloorSetSetWait => {
+                    let key = format!("floor:first:{}", env.seq.fetch_add(1, Ordering::Relaxed));
+                    for (value, nx, ttl) in [(&env.claim, true, 60_000), (&env.stored, false, 86_400_000)] {
+                        let mut set = redis::cmd("SET");
+                        set.arg(&key).arg(value.as_slice());
+                        if nx {
+                            set.arg("NX");
+                        }
+                        set.arg("PX").arg(ttl);
+                        let (_, acked): (Value, i64) = redis::pipe()
+                            .add_command(set)
+                            .add_command(redis::cmd("WAIT").arg(1).arg(100).to_owned())
+                            .query_async(&mut env.raw.conn())
+                            .await
+                            .expect("SET + WAIT");
+                        assert_eq!(acked, 1, "the replica did not acknowledge");
+                    }
                 }
                 Path::OursReplay => {
                     let payload = env.payload.with_seq(replay_index(task, i));
@@ -254,10 +315,24 @@ fn main() {
     let (duration, warmup, rt) = (opts.duration(), opts.warmup(), opts.runtime());
     let RunOptions { secs, rounds, pool, workers, concurrencies, only } = opts;
 
+    let wait = idempotent_benches::flag("--wait");
     let server = RedisServer::start();
+    // Attached for the whole run, so that every row runs against a master with a replica.
+    let replica = wait.then(|| RedisServer::replica_of(&server));
     let store = RedisStore::builder(server.url()).pool_size(pool).command_timeout(REDIS_TIMEOUT).build().unwrap();
+    let store_wait = wait.then(|| {
+        RedisStore::builder(server.url())
+            .pool_size(pool)
+            .command_timeout(REDIS_TIMEOUT)
+            .wait_for_replicas(1, Duration::from_millis(100))
+            .build()
+            .unwrap()
+    });
     let env = rt.block_on(async {
         store.warm_up().await.expect("warm up the store");
+        if let Some(s) = &store_wait {
+            s.warm_up().await.expect("warm up the waiting store");
+        }
         let raw = RawRedis::connect(&server.url(), pool).await;
         let ctx = RunContext::new(store.clone(), "bench-run");
         let replay_keys =
@@ -266,6 +341,7 @@ fn main() {
         serde_json::to_writer(&mut stored, &RefundResult::sample()).unwrap();
         let env = Arc::new(Env {
             ctx,
+            ctx_wait: store_wait.map(|s| RunContext::new(s, "bench-run")),
             payload: Refund::new(0),
             store,
             replay_keys,
@@ -297,8 +373,12 @@ fn main() {
         env
     });
 
-    let paths: Vec<(usize, Path)> =
-        Path::ALL.iter().copied().enumerate().filter(|(_, p)| p.label().contains(only.as_str())).collect();
+    let paths: Vec<(usize, Path)> = Path::ALL
+        .iter()
+        .copied()
+        .enumerate()
+        .filter(|(_, p)| p.label().contains(only.as_str()) && (wait || !p.waits()))
+        .collect();
     let mut table: BTreeMap<(usize, usize), Row> = BTreeMap::new();
     let started = Instant::now();
     for round in 0..rounds {
@@ -400,10 +480,10 @@ fn main() {
             let (lo, hi) = row.rounds.rate_range();
             let calls = row.rounds.calls() as f64;
             let (raw, eval) = match row.path {
-                ours @ Path::OursFirst { .. } => {
+                ours @ (Path::OursFirst { .. } | Path::OursFirstWait | Path::FloorSetSetWait) => {
                     (ratio(concurrency, ours, Path::FloorSetSet), ratio(concurrency, ours, Path::FloorEvalEval))
                 }
-                ours @ (Path::OursReplay | Path::StoreReplay) => {
+                ours @ (Path::OursReplay | Path::StoreReplay | Path::OursReplayWait) => {
                     (ratio(concurrency, ours, Path::FloorGet), ratio(concurrency, ours, Path::FloorEvalGet))
                 }
                 Path::StoreFirst => (
@@ -435,6 +515,19 @@ fn main() {
         let (_, listed, inner, _) = commands(idx);
         println!("- {}: {listed}; inside scripts: {}", path.label(), if inner.is_empty() { "none" } else { &inner });
     }
+
+    if wait {
+        println!("\nWAIT 1 (a replica on loopback), against the same run's rows:\n");
+        for &c in &concurrencies {
+            println!(
+                "- concurrency {c}: first execution {}× the default's calls/s, {}× the floor with WAIT; replay {}× the default's",
+                show(ratio(c, Path::OursFirstWait, Path::OursFirst { heartbeat: true })),
+                show(ratio(c, Path::OursFirstWait, Path::FloorSetSetWait)),
+                show(ratio(c, Path::OursReplayWait, Path::OursReplay)),
+            );
+        }
+    }
+    drop(replica);
 
     let c = *concurrencies.last().unwrap();
     println!("\nTargets (concurrency {c}):");

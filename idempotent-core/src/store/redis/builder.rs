@@ -8,7 +8,7 @@ use deadpool_redis::cluster;
 use deadpool_redis::{Runtime, redis};
 
 use super::RedisStore;
-use super::conn::Pool;
+use super::conn::{Pool, Wait};
 use crate::error::Error;
 
 const DEFAULT_PREFIX: &str = "idem:";
@@ -26,6 +26,7 @@ pub struct RedisStoreBuilder {
     timeout: Duration,
     prefix: String,
     set_get: bool,
+    wait: Option<Wait>,
 }
 
 impl RedisStoreBuilder {
@@ -42,6 +43,7 @@ impl RedisStoreBuilder {
             timeout: DEFAULT_TIMEOUT,
             prefix: DEFAULT_PREFIX.to_owned(),
             set_get: true,
+            wait: None,
         }
     }
 
@@ -78,6 +80,34 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Waits, after every write a caller acts on, until `replicas` replicas of the key's master
+    /// have acknowledged it, for at most `timeout` (default off).
+    ///
+    /// Replication in Redis is asynchronous: a master acknowledges a write before its replicas
+    /// have it, and a failover (a replica promoted after the master crashed or was cut off) can
+    /// lose it. With this on, the store sends `WAIT replicas timeout` behind each acquire,
+    /// complete, abandon and resolve, pipelined with the write on the same connection (on a
+    /// cluster, to the key's master, as the write), so it costs no extra round trip but the
+    /// replicas' acknowledgement. A write that fewer replicas acknowledged in time is a store
+    /// failure: an acquire fails closed (nothing runs, and the key it took is released); a
+    /// complete answers [`Error::Unavailable`] with `op: "complete"`, which the executor
+    /// reports as [`action_may_have_run`](Error::action_may_have_run), as for a lost reply; an
+    /// abandon or resolve answers the same error for its op. Answers that wrote nothing (a
+    /// replay, a key in flight, a payload mismatch) are given as read.
+    ///
+    /// What it buys, and what it does not (measured in RELIABILITY.md): with one replica per
+    /// master, an acknowledged acquire or completion survives a failover to that replica. It is
+    /// not a consensus write: a master that acknowledged a write to `replicas` replicas can still
+    /// fail over to another replica that did not get it (more replicas than `replicas`), and a
+    /// shard with fewer than `replicas` replicas connected refuses every acquire until one is
+    /// back. While a replica lags, the `WAIT`s queue on the store's shared connections (the
+    /// server answers a connection's commands in order), so keep `timeout` well below the
+    /// command timeout; it must be below it, and at least 1 ms.
+    pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
+        self.wait = Some(Wait { replicas, timeout });
+        self
+    }
+
     /// Builds the store. Connections are opened lazily, on first use.
     pub fn build(self) -> Result<RedisStore, Error> {
         if self.urls.is_empty() {
@@ -88,6 +118,9 @@ impl RedisStoreBuilder {
         }
         if self.timeout.is_zero() {
             return Err(Error::Config("command_timeout must be above zero".into()));
+        }
+        if let Some(wait) = &self.wait {
+            wait.check(self.timeout)?;
         }
         let describe = self.urls.iter().map(|u| redact(u)).collect::<Vec<_>>().join(",");
         let config_err = |e: &dyn fmt::Display| {
@@ -111,7 +144,15 @@ impl RedisStoreBuilder {
             let mut cfg = cluster::Config::from_urls(self.urls.clone());
             cfg.pool = Some(pool_config);
             let pool = Pool::Cluster(cfg.create_pool(Some(Runtime::Tokio1)).map_err(|e| config_err(&e))?);
-            return Ok(RedisStore::from_parts(pool, self.prefix, self.timeout, describe, self.pool_size, self.set_get));
+            return Ok(RedisStore::from_parts(
+                pool,
+                self.prefix,
+                self.timeout,
+                describe,
+                self.pool_size,
+                self.set_get,
+                self.wait,
+            ));
         }
         // The driver's own response timeout (500 ms by default) would cut calls short of the
         // command timeout the user chose; ours bounds every call instead.
@@ -125,7 +166,7 @@ impl RedisStoreBuilder {
             .build()
             .map_err(|e| config_err(&e))?;
         let pool = Pool::Single(pool);
-        Ok(RedisStore::from_parts(pool, self.prefix, self.timeout, describe, self.pool_size, self.set_get))
+        Ok(RedisStore::from_parts(pool, self.prefix, self.timeout, describe, self.pool_size, self.set_get, self.wait))
     }
 }
 
@@ -161,5 +202,19 @@ mod tests {
     fn bad_config_is_an_error() {
         assert!(matches!(RedisStore::builder("redis://h").pool_size(0).build(), Err(Error::Config(_))));
         assert!(matches!(RedisStore::builder("not a url").build(), Err(Error::Config(_))));
+    }
+
+    #[test]
+    fn bad_wait_settings_are_an_error() {
+        let ms = Duration::from_millis;
+        let err = |b: RedisStoreBuilder| match b.build() {
+            Err(Error::Config(msg)) => msg,
+            other => panic!("expected a config error, got {other:?}"),
+        };
+        let b = || RedisStore::builder("redis://h").command_timeout(ms(500));
+        assert!(err(b().wait_for_replicas(0, ms(50))).contains("at least 1 replica"));
+        assert!(err(b().wait_for_replicas(1, Duration::ZERO)).contains("at least 1 ms"));
+        assert!(err(b().wait_for_replicas(1, ms(500))).contains("below the command timeout"));
+        assert!(b().wait_for_replicas(1, ms(100)).build().is_ok());
     }
 }

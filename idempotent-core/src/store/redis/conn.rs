@@ -1,10 +1,11 @@
 //! Connections and transport: the pool, the connections kept checked out of it, the command
-//! timeout, script invocation (`EVALSHA`, reloaded on `NOSCRIPT`) and the mapping of driver
-//! errors to the crate's.
+//! timeout, script invocation (`EVALSHA`, reloaded on `NOSCRIPT`), the `WAIT` pipelined behind
+//! a write, and the mapping of driver errors to the crate's.
 
 use std::future::Future;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 #[cfg(feature = "cluster")]
 use deadpool_redis::cluster;
@@ -22,6 +23,52 @@ pub(super) enum Pool {
     Single(deadpool_redis::Pool),
     #[cfg(feature = "cluster")]
     Cluster(cluster::Pool),
+}
+
+/// How many replicas must acknowledge a write, and for how long to wait for them (see
+/// [`RedisStoreBuilder::wait_for_replicas`](super::RedisStoreBuilder::wait_for_replicas)).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Wait {
+    pub(super) replicas: u32,
+    pub(super) timeout: Duration,
+}
+
+impl Wait {
+    /// Refuses settings the store cannot keep within `command_timeout`.
+    pub(super) fn check(&self, command_timeout: Duration) -> Result<(), Error> {
+        if self.replicas == 0 {
+            return Err(Error::Config(
+                "wait_for_replicas needs at least 1 replica; to not wait, leave wait_for_replicas out".into(),
+            ));
+        }
+        if self.timeout < Duration::from_millis(1) {
+            return Err(Error::Config(format!(
+                "wait_for_replicas timeout {:?} must be at least 1 ms (WAIT with 0 would block for ever)",
+                self.timeout
+            )));
+        }
+        if self.timeout >= command_timeout {
+            return Err(Error::Config(format!(
+                "wait_for_replicas timeout {:?} must be below the command timeout {command_timeout:?}: the WAIT \
+                 runs inside each call; lower it or raise command_timeout",
+                self.timeout
+            )));
+        }
+        Ok(())
+    }
+
+    fn cmd(&self) -> redis::Cmd {
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(self.replicas).arg(u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX));
+        cmd
+    }
+}
+
+/// The reply to a write, and, when the store waits for replicas, how many acknowledged it.
+pub(super) struct Written {
+    pub(super) reply: Value,
+    /// `WAIT`'s answer; `None` when the store does not wait.
+    pub(super) replicas: Option<i64>,
 }
 
 /// The pool, and the connections the store keeps checked out of it (see [`RedisStore::conn`]).
@@ -129,6 +176,37 @@ async fn eval(conn: &mut Conn, script: &Script, cmd: &redis::Cmd) -> redis::Redi
     }
 }
 
+/// `cmd` (an `EVALSHA` of `script`, or a plain command) and `wait` in one pipeline, on one
+/// connection, so that the `WAIT` covers the write (on a cluster the pipeline goes to the node of
+/// `cmd`'s key, and is redirected whole). The script is loaded and the pipeline sent again when
+/// the server does not know it.
+async fn exchange_waited(
+    conn: &mut Conn,
+    script: Option<&Script>,
+    cmd: &redis::Cmd,
+    wait: &Wait,
+) -> redis::RedisResult<(Value, Value)> {
+    let mut pipe = redis::Pipeline::with_capacity(2);
+    pipe.add_command(cmd.clone()).add_command(wait.cmd());
+    let mut loaded = false;
+    loop {
+        let mut replies = redis::aio::ConnectionLike::req_packed_commands(conn, &pipe, 0, 2).await?.into_iter();
+        let (Some(reply), Some(acked)) = (replies.next(), replies.next()) else {
+            return Err(redis::RedisError::from((redis::ErrorKind::Parse, "a pipeline of two got fewer replies")));
+        };
+        match reply.extract_error() {
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) && !loaded => {
+                if let Some(script) = script {
+                    Box::pin(script.load_async(conn)).await?;
+                }
+                loaded = true;
+            }
+            Err(e) => return Err(e),
+            Ok(reply) => return Ok((reply, acked.extract_error()?)),
+        }
+    }
+}
+
 impl RedisStore {
     /// Sends one command on a pooled connection, within the command timeout.
     pub(super) async fn run(&self, op: &'static str, cmd: redis::Cmd) -> Result<Value, Error> {
@@ -148,6 +226,12 @@ impl RedisStore {
         key: &Key,
         args: &[Arg<'_>],
     ) -> Result<Value, Error> {
+        self.send(op, key, &self.evalsha(script, key, args), Some(script)).await
+    }
+
+    /// `EVALSHA` of `script` on the record of `key`, presized and with each argument written
+    /// straight into it.
+    fn evalsha(&self, script: &Script, key: &Key, args: &[Arg<'_>]) -> redis::Cmd {
         let hash = script.get_hash();
         let len = 7 + hash.len() + 1 + self.inner.prefix.len() + 64 + args.iter().map(Arg::len).sum::<usize>();
         let mut cmd = redis::Cmd::with_capacity(4 + args.len(), len);
@@ -155,7 +239,21 @@ impl RedisStore {
         for a in args {
             cmd.arg(a);
         }
-        self.send(op, key, &cmd, Some(script)).await
+        cmd
+    }
+
+    /// [`invoke`](Self::invoke) of a write a caller acts on: followed by the `WAIT` of
+    /// [`RedisStoreBuilder::wait_for_replicas`](super::RedisStoreBuilder::wait_for_replicas)
+    /// when the store waits for replicas.
+    pub(super) async fn invoke_written(
+        &self,
+        op: &'static str,
+        script: &Script,
+        key: &Key,
+        args: &[Arg<'_>],
+    ) -> Result<Written, Error> {
+        let cmd = self.evalsha(script, key, args);
+        self.exchange(op, key, &cmd, Some(script), self.inner.wait.as_ref()).await
     }
 
     /// Sends `cmd` (an `EVALSHA` of `script`, or a plain command) on a pooled connection, within
@@ -167,15 +265,45 @@ impl RedisStore {
         cmd: &redis::Cmd,
         script: Option<&Script>,
     ) -> Result<Value, Error> {
+        self.exchange(op, key, cmd, script, None).await.map(|w| w.reply)
+    }
+
+    /// [`send`](Self::send) of a write a caller acts on, followed by the `WAIT` when the store
+    /// waits for replicas.
+    pub(super) async fn send_written(&self, op: &'static str, key: &Key, cmd: &redis::Cmd) -> Result<Written, Error> {
+        self.exchange(op, key, cmd, None, self.inner.wait.as_ref()).await
+    }
+
+    /// Sends `cmd`, and `wait` behind it in the same pipeline when given.
+    async fn exchange(
+        &self,
+        op: &'static str,
+        key: &Key,
+        cmd: &redis::Cmd,
+        script: Option<&Script>,
+        wait: Option<&Wait>,
+    ) -> Result<Written, Error> {
         // Boxed so that the futures of every store call stay small: they are moved into their
         // own boxes and into the timeout, and a large state machine would be copied each time.
-        let work: BoxFuture<'_, Result<Value, Error>> = Box::pin(async {
+        let work: BoxFuture<'_, Result<Written, Error>> = Box::pin(async {
             let mut retried = false;
             loop {
                 let mut conn = self.conn(op).await?;
-                let res = match script {
-                    Some(script) => eval(&mut conn, script, cmd).await,
-                    None => cmd.query_async(&mut conn).await,
+                let res = match (wait, script) {
+                    (Some(wait), _) => {
+                        exchange_waited(&mut conn, script, cmd, wait).await.and_then(|(reply, acked)| match acked {
+                            Value::Int(n) => Ok(Written { reply, replicas: Some(n) }),
+                            other => Err(redis::RedisError::from((
+                                redis::ErrorKind::Parse,
+                                "unexpected WAIT reply",
+                                format!("{other:?}"),
+                            ))),
+                        })
+                    }
+                    (None, Some(script)) => {
+                        eval(&mut conn, script, cmd).await.map(|reply| Written { reply, replicas: None })
+                    }
+                    (None, None) => cmd.query_async(&mut conn).await.map(|reply| Written { reply, replicas: None }),
                 };
                 match res {
                     // The connection was found dead (a restart or a network blip since its last
@@ -274,7 +402,7 @@ impl RedisStore {
     }
 
     /// The driver's reply as the store's; a broken connection empties every slot.
-    fn checked_reply(&self, op: &'static str, res: redis::RedisResult<Value>) -> Result<Value, Error> {
+    fn checked_reply<T>(&self, op: &'static str, res: redis::RedisResult<T>) -> Result<T, Error> {
         res.map_err(|e| {
             if is_connection_error(&e) || e.is_timeout() {
                 // Whatever broke this connection (a restart, a network blip) most likely broke

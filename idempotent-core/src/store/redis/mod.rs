@@ -18,7 +18,7 @@ use deadpool_redis::redis::{Script, Value};
 
 use self::arg::{Arg, millis};
 use self::clock::ServerClock;
-use self::conn::{Connections, Pool};
+use self::conn::{Connections, Pool, Wait, Written};
 use self::layout::{
     ATTEMPT, DONE, FENCE, FINGERPRINT, LEASE, MAX_FENCE, NEEDS_ATTENTION, NEW, RECOVERED, RELEASED, RESULT, RUNNING,
     RUNNING_LEN, STATE, TOKEN,
@@ -125,6 +125,29 @@ impl Scripts {
 /// until [resolved](Store::resolve). A key that holds anything else (another type, a string this
 /// store did not write) is answered with [`Error::Corrupt`], never a replay or a second run.
 ///
+/// **Replication and failover.** On Redis Cluster the store follows a failover by itself:
+/// redirects (`MOVED`, `ASK`) and a refreshed slot map lead it to the new master, dead
+/// connections are replaced, and a call made while its shard has no master fails closed within
+/// the command timeout (nothing runs). Redis replicates asynchronously, so a failover can lose
+/// writes the old master acknowledged: a clean `CLUSTER FAILOVER` loses none (the replica
+/// catches up first); a crashed master loses what it had not yet sent to its replica; a master
+/// cut off from the cluster keeps taking writes until it learns it was replaced, then drops
+/// them. By default, a lost completion means the next call runs the action again, so it runs
+/// twice and callers may have seen two results; a lost acquire lets a second worker take the
+/// key while the first one still runs. The fence still protects downstream then: the second
+/// worker's fence is higher (a new record's fence is at least the server's clock in
+/// microseconds, to within the clock skew between the two nodes), so a system that rejects stale
+/// fences refuses the first worker's writes, and the store refuses its completion. With
+/// [`RedisStoreBuilder::wait_for_replicas`] (one replica per master, `WAIT 1`), callers act
+/// only on acquires and completions the replica has acknowledged, so a failover to that replica
+/// loses none of them; a write whose `WAIT` fell short is reported (an acquire fails, a
+/// completion is possibly unstored), and with more replicas than waited for, the one promoted
+/// may still lack a write. On standalone Redis the store keeps the URL it was built with: after
+/// a replica is promoted (by hand or by Sentinel) and the old master becomes a replica, every
+/// call there fails closed (`READONLY`); build a new store on the new master's URL (on
+/// Sentinel's `+switch-master`), or connect through a proxy that follows the master.
+/// RELIABILITY.md has the figures.
+///
 /// At start-up, `store.preflight().await?.ensure()?` fails when the server's settings break
 /// the guarantee (see [`RedisStore::preflight`]).
 ///
@@ -154,6 +177,9 @@ struct Inner {
     /// turned off for good when the server refuses that form of `SET` (before Redis 7.0).
     set_get: AtomicBool,
     clock: ServerClock,
+    /// The `WAIT` behind every write a caller acts on (see
+    /// [`RedisStoreBuilder::wait_for_replicas`]); `None`: no waiting.
+    wait: Option<Wait>,
 }
 
 impl RedisStore {
@@ -186,7 +212,7 @@ impl RedisStore {
     /// `deadpool_redis::Manager::new_with_config`.
     pub fn from_pool(pool: deadpool_redis::Pool, prefix: impl Into<String>, timeout: Duration) -> RedisStore {
         let size = (pool.status().max_size / 2).max(1);
-        RedisStore::from_parts(Pool::Single(pool), prefix.into(), timeout, "redis (pool)".to_owned(), size, true)
+        RedisStore::from_parts(Pool::Single(pool), prefix.into(), timeout, "redis (pool)".to_owned(), size, true, None)
     }
 
     /// A store on an existing deadpool cluster pool (half of its connections kept, as in
@@ -201,6 +227,7 @@ impl RedisStore {
             "redis cluster (pool)".to_owned(),
             size,
             true,
+            None,
         )
     }
 
@@ -212,6 +239,7 @@ impl RedisStore {
         describe: String,
         size: usize,
         set_get: bool,
+        wait: Option<Wait>,
     ) -> RedisStore {
         RedisStore {
             inner: Arc::new(Inner {
@@ -222,6 +250,7 @@ impl RedisStore {
                 describe,
                 set_get: AtomicBool::new(set_get),
                 clock: ServerClock::default(),
+                wait,
             }),
         }
     }
@@ -292,19 +321,24 @@ impl RedisStore {
         {
             let record = Arg::New { fp: &fp, token, threshold: ttl - lease, fence };
             match self.set_get(key, record, ttl).await {
-                Ok(Value::Nil) => {
+                Ok(Written { reply: Value::Nil, replicas }) => {
+                    self.replicated("acquire", replicas)?;
                     return Ok(Acquire::Acquired(Grant {
                         token: token.clone(),
                         attempt: Attempt::new(*key, fence, 1, false),
                     }));
                 }
-                Ok(Value::BulkString(record)) => {
+                Ok(Written { reply: Value::BulkString(record), replicas }) => {
                     if let Some(answer) = self.read_record(key, record, &fp, token)? {
+                        if matches!(answer, Acquire::Acquired(_)) {
+                            // This token's own record (a retry after a lost reply).
+                            self.replicated("acquire", replicas)?;
+                        }
                         return Ok(answer);
                     }
                     // Running or released under this payload: the script judges the lease.
                 }
-                Ok(other) => {
+                Ok(Written { reply: other, .. }) => {
                     // Something between us and Redis answered oddly: the key may be taken.
                     self.release_orphan(*key, token.clone());
                     return Err(Self::corrupt(key, format!("unexpected SET reply {other:?}")));
@@ -318,7 +352,9 @@ impl RedisStore {
             }
         }
         let args = [Arg::Acquire { fp: &fp, token, lease, retention }];
-        let items = match self.invoke("acquire", &self.inner.scripts.acquire, key, &args).await? {
+        let Written { reply, replicas } =
+            self.invoke_written("acquire", &self.inner.scripts.acquire, key, &args).await?;
+        let items = match reply {
             // A done record, whole.
             Value::BulkString(record) => {
                 return match self.read_record(key, record, &fp, token)? {
@@ -338,6 +374,7 @@ impl RedisStore {
                 };
                 let fence = u64::try_from(fence).map_err(|_| Self::corrupt(key, "negative fence"))?;
                 let attempt = Attempt::new(*key, fence, u32::try_from(attempt).unwrap_or(u32::MAX), recovered == 1);
+                self.replicated("acquire", replicas)?;
                 Ok(Acquire::Acquired(Grant { token: token.clone(), attempt }))
             }
             (Some(3), 2) => {
@@ -358,12 +395,31 @@ impl RedisStore {
 
     /// `SET key <new record> NX GET PX <ttl>`: takes an absent key, and returns the record that
     /// is there otherwise.
-    async fn set_get(&self, key: &Key, record: Arg<'_>, ttl_ms: u64) -> Result<Value, Error> {
+    async fn set_get(&self, key: &Key, record: Arg<'_>, ttl_ms: u64) -> Result<Written, Error> {
         let len = 3 + self.inner.prefix.len() + 64 + record.len() + 2 + 3 + 2 + 20;
         let mut cmd = deadpool_redis::redis::Cmd::with_capacity(7, len);
         cmd.arg("SET").arg(Arg::Key(&self.inner.prefix, key)).arg(record).arg("NX").arg("GET").arg("PX");
         cmd.arg(Arg::Millis(ttl_ms));
-        self.send("acquire", key, &cmd, None).await
+        self.send_written("acquire", key, &cmd).await
+    }
+
+    /// With [`RedisStoreBuilder::wait_for_replicas`]: a store failure when the write a caller
+    /// would act on reached fewer replicas than asked for (`replicas`, `WAIT`'s answer).
+    fn replicated(&self, op: &'static str, replicas: Option<i64>) -> Result<(), Error> {
+        let (Some(wait), Some(acked)) = (&self.inner.wait, replicas) else { return Ok(()) };
+        if acked >= i64::from(wait.replicas) {
+            return Ok(());
+        }
+        Err(Error::Unavailable {
+            store: self.describe(),
+            op,
+            reason: format!(
+                "the write reached {acked} of the {} replicas asked for within {:?} (WAIT), so a failover \
+                 could lose it; check the replicas (INFO replication) or lower wait_for_replicas",
+                wait.replicas, wait.timeout
+            ),
+            source: None,
+        })
     }
 
     /// What a record read by acquire answers: a done record replays or mismatches, and so does
@@ -416,6 +472,16 @@ impl RedisStore {
         }
     }
 
+    /// [`transition`](Self::transition) of a write a caller acts on: a transition made is an
+    /// error unless it reached the replicas asked for.
+    fn written_transition(&self, op: &'static str, key: &Key, written: Written) -> Result<Transition, Error> {
+        let transition = self.transition(key, written.reply)?;
+        if transition == Transition::Ok {
+            self.replicated(op, written.replicas)?;
+        }
+        Ok(transition)
+    }
+
     fn transition(&self, key: &Key, value: Value) -> Result<Transition, Error> {
         match value {
             Value::Int(1) => Ok(Transition::Ok),
@@ -461,8 +527,8 @@ impl Store for RedisStore {
     ) -> BoxFuture<'a, Result<Transition, Error>> {
         Box::pin(async move {
             let args = [Arg::Bytes(token.as_str().as_bytes()), Arg::Bytes(&result), Arg::Millis(millis(retention))];
-            let reply = self.invoke("complete", &self.inner.scripts.complete, key, &args).await?;
-            self.transition(key, reply)
+            let written = self.invoke_written("complete", &self.inner.scripts.complete, key, &args).await?;
+            self.written_transition("complete", key, written)
         })
     }
 
@@ -501,8 +567,8 @@ impl Store for RedisStore {
                 Abandon::NeedsAttention => NEEDS_ATTENTION,
             };
             let args = [Arg::Bytes(token.as_str().as_bytes()), Arg::Bytes(&[to])];
-            let reply = self.invoke("abandon", &self.inner.scripts.abandon, key, &args).await?;
-            self.transition(key, reply)
+            let written = self.invoke_written("abandon", &self.inner.scripts.abandon, key, &args).await?;
+            self.written_transition("abandon", key, written)
         })
     }
 
@@ -513,15 +579,18 @@ impl Store for RedisStore {
             let reply = match &resolution {
                 Resolution::Done { outcome, retention } => {
                     let args = [Arg::Bytes(&[DONE]), Arg::Millis(millis(*retention)), Arg::Bytes(outcome)];
-                    self.invoke("resolve", script, key, &args).await?
+                    self.invoke_written("resolve", script, key, &args).await?
                 }
                 Resolution::NotDone => {
                     let args = [Arg::Bytes(&[RELEASED]), Arg::Millis(millis(KEEP_RESOLVED_RELEASE))];
-                    self.invoke("resolve", script, key, &args).await?
+                    self.invoke_written("resolve", script, key, &args).await?
                 }
             };
-            match reply {
-                Value::Int(1) => Ok(Resolved::Ok),
+            match reply.reply {
+                Value::Int(1) => {
+                    self.replicated("resolve", reply.replicas)?;
+                    Ok(Resolved::Ok)
+                }
                 Value::Int(0) => Ok(Resolved::Unchanged),
                 other => Err(Self::corrupt(key, format!("unexpected resolve reply {other:?}"))),
             }
