@@ -325,8 +325,10 @@ impl Lease {
         &self.key
     }
 
-    /// Whether the lease is lost, or may be (see [`Attempt::lease_lost`]).
+    /// Whether the lease is lost, or may be (see [`Attempt::lease_lost`]): also when it ran out
+    /// since the heartbeat last looked (work that ended between two beats), which this marks.
     pub fn is_lost(&self) -> bool {
+        self.check_deadline();
         self.signal.is_lost()
     }
 
