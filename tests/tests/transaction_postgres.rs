@@ -561,3 +561,34 @@ async fn a_step_whose_record_needs_attention_is_refused_and_its_action_not_calle
         }
     }
 }
+
+/// A pool of one connection: the transaction holds it, so the step does not try to renew from it
+/// (a renewal would wait for the transaction and time out); a step shorter than its lease commits
+/// with its record as usual, and the pool is free again afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_one_connection_pool_runs_a_step_in_a_transaction_without_renewing() {
+    use idempotent_core::TransactionalStore;
+    let (server, wide) = setup().await;
+    assert!(wide.renews_during_transaction(), "the default pool has connections to spare");
+    let store = PostgresStore::builder(server.url()).max_connections(1).connect().await.unwrap();
+    assert!(!store.renews_during_transaction(), "a one-connection pool cannot renew while a transaction holds it");
+    let ctx = RunContext::new(store.clone(), "order-31");
+    let fence = ctx
+        .step("create_invoice")
+        .lease(Duration::from_secs(30))
+        .run_in_transaction(&"order-31", async |tx: &mut PgTransaction<'_>, attempt| {
+            insert(tx, "order-31", attempt.fence()).await?;
+            Ok::<_, Error>(attempt.fence())
+        })
+        .await
+        .unwrap();
+    assert_eq!(invoices(&wide).await, [("order-31".to_owned(), fence as i64)]);
+    let again: u64 = ctx
+        .step("create_invoice")
+        .run_in_transaction(&"order-31", async |_: &mut PgTransaction<'_>, _| -> Result<u64, Error> {
+            unreachable!("replayed")
+        })
+        .await
+        .unwrap();
+    assert_eq!(again, fence);
+}

@@ -1036,8 +1036,12 @@ impl TransactionalStore for PostgresStore {
 
     /// `true`: the transaction holds a lock on the record's row only from `complete_in` on, so
     /// the lease is renewed from another connection while the step's own writes run.
+    /// `true` when the pool has a second connection to renew from: a pool of one connection is
+    /// held by the step's transaction, so a renewal would wait for it (and time out). The lease of
+    /// a step in a transaction on such a pool is not renewed: give it a lease longer than the
+    /// transaction, or the pool a second connection.
     fn renews_during_transaction(&self) -> bool {
-        true
+        self.pool().options().get_max_connections() >= 2
     }
 }
 

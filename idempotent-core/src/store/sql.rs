@@ -56,7 +56,7 @@ pub trait TransactionalStore: Store + Clone {
     /// renewal would wait for it, and no other attempt can take the key over meanwhile anyway.
     /// `true` for PostgreSQL: the transaction locks the record's row only from `complete_in` on,
     /// so the heartbeat renews the lease from another connection of the pool while the action
-    /// runs.
+    /// runs (unless the pool has one connection only, which the transaction holds).
     fn renews_during_transaction(&self) -> bool;
 }
 
