@@ -400,3 +400,46 @@ async fn a_result_too_large_to_store_leaves_the_next_attempt_recovered() {
     let replayed: String = ctx.step("charge").run(&1, never("action")).await.unwrap();
     assert_eq!(replayed, "ch_1");
 }
+
+/// An acquire that takes over an uncertain record and then fails (its reply is lost) releases
+/// the key it took in the background: the record stays uncertain, so the next attempt is still
+/// recovered (and verifies) instead of running blind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failed_acquire_that_took_over_an_uncertain_record_leaves_it_uncertain() {
+    use idempotent_core::record::{Abandon, Acquire, Transition};
+    use idempotent_core::{Fingerprint, Key, RedisStore};
+    use idempotent_tests::proxy::{Fault, FaultProxy};
+
+    let server = RedisServer::start();
+    let direct = RedisStore::connect(server.url()).unwrap();
+    direct.warm_up().await.unwrap();
+    let proxy = FaultProxy::start(([127, 0, 0, 1], server.port()).into()).await;
+    // Script-only, so that the acquire itself takes the record over (a plain `SET NX GET` of an
+    // existing record only reads it).
+    let lossy = RedisStore::builder(proxy.url())
+        .pool_size(1)
+        .set_get_acquire(false)
+        .command_timeout(Duration::from_millis(400))
+        .build()
+        .unwrap();
+    lossy.warm_up().await.unwrap();
+    let (key, fp) = (Key::from_bytes([9; 32]), Fingerprint::from_bytes([1; 32]));
+    let (lease, keep) = (Duration::from_secs(30), Duration::from_secs(60));
+    let Acquire::Acquired(first) = direct.acquire(&key, &fp, lease, keep).await.unwrap() else { panic!("fresh key") };
+    assert_eq!(direct.abandon(&key, &first.token, Abandon::Uncertain).await.unwrap(), Transition::Ok);
+    // The takeover reaches the server; its reply does not.
+    proxy.set(Fault::DropReplies);
+    let failed = lossy.acquire(&key, &fp, lease, keep).await;
+    assert!(failed.is_err(), "{failed:?}");
+    proxy.set(Fault::Pass);
+    // Once the background release has freed the key, the next attempt is recovered.
+    let next = loop {
+        match direct.acquire(&key, &fp, lease, keep).await.unwrap() {
+            Acquire::Acquired(grant) => break grant,
+            Acquire::InFlight { .. } => tokio::time::sleep(Duration::from_millis(20)).await,
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert!(next.attempt.recovered(), "the uncertain mark survived the failed takeover");
+    assert_eq!(next.attempt.number(), 3, "the failed takeover counted as attempt 2");
+}

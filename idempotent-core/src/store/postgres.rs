@@ -231,6 +231,9 @@ struct Statements {
     acquire: SqlStr,
     complete: SqlStr,
     release: SqlStr,
+    /// `release` for the key a failed acquire may have taken: the row keeps its `recovered` flag,
+    /// so that a takeover of an uncertain record leaves it uncertain.
+    release_orphan: SqlStr,
     renew: SqlStr,
     abandon_uncertain: SqlStr,
     abandon_attention: SqlStr,
@@ -288,6 +291,7 @@ impl Statements {
             "UPDATE {t} SET state = 'released', recovered = false\n\
              WHERE {owned} AND (state = 'running' OR (state = 'released' AND NOT recovered))"
         );
+        let release_orphan = format!("UPDATE {t} SET state = 'released'\nWHERE {owned} AND state = 'running'");
         let abandon_uncertain = format!(
             "UPDATE {t} SET state = 'released', recovered = true\n\
              WHERE {owned} AND (state = 'running' OR (state = 'released' AND recovered))"
@@ -315,6 +319,7 @@ impl Statements {
             acquire: sql(acquire),
             complete: sql(complete),
             release: sql(release),
+            release_orphan: sql(release_orphan),
             renew: sql(renew),
             abandon_uncertain: sql(abandon_uncertain),
             abandon_attention: sql(abandon_attention),
@@ -819,7 +824,7 @@ impl PostgresStore {
             let mut answered = false;
             for _ in 0..ORPHAN_TRIES {
                 let started = Instant::now();
-                match store.release(&key, &token).await {
+                match store.transition("release", &store.inner.sql.release_orphan, &key, &token, None).await {
                     Ok(Transition::Ok) => {
                         tracing::debug!(key = %key.short(), "idempotent.postgres: released the key a failed acquire took");
                         return;

@@ -286,7 +286,12 @@ impl RedisStore {
                 if attempt > 0 {
                     tokio::time::sleep(store.inner.timeout).await;
                 }
-                match store.release(&key, &token).await {
+                let args = [Arg::Bytes(token.as_str().as_bytes()), Arg::Bytes(b"1")];
+                let released = match store.invoke("release", &store.inner.scripts.release, &key, &args).await {
+                    Ok(reply) => store.transition(&key, reply),
+                    Err(e) => Err(e),
+                };
+                match released {
                     Ok(Transition::Ok) => {
                         tracing::debug!(key = %key.short(), "idempotent.redis: released the key a failed acquire may have taken");
                         return;

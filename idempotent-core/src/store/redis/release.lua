@@ -2,11 +2,15 @@
 --
 -- KEYS[1]  the operation's record (layout in layout.lua)
 -- ARGV[1]  owner token
+-- ARGV[2]  (optional) '1': the release of a key a failed acquire may have taken, which keeps the
+--          record's recovered byte (an acquisition that took over an uncertain or expired record
+--          leaves it uncertain; a fresh one leaves it clean)
 --
 -- Replies: 1 released (also when this token already released it: a retry after a lost reply);
 --          0 the token no longer owns the key (lease lost), or the record is in another state
 --          (done, released uncertain, needing attention)
 local key = KEYS[1]
+local orphan = ARGV[2] == '1'
 local ok, rec = pcall(redis.call, 'GET', key)
 if not ok or not rec or #rec ~= RUNNING_LEN or string.sub(rec, TOKEN_FROM, TOKEN_TO) ~= ARGV[1] then
   return 0
@@ -18,6 +22,10 @@ if state == RELEASED then
 end
 if state ~= RUNNING and state ~= NEW then
   return 0
+end
+if orphan then
+  redis.call('SETRANGE', key, STATE - 1, RELEASED)
+  return 1
 end
 -- SETRANGE counts from 0. Released clean: the recovered byte 0 (the next acquisition is not
 -- recovered).
