@@ -572,3 +572,42 @@ async fn corrupt_needs_attention_records_are_errors() {
         assert!(matches!(err, Error::Corrupt { .. }), "resolve, {garbage:?}: {err}");
     }
 }
+
+/// A transition repeated by its own token (a retry after a lost reply) changes nothing, but
+/// writes the record again as it is, TTL kept: so the repeat replicates, and a `WAIT` behind it
+/// on a fresh connection covers the write instead of counting only that connection's history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_transitions_write_the_record_again_unchanged() {
+    use idempotent_core::record::Grant;
+    let server = RedisServer::start();
+    let store = store(&server);
+    store.warm_up().await.unwrap();
+    let minute = Duration::from_secs(60);
+    let fp = Fingerprint::from_bytes([3; 32]);
+    for ending in ["complete", "abandon"] {
+        let (key, redis_key) = fresh(&store);
+        let Acquire::Acquired(Grant { token, .. }) = store.acquire(&key, &fp, minute, minute).await.unwrap() else {
+            panic!("a fresh key")
+        };
+        let end = |store: &RedisStore| {
+            let (key, token) = (key, token.clone());
+            let store = store.clone();
+            async move {
+                match ending {
+                    "complete" => store.complete(&key, &token, Bytes::from_static(b"r"), minute).await.unwrap(),
+                    _ => store.abandon(&key, &token, Abandon::Uncertain).await.unwrap(),
+                }
+            }
+        };
+        assert_eq!(end(&store).await, Transition::Ok);
+        let (before, ttl) = (record_of(&server, &redis_key), pttl(&server, &redis_key));
+        let monitor = server.monitor();
+        assert_eq!(end(&store).await, Transition::Ok, "{ending}: the repeat is acknowledged");
+        let seen = monitor.finish();
+        assert_eq!(seen.client, ["evalsha"], "{ending}");
+        assert!(seen.script.iter().any(|c| c == "set"), "{ending}: the repeat writes the record again: {seen:?}");
+        assert_eq!(record_of(&server, &redis_key), before, "{ending}: unchanged");
+        let after = pttl(&server, &redis_key);
+        assert!(after <= ttl && after > ttl - 5_000, "{ending}: the TTL is kept ({ttl} ms, then {after} ms)");
+    }
+}

@@ -28,7 +28,10 @@
 //!
 //! - **Requests without a key** (a `POST` or `PATCH` sent without `Idempotency-Key`):
 //!   the copy would run the effect a second time. [`HedgePolicy`] never hedges them: only
-//!   requests with a key, and methods HTTP defines as idempotent, are copied. Put the key layer
+//!   requests with a key, and the safe methods (`GET`, `HEAD`, `OPTIONS`, `TRACE`), are copied.
+//!   A `PUT` or `DELETE` is idempotent by HTTP's definition, so a *retry* of one after it failed
+//!   is harmless, but a hedge runs both copies at the same time, and a server whose `DELETE`
+//!   refunds or notifies would do it twice: they are hedged only with a key. Put the key layer
 //!   *outside* the hedge, or the hedge sees the request before it has a key and hedges nothing.
 //! - **Servers that reject a key in flight instead of waiting** (the server layer's default,
 //!   `OnInFlight::Reject`, or any server answering 409 to a duplicate): the copy's 409 comes
@@ -54,10 +57,15 @@ use tower::{BoxError, Layer, Service};
 
 use crate::IDEMPOTENCY_KEY;
 use crate::header::key_digest;
-use crate::retry::is_idempotent;
+
+/// Whether HTTP defines `method` as safe (read-only): two copies running at once change nothing.
+fn is_safe(method: &http::Method) -> bool {
+    use http::Method;
+    matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE)
+}
 
 /// A `tower::hedge::Policy` that copies a request only when a duplicate is harmless: its method
-/// is idempotent by HTTP's definition, or it carries an idempotency key.
+/// is safe by HTTP's definition, or it carries an idempotency key.
 ///
 /// Clones share a count of the hedges sent ([`hedges`](Self::hedges)).
 #[derive(Clone)]
@@ -98,7 +106,7 @@ impl fmt::Debug for HedgePolicy {
 
 impl<B: Clone> tower::hedge::Policy<Request<B>> for HedgePolicy {
     fn clone_request(&self, request: &Request<B>) -> Option<Request<B>> {
-        if is_idempotent(request.method()) || request.headers().contains_key(&self.key_header) {
+        if is_safe(request.method()) || request.headers().contains_key(&self.key_header) {
             return Some(request.clone());
         }
         tracing::debug!(method = %request.method(), "idempotent.hedge_disabled: a non-idempotent request without an idempotency key is never hedged");
@@ -226,5 +234,45 @@ where
 
     fn layer(&self, inner: S) -> Self::Service {
         Hedge::new::<Request<B>>(inner, self.policy.clone(), self.min_data_points, self.percentile, self.period)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use http::{Method, Request};
+    use tower::hedge::Policy;
+
+    use super::HedgePolicy;
+
+    #[test]
+    fn only_safe_methods_and_keyed_requests_are_copied() {
+        let policy = HedgePolicy::new();
+        let custom = HedgePolicy::new().key_header(http::HeaderName::from_static("x-request-key"));
+        let request = |method: Method, header: Option<&str>| {
+            let mut builder = Request::builder().method(method).uri("http://api.example/refunds");
+            if let Some(name) = header {
+                builder = builder.header(name, "k-1");
+            }
+            builder.body(()).unwrap()
+        };
+        for method in [Method::GET, Method::HEAD, Method::OPTIONS, Method::TRACE] {
+            assert!(policy.clone_request(&request(method.clone(), None)).is_some(), "{method} is safe to copy");
+        }
+        for method in [Method::POST, Method::PATCH, Method::PUT, Method::DELETE] {
+            assert!(policy.clone_request(&request(method.clone(), None)).is_none(), "{method} without a key");
+            assert!(
+                policy.clone_request(&request(method.clone(), Some("idempotency-key"))).is_some(),
+                "{method} with a key"
+            );
+            assert!(
+                custom.clone_request(&request(method.clone(), Some("idempotency-key"))).is_none(),
+                "{method}: another header"
+            );
+            assert!(
+                custom.clone_request(&request(method.clone(), Some("x-request-key"))).is_some(),
+                "{method}: its header"
+            );
+        }
+        assert_eq!(policy.hedges(), 0, "copying is not hedging: can_retry counts");
     }
 }

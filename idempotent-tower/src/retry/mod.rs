@@ -122,8 +122,6 @@ mod http;
 
 pub use grpc::GrpcRetryPolicy;
 pub use http::HttpRetryPolicy;
-#[cfg(feature = "hedge")]
-pub(crate) use http::is_idempotent;
 
 /// The bounds of the jitter added to a server-requested wait.
 const RETRY_AFTER_JITTER: (Duration, Duration) = (Duration::from_millis(50), Duration::from_millis(250));

@@ -22,6 +22,9 @@ local state = string.sub(rec, STATE, STATE)
 if state == mark then
   -- Released clean is not released uncertain.
   if mark == NEEDS_ATTENTION or string.sub(rec, RECOVERED, RECOVERED) == '1' then
+    -- Written again as it is (TTL kept), so that the repeat replicates like the first write: a
+    -- WAIT behind it then covers the mark whichever connection the first one went out on.
+    redis.call('SET', key, rec, 'KEEPTTL')
     return 1
   end
   return 0

@@ -58,8 +58,11 @@ if rec then
     return {5, last_attempt, last_fence}
   end
   -- This token already acquired the key: a retry, or a late duplicate, of an acquire whose
-  -- reply was lost. Answer as then, and change nothing.
+  -- reply was lost. Answer as then, and change nothing but write the record again as it is (TTL
+  -- kept), so that the repeat replicates like the first write: a WAIT behind it then covers the
+  -- acquisition whichever connection the first one went out on.
   if string.sub(rec, TOKEN_FROM, TOKEN_TO) == string.sub(args, ARG_TOKEN_FROM, ARG_TOKEN_TO) then
+    redis.call('SET', key, rec, 'KEEPTTL')
     return {1, last_fence, last_attempt, string.sub(rec, RECOVERED, RECOVERED) == '1' and 1 or 0}
   end
   if string.sub(rec, FINGERPRINT_FROM, FINGERPRINT_TO) ~= string.sub(args, ARG_FINGERPRINT_FROM, ARG_FINGERPRINT_TO) then

@@ -103,6 +103,12 @@ impl RedisStoreBuilder {
     /// back. While a replica lags, the `WAIT`s queue on the store's shared connections (the
     /// server answers a connection's commands in order), so keep `timeout` well below the
     /// command timeout; it must be below it, and at least 1 ms.
+    ///
+    /// A transition repeated after a lost reply (on another connection, by the same token) writes
+    /// its record again unchanged, so that its `WAIT` covers it too. Not waited for: renewals (a
+    /// renewal lost in a failover shortens the lease by at most the third of it that the
+    /// heartbeat renews ahead), and replays (a done record is read from the master, which may
+    /// answer before the completer's `WAIT` has).
     pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
         self.wait = Some(Wait { replicas, timeout });
         self

@@ -18,6 +18,9 @@ if not ok or not rec or #rec < TOKEN_TO or string.sub(rec, TOKEN_FROM, TOKEN_TO)
 end
 local state = string.sub(rec, STATE, STATE)
 if state == DONE then
+  -- Written again as it is (TTL kept), so that the repeat replicates like the first write: a
+  -- WAIT behind it then covers the outcome whichever connection the first one went out on.
+  redis.call('SET', key, rec, 'KEEPTTL')
   return 1
 end
 if (state ~= RUNNING and state ~= NEW) or #rec ~= RUNNING_LEN then

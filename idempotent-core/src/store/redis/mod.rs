@@ -333,15 +333,16 @@ impl RedisStore {
                         attempt: Attempt::new(*key, fence, 1, false),
                     }));
                 }
-                Ok(Written { reply: Value::BulkString(record), replicas }) => {
-                    if let Some(answer) = self.read_record(key, record, &fp, token)? {
-                        if matches!(answer, Acquire::Acquired(_)) {
-                            // This token's own record (a retry after a lost reply).
-                            self.replicated("acquire", replicas)?;
-                        }
-                        return Ok(answer);
+                Ok(Written { reply: Value::BulkString(record), .. }) => {
+                    match self.read_record(key, record, &fp, token)? {
+                        // This token's own record (a retry after a lost reply): the SET wrote
+                        // nothing, so its WAIT covers only this connection's earlier writes.
+                        // With WAIT on, the script writes the record again, and its WAIT counts.
+                        Some(Acquire::Acquired(_)) if self.inner.wait.is_some() => {}
+                        Some(answer) => return Ok(answer),
+                        // Running or released under this payload: the script judges the lease.
+                        None => {}
                     }
-                    // Running or released under this payload: the script judges the lease.
                 }
                 Ok(Written { reply: other, .. }) => {
                     // Something between us and Redis answered oddly: the key may be taken.
