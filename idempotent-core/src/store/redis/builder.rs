@@ -86,7 +86,7 @@ impl RedisStoreBuilder {
     /// Replication in Redis is asynchronous: a master acknowledges a write before its replicas
     /// have it, and a failover (a replica promoted after the master crashed or was cut off) can
     /// lose it. With this on, the store sends `WAIT replicas timeout` behind each acquire,
-    /// complete, abandon and resolve, pipelined with the write on the same connection (on a
+    /// complete, renew, abandon and resolve, pipelined with the write on the same connection (on a
     /// cluster, to the key's master, as the write), so it costs no extra round trip but the
     /// replicas' acknowledgement. A write that fewer replicas acknowledged in time is a store
     /// failure: an acquire fails closed (nothing runs, and the key it took is released); a
@@ -105,10 +105,11 @@ impl RedisStoreBuilder {
     /// command timeout; it must be below it, and at least 1 ms.
     ///
     /// A transition repeated after a lost reply (on another connection, by the same token) writes
-    /// its record again unchanged, so that its `WAIT` covers it too. Not waited for: renewals (a
-    /// renewal lost in a failover shortens the lease by at most the third of it that the
-    /// heartbeat renews ahead), and replays (a done record is read from the master, which may
-    /// answer before the completer's `WAIT` has).
+    /// its record again unchanged, so that its `WAIT` covers it too. Renewals are waited for as
+    /// well (one short of replicas is a failed renewal: the heartbeat tries again, and a lease
+    /// that no acknowledged renewal reached within its length is lost). Not waited for: replays
+    /// (a done record is read from the master, which may answer before the completer's `WAIT`
+    /// has).
     pub fn wait_for_replicas(mut self, replicas: u32, timeout: Duration) -> Self {
         self.wait = Some(Wait { replicas, timeout });
         self

@@ -555,8 +555,10 @@ impl Store for RedisStore {
     ) -> BoxFuture<'a, Result<Transition, Error>> {
         Box::pin(async move {
             let args = [Arg::Bytes(token.as_str().as_bytes()), Arg::Millis(millis(lease))];
-            let reply = self.invoke("renew", &self.inner.scripts.renew, key, &args).await?;
-            self.transition(key, reply)
+            // Waited for too, when the store waits: a renewal a failover loses would leave the
+            // promoted replica's lease shorter than the holder counts it.
+            let written = self.invoke_written("renew", &self.inner.scripts.renew, key, &args).await?;
+            self.written_transition("renew", key, written)
         })
     }
 
