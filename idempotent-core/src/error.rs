@@ -300,6 +300,13 @@ impl Error {
     /// then runs it again under a higher fence, as after any lost lease.) Variants added later
     /// are not transient unless documented here.
     ///
+    /// Transient is not "nothing ran": after `LeaseLost`, or an `Unavailable`/`Timeout` of
+    /// `complete`, the action may have run ([`action_may_have_run`](Self::action_may_have_run)),
+    /// and a retry of a step without a verifier runs it again (recovered, under a higher fence).
+    /// Give steps whose effect must not repeat a verifier ([`Step::verify`](crate::Step::verify))
+    /// or [`OnRecovered::NeedsAttention`](crate::OnRecovered::NeedsAttention) before retrying them
+    /// on every transient error.
+    ///
     /// With `backon`, retrying a step or an `#[idempotent]` tool is one line:
     /// `tool.retry(backoff).when(|e: &Error| e.is_transient())`. A tool whose error type is its
     /// own (it needs `From<idempotent_core::Error>`) delegates:

@@ -79,9 +79,13 @@ impl ModelError {
     }
 }
 
-async fn complete(client: &reqwest::Client, url: &str) -> Result<String, ModelError> {
+/// One model call. `key` is the same on every retry of it: a `POST` retried after a timeout may
+/// have been processed, and the provider deduplicates by the key (as OpenAI-style APIs that take
+/// an `Idempotency-Key` do); without one, a retry after the request was sent could be served twice.
+async fn complete(client: &reqwest::Client, url: &str, key: &http::HeaderValue) -> Result<String, ModelError> {
     let response = client
         .post(url)
+        .header(idempotent_tower::IDEMPOTENCY_KEY, key.clone())
         .body(r#"{"messages":[{"role":"user","content":"hi"}]}"#)
         .send()
         .await
@@ -139,7 +143,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = format!("http://{}/v1/chat/completions", listener.local_addr()?);
     tokio::spawn(async move { axum::serve(listener, app).await });
     let client = reqwest::Client::new();
-    let completion = (|| complete(&client, &url))
+    // One key for the logical call, kept across its retries.
+    let key = idempotent_tower::client::UuidV4Key::header_value();
+    let completion = (|| complete(&client, &url, &key))
         .retry(full_jitter(backoff))
         .when(ModelError::is_transient)
         // A server-requested wait replaces the backoff's delay (when the backoff has one left).

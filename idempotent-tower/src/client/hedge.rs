@@ -170,9 +170,10 @@ impl<B> HedgeLayer<B> {
         }
     }
 
-    /// The latency percentile after which a copy is sent, in `0.0..=1.0` (default 0.95).
+    /// The latency percentile after which a copy is sent, in `0.0..=1.0` (default 0.95). A
+    /// value outside it is taken as the nearest bound, and NaN as the default.
     pub fn percentile(mut self, percentile: f32) -> Self {
-        self.percentile = percentile;
+        self.percentile = if percentile.is_nan() { 0.95 } else { percentile.clamp(0.0, 1.0) };
         self
     }
 
@@ -274,5 +275,14 @@ mod tests {
             );
         }
         assert_eq!(policy.hedges(), 0, "copying is not hedging: can_retry counts");
+    }
+
+    #[test]
+    fn a_percentile_out_of_range_is_taken_as_its_bound() {
+        let shown = |p: f32| format!("{:?}", super::HedgeLayer::<()>::new().percentile(p));
+        assert!(shown(f32::NAN).contains("percentile: 0.95"), "{}", shown(f32::NAN));
+        assert!(shown(1.5).contains("percentile: 1.0"), "{}", shown(1.5));
+        assert!(shown(-2.0).contains("percentile: 0.0"), "{}", shown(-2.0));
+        assert!(shown(0.5).contains("percentile: 0.5"), "{}", shown(0.5));
     }
 }

@@ -26,8 +26,9 @@ pub trait MakeIdempotencyKey<B> {
 pub struct UuidV4Key;
 
 impl UuidV4Key {
-    /// A new random key.
-    pub(crate) fn header_value() -> HeaderValue {
+    /// A new random key, as an `Idempotency-Key` header value (a structured-field string): for
+    /// a client that sends one logical request itself and keeps the key across its retries.
+    pub fn header_value() -> HeaderValue {
         let value = format!("\"{}\"", uuid::Uuid::new_v4().hyphenated());
         HeaderValue::from_str(&value).expect("a hyphenated UUID in quotes is a valid header value")
     }

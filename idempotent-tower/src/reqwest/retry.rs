@@ -64,7 +64,8 @@ where
             match sleep {
                 None => return result,
                 Some(sleep) => {
-                    // The response's connection goes back to the pool before the wait.
+                    // Dropped before the wait, not held through it: an unread response keeps its
+                    // connection busy (dropping it closes that connection instead).
                     drop(result);
                     sleep.await;
                     request = copy;
