@@ -73,7 +73,7 @@ pub use retry::{Backoff, GrpcRetryPolicy, HttpRetryPolicy, TpsBudget};
 pub use idempotent_core;
 // The stores and the options a server needs, so that one dependency line is enough. (Plain
 // comments: a doc comment here would be prepended to each item's own docs.)
-pub use idempotent_core::{FailMode, IntoSharedStore, MemoryStore, OnInFlight, SharedStore, Store};
+pub use idempotent_core::{FailMode, IntoSharedStore, MemoryStore, OnInFlight, OnRecovered, SharedStore, Store};
 #[cfg(feature = "redis")]
 pub use idempotent_core::{Preflight, RedisStore, RedisStoreBuilder};
 

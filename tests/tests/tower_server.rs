@@ -57,6 +57,7 @@ idempotent_tests::on_every_store!(
     absurd_lease_and_retention_are_refused,
     a_key_that_needs_attention_is_409_and_runs_nothing_until_resolved,
     the_handler_sees_one_downstream_key_per_idempotency_key,
+    a_layer_that_never_reruns_blindly_stops_a_recovered_request_for_an_operator,
 );
 
 // ---------------------------------------------------------------------------------------------
@@ -743,6 +744,37 @@ async fn a_request_dropped_while_its_body_is_read_still_stores_the_response(stor
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
     assert_eq!(retry.into_body().collect().await.unwrap().to_bytes(), "slow re_1");
     assert_eq!(ledger.calls(), 1, "the retry ran the handler again");
+}
+
+async fn a_layer_that_never_reruns_blindly_stops_a_recovered_request_for_an_operator(store: SharedStore) {
+    use idempotent_core::OnRecovered;
+    use idempotent_core::record::{Resolution, Resolved};
+    let ledger = Ledger::new();
+    let layer = IdempotencyLayer::new(store.clone())
+        .lease(Duration::from_millis(300))
+        .on_in_flight(OnInFlight::Wait { timeout: Duration::from_secs(5) })
+        .on_recovered(OnRecovered::NeedsAttention);
+    let app = routes(&ledger).layer(layer);
+    // The first request dies inside its handler (the server dropped it): its lease runs out.
+    tokio::select! {
+        res = app.clone().oneshot(in_process("/gated", "rec-1")) => panic!("the gated handler answered: {res:?}"),
+        () = ledger.entered.notified() => {}
+    }
+    for _ in 0..2 {
+        let res = app.clone().oneshot(in_process("/gated", "rec-1")).await.unwrap();
+        assert_eq!(res.status(), StatusCode::CONFLICT);
+        let doc: serde_json::Value =
+            serde_json::from_slice(&res.into_body().collect().await.unwrap().to_bytes()).unwrap();
+        assert_eq!(doc["type"], "tag:idempotent-tower,2025:needs-attention", "{doc}");
+    }
+    assert_eq!(ledger.calls(), 1, "the handler did not run again");
+    // The operator checks, finds nothing happened, and resolves the key's record as not done.
+    let key = idempotent_core::Key::from_client_key(None, "http", "rec-1");
+    assert_eq!(store.resolve(&key, Resolution::NotDone).await.unwrap(), Resolved::Ok);
+    ledger.gate.add_permits(1);
+    let res = app.oneshot(in_process("/gated", "rec-1")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    assert_eq!(ledger.calls(), 2);
 }
 
 /// What a [`slow_complete`] or [`slow_release`] store shares with the test.

@@ -3,7 +3,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{HeaderName, Method};
-use idempotent_core::{FailMode, IntoSharedStore, OnInFlight, SharedStore, Terms};
+use idempotent_core::{FailMode, IntoSharedStore, OnInFlight, OnRecovered, SharedStore, Terms};
 use tower::Layer;
 
 use super::policy::{DefaultStorePolicy, StorePolicy};
@@ -34,6 +34,8 @@ pub(crate) struct Config {
     /// Lease, retention and what a duplicate in flight does; the heartbeat is always on.
     pub(crate) terms: Terms,
     pub(crate) fail_mode: FailMode,
+    /// What a request whose previous attempt's outcome is uncertain does.
+    pub(crate) on_recovered: OnRecovered,
     pub(crate) policy: Arc<dyn StorePolicy>,
 }
 
@@ -63,6 +65,7 @@ impl fmt::Debug for IdempotencyLayer {
             .field("retention", &c.terms.retention)
             .field("on_in_flight", &c.terms.on_in_flight)
             .field("fail_mode", &c.fail_mode)
+            .field("on_recovered", &c.on_recovered)
             .finish_non_exhaustive()
     }
 }
@@ -92,6 +95,7 @@ impl IdempotencyLayer {
                 max_stored_response: DEFAULT_MAX_STORED_RESPONSE,
                 terms: Terms::default().on_in_flight(OnInFlight::Reject),
                 fail_mode: FailMode::Closed,
+                on_recovered: OnRecovered::Run,
                 policy: Arc::new(DefaultStorePolicy),
             }),
         }
@@ -199,6 +203,19 @@ impl IdempotencyLayer {
     /// runs the request itself), answering 409 after the timeout.
     pub fn on_in_flight(mut self, policy: OnInFlight) -> Self {
         self.config().terms.on_in_flight = policy;
+        self
+    }
+
+    /// What a request does when the previous attempt under its key ended without a stored
+    /// response (its server died or was cancelled mid-request, or storing its response failed),
+    /// so that its effect may or may not have happened: [`OnRecovered::Run`] (the default) calls
+    /// the service, whose handler sees [`Attempt::recovered`](crate::Attempt::recovered) and its
+    /// [`downstream_key`](crate::Attempt::downstream_key) to check with; with
+    /// [`OnRecovered::NeedsAttention`] the layer calls nothing, leaves the record waiting for an
+    /// operator, and answers 409 `needs-attention` to this and every later request under the
+    /// key until the record is resolved ([`Store::resolve`](idempotent_core::Store::resolve)).
+    pub fn on_recovered(mut self, policy: OnRecovered) -> Self {
+        self.config().on_recovered = policy;
         self
     }
 

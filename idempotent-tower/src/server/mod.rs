@@ -68,7 +68,10 @@
 //!      **409** with the problem type `tag:idempotent-tower,2025:needs-attention` and *no*
 //!      `Retry-After` (gRPC: `FAILED_PRECONDITION`): a retry cannot cure it, and the retry
 //!      policies of this crate do not retry it. The service is not called until an operator
-//!      resolves the record ([`Store::resolve`](idempotent_core::Store::resolve)).
+//!      resolves the record ([`Store::resolve`](idempotent_core::Store::resolve); the record's
+//!      key is `Key::from_client_key(tenant, scope, key)`). A layer with
+//!      [`on_recovered(OnRecovered::NeedsAttention)`](IdempotencyLayer::on_recovered) leaves a
+//!      record so itself when a request's previous attempt ended without a stored response.
 //!    - the store unreachable → **503** with `Retry-After`, the service not called
 //!      ([`fail_mode`](IdempotencyLayer::fail_mode) `Open` calls it unprotected instead).
 //!    - the key is free → the service is called, its lease renewed while it runs. The request

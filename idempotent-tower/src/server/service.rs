@@ -8,8 +8,9 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, Request, Response};
 use http_body::Body;
-use idempotent_core::lease::{self, Taken};
-use idempotent_core::{Attempt, Error, FailMode, Key};
+use idempotent_core::lease::{self, End, Taken};
+use idempotent_core::record::Abandon;
+use idempotent_core::{Attempt, Error, FailMode, Key, OnRecovered};
 use tower::{BoxError, Service};
 
 use super::body::{RequestBody, ResponseBody};
@@ -198,6 +199,15 @@ where
     let fingerprint = if grpc { grpc::fingerprint(parts.uri.path(), &data) } else { http_fingerprint(parts, &data) };
     let header = || config.header.as_str().to_owned();
     match lease::acquire(&config.store, key, &fingerprint, &config.terms).await {
+        Ok(Taken::Lease(lease))
+            if lease.attempt().recovered() && config.on_recovered == OnRecovered::NeedsAttention =>
+        {
+            let attempt = lease.attempt().number();
+            tracing::warn!(key = %short, attempt, "idempotent.needs_attention: the previous attempt's outcome is uncertain and the layer does not re-run it blindly");
+            // Boxed: a recovered attempt is rare, and this future's room is every request's.
+            let _ = Box::pin(lease.end(End::Abandon(Abandon::NeedsAttention))).await;
+            refuse(Refusal::NeedsAttention { header: header(), attempt })
+        }
         Ok(Taken::Lease(lease)) => Admission::Run { data, trailers, lease },
         Ok(Taken::Replay(bytes)) => Admission::Respond(replay(bytes, grpc, short)),
         Ok(Taken::Mismatch) => {
