@@ -1,6 +1,8 @@
 //! Where a request's key comes from when the caller did not set one.
 
-use http::{HeaderValue, Request};
+use http::{HeaderMap, HeaderName, HeaderValue, Method, Request};
+
+use crate::header::key_digest;
 
 /// Makes the `Idempotency-Key` value for a request that has none.
 ///
@@ -47,4 +49,26 @@ where
     fn make_key(&self, request: &Request<B>) -> Option<HeaderValue> {
         Some(self(request))
     }
+}
+
+/// Whether a request needs a key stamped: its method is one of `methods` and it carries no
+/// `header` yet (a caller's own key is kept, and logged as kept). Shared by the tower layer and
+/// the reqwest middleware.
+pub(crate) fn needs_key(methods: &[Method], method: &Method, headers: &HeaderMap, header: &HeaderName) -> bool {
+    if !methods.contains(method) {
+        return false;
+    }
+    match headers.get(header) {
+        Some(existing) => {
+            tracing::trace!(key = %key_digest(existing), "idempotent.client_key: kept the caller's key");
+            false
+        }
+        None => true,
+    }
+}
+
+/// Stamps `key` under `header` (after [`needs_key`] said so), and logs it.
+pub(crate) fn insert_key(headers: &mut HeaderMap, header: &HeaderName, key: HeaderValue) {
+    tracing::trace!(key = %key_digest(&key), "idempotent.client_key: stamped a new key");
+    headers.insert(header.clone(), key);
 }

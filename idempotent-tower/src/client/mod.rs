@@ -133,6 +133,8 @@ mod layer;
 mod service;
 
 pub use key::{MakeIdempotencyKey, UuidV4Key};
+#[cfg(feature = "reqwest")]
+pub(crate) use key::{insert_key, needs_key};
 pub use layer::IdempotencyKeyLayer;
 #[cfg(feature = "reqwest")]
 pub(crate) use layer::default_methods;

@@ -4,8 +4,8 @@ use std::task::{Context, Poll};
 use http::{HeaderName, Method, Request};
 use tower::Service;
 
+use super::key::{insert_key, needs_key};
 use super::{IdempotencyKeyLayer, MakeIdempotencyKey, UuidV4Key};
-use crate::header::key_digest;
 
 /// The service made by [`IdempotencyKeyLayer`]: stamps an `Idempotency-Key` on requests that
 /// lack one, then calls the inner service.
@@ -73,13 +73,10 @@ where
     }
 
     fn call(&mut self, mut request: Request<B>) -> Self::Future {
-        if self.methods.contains(request.method()) {
-            if let Some(existing) = request.headers().get(&self.header) {
-                tracing::trace!(key = %key_digest(existing), "idempotent.client_key: kept the caller's key");
-            } else if let Some(key) = self.make_key.make_key(&request) {
-                tracing::trace!(key = %key_digest(&key), "idempotent.client_key: stamped a new key");
-                request.headers_mut().insert(self.header.clone(), key);
-            }
+        if needs_key(&self.methods, request.method(), request.headers(), &self.header)
+            && let Some(key) = self.make_key.make_key(&request)
+        {
+            insert_key(request.headers_mut(), &self.header, key);
         }
         self.inner.call(request)
     }

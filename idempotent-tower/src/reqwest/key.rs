@@ -9,7 +9,7 @@ use http::Extensions;
 
 use super::{BoxFuture, InsideRetry};
 use crate::IDEMPOTENCY_KEY;
-use crate::client::{UuidV4Key, default_methods};
+use crate::client::{UuidV4Key, default_methods, insert_key, needs_key};
 use crate::header::key_digest;
 
 /// The key of the operation a request belongs to, attached with
@@ -84,11 +84,7 @@ impl IdempotencyKeyMiddleware {
     }
 
     fn stamp(&self, request: &mut Request, extensions: &Extensions) {
-        if !self.methods.contains(request.method()) {
-            return;
-        }
-        if let Some(existing) = request.headers().get(&self.header) {
-            tracing::trace!(key = %key_digest(existing), "idempotent.client_key: kept the caller's key");
+        if !needs_key(&self.methods, request.method(), request.headers(), &self.header) {
             return;
         }
         let key = match extensions.get::<OperationKey>() {
@@ -104,10 +100,8 @@ impl IdempotencyKeyMiddleware {
                 "idempotent.client_key: the key middleware runs inside the retry middleware, so this request is \
                  never retried; add IdempotencyKeyMiddleware before RetryMiddleware (`.with(key).with(retry)`)"
             );
-        } else {
-            tracing::trace!(key = %key_digest(&key), "idempotent.client_key: stamped a new key");
         }
-        request.headers_mut().insert(self.header.clone(), key);
+        insert_key(request.headers_mut(), &self.header, key);
     }
 }
 
