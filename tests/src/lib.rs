@@ -23,6 +23,7 @@ pub mod hooked;
 pub mod ledger;
 pub mod postgres;
 pub mod proxy;
+pub mod refund_server;
 pub mod txn;
 pub mod uncertain;
 pub mod workload;

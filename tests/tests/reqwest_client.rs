@@ -7,27 +7,21 @@
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::Router;
-use axum::body::Body as AxumBody;
-use axum::extract::State;
-use axum::response::IntoResponse;
-use axum::routing::post;
-use http::{HeaderMap, Response, StatusCode};
+use http::StatusCode;
 use idempotent_core::{Key, KeyScope, MemoryStore, RedisStore, SharedStore};
 use idempotent_tests::RedisServer;
 use idempotent_tests::proxy::{Fault, FaultProxy, LossyProxy};
+use idempotent_tests::refund_server::{lose_first_replies, start_refund_server};
 use idempotent_tower::reqwest::reqwest_middleware::{self, ClientWithMiddleware, Middleware, Next};
 use idempotent_tower::reqwest::{IdempotencyKeyMiddleware, OperationKey, RetryMiddleware, reqwest};
 use idempotent_tower::retry::{Backoff, HttpRetryPolicy, TpsBudget};
-use idempotent_tower::server::{IDEMPOTENT_REPLAYED, IdempotencyLayer};
-use tokio::net::TcpListener;
-use tokio::sync::{Notify, Semaphore};
+use idempotent_tower::server::IDEMPOTENT_REPLAYED;
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
-use tower::util::MapResponseLayer;
 
 const REQUESTS: u32 = 100;
 
@@ -62,94 +56,12 @@ fn right_order(retry: RetryMiddleware) -> ClientWithMiddleware {
 // ---------------------------------------------------------------------------------------------
 // The server: refunds behind IdempotencyLayer
 
-/// Every refund the handler made: order → the keys it ran under.
-#[derive(Clone, Default)]
-struct Refunds {
-    runs: Arc<Mutex<HashMap<u32, Vec<String>>>>,
-    /// Notified when the server answers 409 (a duplicate refused while the first one runs).
-    in_flight_refused: Arc<Notify>,
-    /// The first `overloaded` answers (after the refund was made) are replaced by 429s.
-    overloaded: Arc<AtomicU32>,
-}
-
-impl Refunds {
-    fn effects(&self, order: u32) -> usize {
-        self.runs.lock().unwrap().get(&order).map_or(0, Vec::len)
-    }
-
-    fn keys(&self, order: u32) -> HashSet<String> {
-        self.runs.lock().unwrap().get(&order).map(|keys| keys.iter().cloned().collect()).unwrap_or_default()
-    }
-
-    fn total(&self) -> usize {
-        self.runs.lock().unwrap().values().map(Vec::len).sum()
-    }
-}
-
-async fn refund(State(refunds): State<Refunds>, headers: HeaderMap, body: String) -> (StatusCode, String) {
-    let request: serde_json::Value = serde_json::from_str(&body).expect("a JSON body");
-    let order = request["order"].as_u64().expect("an order number") as u32;
-    if request["wait_for_duplicate"] == true {
-        tokio::time::timeout(Duration::from_secs(10), refunds.in_flight_refused.notified())
-            .await
-            .expect("the duplicate was refused with 409 while this refund ran");
-    }
-    let key = headers.get("idempotency-key").map(|k| k.to_str().unwrap().to_owned()).unwrap_or_default();
-    let n = {
-        let mut runs = refunds.runs.lock().unwrap();
-        let keys = runs.entry(order).or_default();
-        keys.push(key);
-        keys.len()
-    };
-    (StatusCode::CREATED, format!("{{\"refund\":\"re_{order}_{n}\"}}"))
-}
-
-async fn start_refund_server(store: SharedStore) -> (SocketAddr, Refunds) {
-    let refunds = Refunds::default();
-    let (refused, overloaded) = (refunds.in_flight_refused.clone(), refunds.overloaded.clone());
-    let app = Router::new()
-        .route("/refunds", post(refund))
-        .with_state(refunds.clone())
-        .layer(IdempotencyLayer::new(store))
-        .layer(MapResponseLayer::new(move |response: Response<AxumBody>| {
-            if response.status() == StatusCode::CONFLICT {
-                refused.notify_one();
-            }
-            if overloaded.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
-                return (StatusCode::TOO_MANY_REQUESTS, [("retry-after", "1")], "slow down").into_response();
-            }
-            response
-        }));
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (addr, refunds)
-}
-
 fn refund_request(client: &ClientWithMiddleware, to: SocketAddr, order: u32) -> reqwest_middleware::RequestBuilder {
     client
         .post(format!("http://{to}/refunds"))
         .header("content-type", "application/json")
         .header("x-logical-request", order)
         .body(format!("{{\"order\":{order}}}"))
-}
-
-/// Loses the first `drops_for(n)` replies of logical request `n` (its `x-logical-request`
-/// header, which every attempt carries).
-fn lose_first_replies() -> impl Fn(&str) -> bool + Send + Sync + 'static {
-    let attempts = Mutex::new(HashMap::<u32, u32>::new());
-    move |head: &str| {
-        let n: u32 = head
-            .lines()
-            .find_map(|line| line.to_ascii_lowercase().strip_prefix("x-logical-request:").map(|v| v.trim().to_owned()))
-            .expect("every test request names its logical request")
-            .parse()
-            .unwrap();
-        let mut attempts = attempts.lock().unwrap();
-        let attempt = attempts.entry(n).or_insert(0);
-        *attempt += 1;
-        *attempt <= drops_for(n)
-    }
 }
 
 #[derive(Debug)]
@@ -188,7 +100,7 @@ async fn send_all(client: ClientWithMiddleware, to: SocketAddr) -> HashMap<u32, 
 
 async fn key_before_retry_refunds_each_order_once(store: SharedStore) {
     let (server, refunds) = start_refund_server(store).await;
-    let proxy = LossyProxy::start(server, lose_first_replies()).await;
+    let proxy = LossyProxy::start(server, lose_first_replies(drops_for)).await;
 
     let answers = send_all(right_order(RetryMiddleware::new(policy())), proxy.addr()).await;
 
@@ -254,7 +166,7 @@ impl Middleware for SeenKeys {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_attempt_of_a_logical_request_carries_the_first_attempts_key() {
     let (server, refunds) = start_refund_server(Arc::new(MemoryStore::new())).await;
-    let proxy = LossyProxy::start(server, lose_first_replies()).await;
+    let proxy = LossyProxy::start(server, lose_first_replies(drops_for)).await;
     let seen = SeenKeys::default();
     let client = reqwest_middleware::ClientBuilder::new(reqwest_client())
         .with(IdempotencyKeyMiddleware::new())
@@ -280,7 +192,7 @@ async fn every_attempt_of_a_logical_request_carries_the_first_attempts_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn key_middleware_after_retry_never_retries_a_post_and_never_repeats_it() {
     let (server, refunds) = start_refund_server(Arc::new(MemoryStore::new())).await;
-    let proxy = LossyProxy::start(server, lose_first_replies()).await;
+    let proxy = LossyProxy::start(server, lose_first_replies(drops_for)).await;
     let client = reqwest_middleware::ClientBuilder::new(reqwest_client())
         .with(RetryMiddleware::new(policy()))
         .with(IdempotencyKeyMiddleware::new())
@@ -329,7 +241,7 @@ impl Middleware for RetryErrors {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_naive_retry_before_the_key_middleware_sends_a_new_key_per_attempt_and_repeats_refunds() {
     let (server, refunds) = start_refund_server(Arc::new(MemoryStore::new())).await;
-    let proxy = LossyProxy::start(server, lose_first_replies()).await;
+    let proxy = LossyProxy::start(server, lose_first_replies(drops_for)).await;
     let client = reqwest_middleware::ClientBuilder::new(reqwest_client())
         .with(RetryErrors(5))
         .with(IdempotencyKeyMiddleware::new())

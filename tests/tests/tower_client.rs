@@ -15,12 +15,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
-use axum::body::Body as AxumBody;
 use axum::extract::State;
 use axum::routing::post;
 use bytes::Bytes;
 use http::header::CONTENT_TYPE;
-use http::{HeaderMap, Request, Response, StatusCode};
+use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
@@ -29,15 +28,15 @@ use hyper_util::rt::TokioExecutor;
 use idempotent_core::{Key, KeyScope, MemoryStore, RedisStore, SharedStore};
 use idempotent_tests::RedisServer;
 use idempotent_tests::proxy::{Fault, FaultProxy, LossyProxy};
+use idempotent_tests::refund_server::{lose_first_replies, start_refund_server};
 use idempotent_tower::retry::{Backoff, HttpRetryPolicy};
 use idempotent_tower::server::{IDEMPOTENT_REPLAYED, IdempotencyLayer, RequestBody, ResponseBody};
 use idempotent_tower::{IdempotencyKey, IdempotencyKeyLayer};
 use tokio::net::TcpListener;
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tower::retry::budget::TpsBudget;
 use tower::retry::{Policy, Retry, RetryLayer};
-use tower::util::MapResponseLayer;
 use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -70,89 +69,12 @@ fn policy() -> HttpRetryPolicy {
 // ---------------------------------------------------------------------------------------------
 // Stack 2's server: refunds behind the server IdempotencyLayer
 
-/// Every refund the handler made: order → the idempotency keys it ran under.
-#[derive(Clone, Default)]
-struct Refunds {
-    runs: Arc<Mutex<HashMap<u32, Vec<String>>>>,
-    /// Notified when the server answers 409 (a duplicate refused while the first one runs).
-    in_flight_refused: Arc<Notify>,
-}
-
-impl Refunds {
-    fn effects(&self, order: u32) -> usize {
-        self.runs.lock().unwrap().get(&order).map_or(0, Vec::len)
-    }
-
-    fn keys(&self, order: u32) -> HashSet<String> {
-        self.runs.lock().unwrap().get(&order).map(|keys| keys.iter().cloned().collect()).unwrap_or_default()
-    }
-
-    fn total(&self) -> usize {
-        self.runs.lock().unwrap().values().map(Vec::len).sum()
-    }
-}
-
-async fn refund(State(refunds): State<Refunds>, headers: HeaderMap, body: String) -> (StatusCode, String) {
-    let request: serde_json::Value = serde_json::from_str(&body).expect("a JSON body");
-    let order = request["order"].as_u64().expect("an order number") as u32;
-    if request["wait_for_duplicate"] == true {
-        tokio::time::timeout(Duration::from_secs(10), refunds.in_flight_refused.notified())
-            .await
-            .expect("the duplicate was refused with 409 while this refund ran");
-    }
-    let key = headers.get("idempotency-key").map(|k| k.to_str().unwrap().to_owned()).unwrap_or_default();
-    let n = {
-        let mut runs = refunds.runs.lock().unwrap();
-        let keys = runs.entry(order).or_default();
-        keys.push(key);
-        keys.len()
-    };
-    (StatusCode::CREATED, format!("{{\"refund\":\"re_{order}_{n}\"}}"))
-}
-
-async fn start_refund_server(store: SharedStore) -> (SocketAddr, Refunds) {
-    let refunds = Refunds::default();
-    let refused = refunds.in_flight_refused.clone();
-    let app = Router::new()
-        .route("/refunds", post(refund))
-        .with_state(refunds.clone())
-        .layer(IdempotencyLayer::new(store))
-        .layer(MapResponseLayer::new(move |response: Response<AxumBody>| {
-            if response.status() == StatusCode::CONFLICT {
-                refused.notify_one();
-            }
-            response
-        }));
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (addr, refunds)
-}
-
 fn refund_request(to: SocketAddr, order: u32) -> Request<Full<Bytes>> {
     Request::post(format!("http://{to}/refunds"))
         .header(CONTENT_TYPE, "application/json")
         .header("x-logical-request", order)
         .body(Full::from(format!("{{\"order\":{order}}}")))
         .unwrap()
-}
-
-/// Loses the first `drops_for(n)` replies of the logical request `n` (its `x-logical-request`
-/// header, which every attempt carries).
-fn lose_first_replies() -> impl Fn(&str) -> bool + Send + Sync + 'static {
-    let attempts = Mutex::new(HashMap::<u32, u32>::new());
-    move |head: &str| {
-        let n: u32 = head
-            .lines()
-            .find_map(|line| line.to_ascii_lowercase().strip_prefix("x-logical-request:").map(|v| v.trim().to_owned()))
-            .expect("every test request names its logical request")
-            .parse()
-            .unwrap();
-        let mut attempts = attempts.lock().unwrap();
-        let attempt = attempts.entry(n).or_insert(0);
-        *attempt += 1;
-        *attempt <= drops_for(n)
-    }
 }
 
 /// What one logical request ended with.
@@ -202,7 +124,7 @@ fn expected_losses() -> usize {
 
 async fn key_layer_outside_retry_refunds_each_order_once(store: SharedStore) {
     let (server, refunds) = start_refund_server(store).await;
-    let proxy = LossyProxy::start(server, lose_first_replies()).await;
+    let proxy = LossyProxy::start(server, lose_first_replies(drops_for)).await;
     let client =
         ServiceBuilder::new().layer(IdempotencyKeyLayer::new()).layer(RetryLayer::new(policy())).service(http_client());
 
@@ -260,7 +182,7 @@ impl<E> Policy<Request<Full<Bytes>>, Response<Incoming>, E> for RetryErrors {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn key_layer_inside_retry_sends_a_new_key_per_attempt_and_repeats_refunds() {
     let (server, refunds) = start_refund_server(Arc::new(MemoryStore::new())).await;
-    let proxy = LossyProxy::start(server, lose_first_replies()).await;
+    let proxy = LossyProxy::start(server, lose_first_replies(drops_for)).await;
     let client: Retry<RetryErrors, IdempotencyKey<HttpClient>> = ServiceBuilder::new()
         .layer(RetryLayer::new(RetryErrors(5)))
         .layer(IdempotencyKeyLayer::new())
@@ -283,7 +205,7 @@ async fn key_layer_inside_retry_sends_a_new_key_per_attempt_and_repeats_refunds(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn key_layer_inside_retry_with_the_http_policy_fails_instead_of_repeating() {
     let (server, refunds) = start_refund_server(Arc::new(MemoryStore::new())).await;
-    let proxy = LossyProxy::start(server, lose_first_replies()).await;
+    let proxy = LossyProxy::start(server, lose_first_replies(drops_for)).await;
     let client =
         ServiceBuilder::new().layer(RetryLayer::new(policy())).layer(IdempotencyKeyLayer::new()).service(http_client());
 
