@@ -222,8 +222,14 @@ async fn wait_mode_fails_closed_when_the_replica_does_not_acknowledge() {
     replica.resume();
     master.wait_replicated();
 
-    // The key the failed acquire took was released: the next call runs at once.
-    let k2: String = step().run(&"k2", |_| async { Ok::<_, Error>("k2".into()) }).await.unwrap();
+    // The key the failed acquire took was released (in the background, so the call waits a
+    // little for it; a key left taken would hold it for the whole 60 s lease): the next call runs.
+    let k2: String = ctx
+        .step("effect")
+        .on_in_flight(OnInFlight::Wait { timeout: Duration::from_secs(5) })
+        .run(&"k2", |_| async { Ok::<_, Error>("k2".into()) })
+        .await
+        .unwrap();
     assert_eq!(k2, "k2");
 
     // The replica stops while the action runs: the completion is possibly unstored.
