@@ -109,3 +109,34 @@ pub fn lose_first_replies(drops_for: fn(u32) -> u32) -> impl Fn(&str) -> bool + 
         *attempt <= drops_for(n)
     }
 }
+
+/// What one logical request ended with.
+#[derive(Debug)]
+pub struct Answer {
+    /// The status the client got.
+    pub status: StatusCode,
+    /// Whether it carried `Idempotent-Replayed: true`.
+    pub replayed: bool,
+    /// The body.
+    pub body: String,
+}
+
+/// Asserts that each of the logical requests `0..requests` was answered with its order's first
+/// refund (a replay exactly when `drops_for` made the proxy lose a reply of it), and that each
+/// order was refunded exactly once.
+#[track_caller]
+pub fn assert_each_order_refunded_once(
+    answers: &HashMap<u32, Result<Answer, String>>,
+    refunds: &Refunds,
+    requests: u32,
+    drops_for: fn(u32) -> u32,
+) {
+    for order in 0..requests {
+        let answer = answers[&order].as_ref().unwrap_or_else(|e| panic!("order {order} failed: {e}"));
+        assert_eq!(answer.status, StatusCode::CREATED, "order {order}");
+        assert_eq!(answer.body, format!("{{\"refund\":\"re_{order}_1\"}}"), "order {order} sees the first refund");
+        assert_eq!(answer.replayed, drops_for(order) > 0, "order {order}: a reply after a loss is the stored one");
+        assert_eq!(refunds.effects(order), 1, "order {order} refunded exactly once");
+    }
+    assert_eq!(refunds.total(), requests as usize);
+}

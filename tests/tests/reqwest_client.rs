@@ -15,7 +15,9 @@ use http::StatusCode;
 use idempotent_core::{Key, KeyScope, MemoryStore, RedisStore, SharedStore};
 use idempotent_tests::RedisServer;
 use idempotent_tests::proxy::{Fault, FaultProxy, LossyProxy};
-use idempotent_tests::refund_server::{lose_first_replies, start_refund_server};
+use idempotent_tests::refund_server::{
+    Answer, assert_each_order_refunded_once, lose_first_replies, start_refund_server,
+};
 use idempotent_tower::reqwest::reqwest_middleware::{self, ClientWithMiddleware, Middleware, Next};
 use idempotent_tower::reqwest::{IdempotencyKeyMiddleware, OperationKey, RetryMiddleware, reqwest};
 use idempotent_tower::retry::{Backoff, HttpRetryPolicy, TpsBudget};
@@ -64,13 +66,6 @@ fn refund_request(client: &ClientWithMiddleware, to: SocketAddr, order: u32) -> 
         .body(format!("{{\"order\":{order}}}"))
 }
 
-#[derive(Debug)]
-struct Answer {
-    status: StatusCode,
-    replayed: bool,
-    body: String,
-}
-
 async fn read(response: reqwest::Response) -> Answer {
     let status = response.status();
     let replayed = response.headers().get(IDEMPOTENT_REPLAYED).is_some_and(|v| v == "true");
@@ -105,14 +100,7 @@ async fn key_before_retry_refunds_each_order_once(store: SharedStore) {
     let answers = send_all(right_order(RetryMiddleware::new(policy())), proxy.addr()).await;
 
     assert_eq!(proxy.lost(), expected_losses(), "the proxy lost the replies it was told to");
-    for order in 0..REQUESTS {
-        let answer = answers[&order].as_ref().unwrap_or_else(|e| panic!("order {order} failed: {e}"));
-        assert_eq!(answer.status, StatusCode::CREATED, "order {order}");
-        assert_eq!(answer.body, format!("{{\"refund\":\"re_{order}_1\"}}"), "order {order} sees the first refund");
-        assert_eq!(answer.replayed, drops_for(order) > 0, "order {order}: a reply after a loss is the stored one");
-        assert_eq!(refunds.effects(order), 1, "order {order} refunded exactly once");
-    }
-    assert_eq!(refunds.total(), REQUESTS as usize);
+    assert_each_order_refunded_once(&answers, &refunds, REQUESTS, drops_for);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -28,7 +28,9 @@ use hyper_util::rt::TokioExecutor;
 use idempotent_core::{Key, KeyScope, MemoryStore, RedisStore, SharedStore};
 use idempotent_tests::RedisServer;
 use idempotent_tests::proxy::{Fault, FaultProxy, LossyProxy};
-use idempotent_tests::refund_server::{lose_first_replies, start_refund_server};
+use idempotent_tests::refund_server::{
+    Answer, assert_each_order_refunded_once, lose_first_replies, start_refund_server,
+};
 use idempotent_tower::retry::{Backoff, HttpRetryPolicy};
 use idempotent_tower::server::{IDEMPOTENT_REPLAYED, IdempotencyLayer, RequestBody, ResponseBody};
 use idempotent_tower::{IdempotencyKey, IdempotencyKeyLayer};
@@ -77,14 +79,6 @@ fn refund_request(to: SocketAddr, order: u32) -> Request<Full<Bytes>> {
         .unwrap()
 }
 
-/// What one logical request ended with.
-#[derive(Debug)]
-struct Answer {
-    status: StatusCode,
-    replayed: bool,
-    body: String,
-}
-
 /// Sends logical requests `0..REQUESTS` through `client`, 16 at a time.
 async fn send_all<S>(client: S, to: SocketAddr) -> HashMap<u32, Result<Answer, String>>
 where
@@ -131,14 +125,7 @@ async fn key_layer_outside_retry_refunds_each_order_once(store: SharedStore) {
     let answers = send_all(client, proxy.addr()).await;
 
     assert_eq!(proxy.lost(), expected_losses(), "the proxy lost the replies it was told to");
-    for order in 0..REQUESTS {
-        let answer = answers[&order].as_ref().unwrap_or_else(|e| panic!("order {order} failed: {e}"));
-        assert_eq!(answer.status, StatusCode::CREATED, "order {order}");
-        assert_eq!(answer.body, format!("{{\"refund\":\"re_{order}_1\"}}"), "order {order} sees the first refund");
-        assert_eq!(answer.replayed, drops_for(order) > 0, "order {order}: a reply after a loss is the stored one");
-        assert_eq!(refunds.effects(order), 1, "order {order} refunded exactly once");
-    }
-    assert_eq!(refunds.total(), REQUESTS as usize);
+    assert_each_order_refunded_once(&answers, &refunds, REQUESTS, drops_for);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
