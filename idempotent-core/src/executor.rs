@@ -15,7 +15,7 @@ use crate::canonical::with_canonical;
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
 use crate::lease::{self, DEFAULT_LEASE, DEFAULT_RETENTION, End, FailMode, Lease, OnInFlight, Taken, Terms};
-use crate::record::{Abandon, Resolution, Resolved, TAG_ERR, TAG_OK, Transition};
+use crate::record::{Abandon, Labels, Resolution, Resolved, TAG_ERR, TAG_OK, Transition};
 use crate::store::{IntoSharedStore, SharedStore};
 use crate::verify::{DEFAULT_VERIFY_TIMEOUT, OnRecovered, Verdict};
 
@@ -502,7 +502,8 @@ impl<'c> Step<'c> {
     {
         let step: &str = &self.name;
         let short = key.short_key();
-        let answer = match lease::acquire(&self.ctx.store, key, fingerprint, terms).await {
+        let labels = Labels::step(step).run(&self.ctx.run_id).tenant(self.ctx.tenant.as_deref());
+        let answer = match lease::acquire(&self.ctx.store, key, fingerprint, terms, labels).await {
             Ok(Taken::Lease(lease)) => return Begun::Run(lease),
             Ok(Taken::Replay(bytes)) => {
                 tracing::debug!(step, key = %short, "idempotent.replayed");

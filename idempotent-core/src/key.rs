@@ -163,6 +163,12 @@ impl Key {
         hex(&self.0)
     }
 
+    /// Reads a key back from its 64 hex characters ([`to_hex`](Self::to_hex); either case);
+    /// `None` for anything else.
+    pub fn from_hex(text: &str) -> Option<Key> {
+        decode_hex(text).map(Key)
+    }
+
     /// The first 12 hex characters: enough to tell keys apart in logs, useless to an attacker.
     pub fn short(&self) -> String {
         hex(&self.0[..6])
@@ -302,6 +308,25 @@ impl Fingerprint {
     pub fn to_hex(&self) -> String {
         hex(&self.0)
     }
+
+    /// Reads a fingerprint back from its 64 hex characters; `None` for anything else.
+    pub fn from_hex(text: &str) -> Option<Fingerprint> {
+        decode_hex(text).map(Fingerprint)
+    }
+}
+
+/// 64 hex characters (either case) as 32 bytes.
+pub(crate) fn decode_hex(text: &str) -> Option<[u8; 32]> {
+    let text = text.as_bytes();
+    if text.len() != 64 {
+        return None;
+    }
+    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    let mut out = [0; 32];
+    for (b, pair) in out.iter_mut().zip(text.chunks_exact(2)) {
+        *b = digit(pair[0])? << 4 | digit(pair[1])?;
+    }
+    Some(out)
 }
 
 impl fmt::Debug for Fingerprint {

@@ -32,7 +32,7 @@ use crate::attempt::{Attempt, LeaseSignal};
 use crate::backoff::Backoff;
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
-use crate::record::{Abandon, Acquire, Grant, Token, Transition};
+use crate::record::{Abandon, Acquire, Grant, Labels, Token, Transition};
 use crate::store::SharedStore;
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -217,7 +217,13 @@ pub enum End {
 /// ([`Error::is_store_failure`] for an unreachable store) or a record that cannot be read
 /// ([`Error::Corrupt`]); nothing ran and, on a store failure, the store itself frees whatever
 /// its acquire may have taken.
-pub async fn acquire(store: &SharedStore, key: &Key, fingerprint: &Fingerprint, terms: &Terms) -> Result<Taken, Error> {
+pub async fn acquire(
+    store: &SharedStore,
+    key: &Key,
+    fingerprint: &Fingerprint,
+    terms: &Terms,
+    labels: Labels<'_>,
+) -> Result<Taken, Error> {
     terms.check()?;
     // The wait counts from the first acquire's own clock read, and a lease from the acquire that
     // took it: the store started counting no earlier.
@@ -226,7 +232,7 @@ pub async fn acquire(store: &SharedStore, key: &Key, fingerprint: &Fingerprint, 
     loop {
         let sent = Instant::now();
         let started = *started.get_or_insert(sent);
-        match store.acquire(key, fingerprint, terms.lease, terms.retention).await? {
+        match store.acquire_labeled(key, fingerprint, terms.lease, terms.retention, labels).await? {
             Acquire::Acquired(grant) => return Ok(Taken::Lease(Lease::new(store.clone(), *key, grant, terms, sent))),
             Acquire::Replay(bytes) => return Ok(Taken::Replay(bytes)),
             Acquire::Mismatch => return Ok(Taken::Mismatch),
@@ -700,14 +706,15 @@ mod tests {
         // the call is under way.
         struct Gated(MemoryStore, Arc<tokio::sync::Semaphore>);
         impl Store for Gated {
-            fn acquire<'a>(
+            fn acquire_labeled<'a>(
                 &'a self,
                 key: &'a Key,
                 fp: &'a Fingerprint,
                 lease: Duration,
                 retention: Duration,
+                labels: crate::record::Labels<'a>,
             ) -> crate::store::BoxFuture<'a, Result<Acquire, Error>> {
-                self.0.acquire(key, fp, lease, retention)
+                self.0.acquire_labeled(key, fp, lease, retention, labels)
             }
             fn complete<'a>(
                 &'a self,
@@ -754,11 +761,36 @@ mod tests {
             fn describe(&self) -> String {
                 "gated".into()
             }
+            fn inspect<'a>(
+                &'a self,
+                key: &'a Key,
+            ) -> crate::store::BoxFuture<'a, Result<Option<crate::store::RecordInfo>, Error>> {
+                self.0.inspect(key)
+            }
+            fn scan<'a>(
+                &'a self,
+                filter: &'a crate::store::Filter,
+                cursor: &'a crate::store::Cursor,
+                limit: usize,
+            ) -> crate::store::BoxFuture<'a, Result<crate::store::Page, Error>> {
+                self.0.scan(filter, cursor, limit)
+            }
+            fn release_fenced<'a>(
+                &'a self,
+                key: &'a Key,
+                fence: u64,
+            ) -> crate::store::BoxFuture<'a, Result<crate::record::Resolved, Error>> {
+                self.0.release_fenced(key, fence)
+            }
+            fn delete<'a>(&'a self, key: &'a Key) -> crate::store::BoxFuture<'a, Result<crate::store::Deleted, Error>> {
+                self.0.delete(key)
+            }
         }
         let gate = Arc::new(tokio::sync::Semaphore::new(0));
         let store = Gated(MemoryStore::new(), gate.clone()).into_shared();
         let (key, fp) = (Key::from_bytes([7; 32]), Fingerprint::of(&1).unwrap());
-        let Taken::Lease(lease) = acquire(&store, &key, &fp, &Terms::default()).await.unwrap() else {
+        let Taken::Lease(lease) = acquire(&store, &key, &fp, &Terms::default(), Labels::step("gated")).await.unwrap()
+        else {
             panic!("the key was free")
         };
         let mut completing = Box::pin(lease.complete(Bytes::from_static(b"done")));
@@ -767,7 +799,7 @@ mod tests {
         gate.add_permits(1);
         // The completion finishes in its own task: the next acquire replays, once it has.
         loop {
-            match acquire(&store, &key, &fp, &Terms::default()).await.unwrap() {
+            match acquire(&store, &key, &fp, &Terms::default(), Labels::step("gated")).await.unwrap() {
                 Taken::Replay(bytes) => break assert_eq!(bytes, "done"),
                 Taken::InFlight { .. } => tokio::task::yield_now().await,
                 other => panic!("unexpected {other:?}"),

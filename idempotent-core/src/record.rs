@@ -88,6 +88,44 @@ pub struct Grant {
     pub attempt: Attempt,
 }
 
+/// What an acquisition says about the operation it takes, so that an operator (and the
+/// [reconciler](crate::reconcile)) can find its record: the step name, the run id and the tenant.
+///
+/// Stored in the record by every store, and read back by
+/// [`Store::inspect`](crate::store::Store::inspect) and [`Store::scan`](crate::store::Store::scan).
+/// Never the payload (the key and fingerprint are hashes of it). The executor gives the step, run
+/// and tenant of each call; the HTTP layer its scope as the step and the tenant, never the
+/// client's key.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct Labels<'a> {
+    /// The step name (the HTTP layer: its scope).
+    pub step: &'a str,
+    /// The run id.
+    pub run: Option<&'a str>,
+    /// The tenant.
+    pub tenant: Option<&'a str>,
+}
+
+impl<'a> Labels<'a> {
+    /// The labels of a step `step`, with no run or tenant.
+    pub fn step(step: &'a str) -> Self {
+        Labels { step, run: None, tenant: None }
+    }
+
+    /// Sets the run id.
+    pub fn run(mut self, run: &'a str) -> Self {
+        self.run = Some(run);
+        self
+    }
+
+    /// Sets the tenant (or clears it with `None`).
+    pub fn tenant(mut self, tenant: Option<&'a str>) -> Self {
+        self.tenant = tenant;
+        self
+    }
+}
+
 /// The answer to an acquire.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]

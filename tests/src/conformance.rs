@@ -10,6 +10,10 @@ use bytes::Bytes;
 use idempotent_core::record::{Abandon, Acquire, Grant, Resolution, Resolved, Transition};
 use idempotent_core::{Fingerprint, Key, SharedStore};
 
+mod admin;
+
+pub use admin::run_admin;
+
 const LEASE: Duration = Duration::from_secs(10);
 const KEEP: Duration = Duration::from_secs(60);
 
@@ -44,6 +48,7 @@ pub async fn run_all(store: SharedStore) {
     resolved_not_done_runs_afresh(&store).await;
     resolve_leaves_every_other_state_alone(&store).await;
     needs_attention_outlives_the_retention(&store).await;
+    run_admin(&store).await;
 }
 
 /// absent → Acquired(attempt 1); a second acquire sees the live lease.

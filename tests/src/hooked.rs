@@ -28,8 +28,8 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use idempotent_core::record::{Abandon, Acquire, Resolution, Resolved, Token, Transition};
-use idempotent_core::store::BoxFuture;
+use idempotent_core::record::{Abandon, Acquire, Labels, Resolution, Resolved, Token, Transition};
+use idempotent_core::store::{BoxFuture, Cursor, Deleted, Filter, Page, RecordInfo};
 use idempotent_core::{Error, Fingerprint, Key, SharedStore, Store};
 
 type Describe = Box<dyn Fn(&str) -> String + Send + Sync>;
@@ -130,12 +130,14 @@ pub struct AcquireCall<'a, S> {
     pub lease: Duration,
     /// The retention asked for.
     pub retention: Duration,
+    /// The record's labels.
+    pub labels: Labels<'a>,
 }
 
 impl<'a, S> AcquireCall<'a, S> {
     /// Makes the call, with these arguments, on the inner store.
     pub fn forward(self) -> BoxFuture<'a, Result<Acquire, Error>> {
-        self.store.inner.acquire(self.key, self.fingerprint, self.lease, self.retention)
+        self.store.inner.acquire_labeled(self.key, self.fingerprint, self.lease, self.retention, self.labels)
     }
 }
 
@@ -197,14 +199,15 @@ impl<'a, S> RenewCall<'a, S> {
 }
 
 impl<S: Send + Sync + 'static> Store for HookedStore<S> {
-    fn acquire<'a>(
+    fn acquire_labeled<'a>(
         &'a self,
         key: &'a Key,
         fingerprint: &'a Fingerprint,
         lease: Duration,
         retention: Duration,
+        labels: Labels<'a>,
     ) -> BoxFuture<'a, Result<Acquire, Error>> {
-        let call = AcquireCall { store: self, key, fingerprint, lease, retention };
+        let call = AcquireCall { store: self, key, fingerprint, lease, retention, labels };
         match &self.acquire {
             Some(hook) => hook(call),
             None => call.forward(),
@@ -266,5 +269,25 @@ impl<S: Send + Sync + 'static> Store for HookedStore<S> {
             Some(f) => f(&self.inner.describe()),
             None => self.inner.describe(),
         }
+    }
+
+    /// Always forwarded (no hook).
+    fn inspect<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<RecordInfo>, Error>> {
+        self.inner.inspect(key)
+    }
+
+    /// Always forwarded (no hook).
+    fn scan<'a>(&'a self, filter: &'a Filter, cursor: &'a Cursor, limit: usize) -> BoxFuture<'a, Result<Page, Error>> {
+        self.inner.scan(filter, cursor, limit)
+    }
+
+    /// Always forwarded (no hook).
+    fn release_fenced<'a>(&'a self, key: &'a Key, fence: u64) -> BoxFuture<'a, Result<Resolved, Error>> {
+        self.inner.release_fenced(key, fence)
+    }
+
+    /// Always forwarded (no hook).
+    fn delete<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Deleted, Error>> {
+        self.inner.delete(key)
     }
 }

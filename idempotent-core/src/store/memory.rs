@@ -10,11 +10,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use tokio::time::Instant;
 
+use super::admin::{Cursor, Deleted, Filter, MAX_PAGE, Page, RecordInfo, RecordState};
 use super::{BoxFuture, Store};
 use crate::attempt::Attempt;
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
-use crate::record::{Abandon, Acquire, Grant, KEEP_RESOLVED_RELEASE, Resolution, Resolved, Token, Transition};
+use crate::record::{Abandon, Acquire, Grant, KEEP_RESOLVED_RELEASE, Labels, Resolution, Resolved, Token, Transition};
 
 const SHARDS: usize = 32;
 /// A shard drops its expired records after this many writes, or after a quarter of its size in
@@ -93,14 +94,112 @@ struct Record {
     state: State,
     fingerprint: Fingerprint,
     attempt: u32,
+    /// The last attempt's fence (kept in every state).
+    fence: u64,
     expires: Instant,
+    created: Instant,
+    updated: Instant,
+    labels: StoredLabels,
+}
+
+/// A record's [`Labels`], in one allocation: the step, then the run and the tenant, each
+/// present or not.
+struct StoredLabels {
+    text: Box<str>,
+    step_end: usize,
+    run_end: Option<usize>,
+    has_tenant: bool,
+}
+
+impl Record {
+    fn new(
+        state: State,
+        fingerprint: &Fingerprint,
+        attempt: u32,
+        fence: u64,
+        expires: Instant,
+        now: Instant,
+        labels: &Labels<'_>,
+    ) -> Self {
+        let labels = StoredLabels::new(labels);
+        Record { state, fingerprint: *fingerprint, attempt, fence, expires, created: now, updated: now, labels }
+    }
+
+    /// The record as an operator sees it, at `now`.
+    fn info(&self, key: &Key, now: Instant) -> RecordInfo {
+        let (state, lease_until, result_bytes) = match &self.state {
+            State::Running { lease_until, .. } if *lease_until > now => {
+                (RecordState::Running, Some(*lease_until), None)
+            }
+            State::Running { lease_until, .. } => (RecordState::Stuck, Some(*lease_until), None),
+            State::Released { uncertain: true, .. } => (RecordState::Stuck, None, None),
+            State::Released { uncertain: false, .. } => (RecordState::Released, None, None),
+            State::NeedsAttention { .. } => (RecordState::NeedsAttention, None, None),
+            State::Done { result, .. } => (RecordState::Done, None, Some(result.len())),
+        };
+        let expires = (state != RecordState::NeedsAttention).then(|| wall(self.expires, now));
+        RecordInfo {
+            key: *key,
+            fingerprint: self.fingerprint,
+            state,
+            step: self.labels.step().to_owned(),
+            run: self.labels.run().map(str::to_owned),
+            tenant: self.labels.tenant().map(str::to_owned),
+            attempt: self.attempt,
+            fence: self.fence,
+            created: wall(self.created, now),
+            updated: wall(self.updated, now),
+            lease_until: lease_until.map(|t| wall(t, now)),
+            expires,
+            result_bytes,
+        }
+    }
+}
+
+/// The wall-clock time of `t`, read at `now`.
+fn wall(t: Instant, now: Instant) -> std::time::SystemTime {
+    let wall_now = std::time::SystemTime::now();
+    if t >= now {
+        wall_now.checked_add(t - now).unwrap_or(wall_now)
+    } else {
+        wall_now.checked_sub(now - t).unwrap_or(std::time::UNIX_EPOCH)
+    }
+}
+
+impl StoredLabels {
+    fn new(labels: &Labels<'_>) -> Self {
+        let mut text = String::with_capacity(
+            labels.step.len() + labels.run.map_or(0, str::len) + labels.tenant.map_or(0, str::len),
+        );
+        text.push_str(labels.step);
+        let step_end = text.len();
+        let run_end = labels.run.map(|run| {
+            text.push_str(run);
+            text.len()
+        });
+        if let Some(tenant) = labels.tenant {
+            text.push_str(tenant);
+        }
+        StoredLabels { text: text.into_boxed_str(), step_end, run_end, has_tenant: labels.tenant.is_some() }
+    }
+
+    fn step(&self) -> &str {
+        &self.text[..self.step_end]
+    }
+
+    fn run(&self) -> Option<&str> {
+        self.run_end.map(|end| &self.text[self.step_end..end])
+    }
+
+    fn tenant(&self) -> Option<&str> {
+        self.has_tenant.then(|| &self.text[self.run_end.unwrap_or(self.step_end)..])
+    }
 }
 
 enum State {
     Running {
         token: Token,
         lease_until: Instant,
-        fence: u64,
     },
     /// The token that completed is kept so that a retried `complete` is acknowledged.
     Done {
@@ -116,7 +215,6 @@ enum State {
     /// Kept until resolved (the record's expiry is a century away).
     NeedsAttention {
         token: Token,
-        fence: u64,
     },
 }
 
@@ -150,14 +248,55 @@ impl MemoryStore {
     }
 
     fn shard(&self, key: &Key) -> MutexGuard<'_, Shard> {
-        let idx = key.as_bytes()[0] as usize % SHARDS;
-        lock(&self.inner.shards[idx])
+        lock(&self.inner.shards[shard_of(key)])
     }
 
     /// Counts one more record if the capacity allows it (exactly, across shards).
     fn reserve(&self) -> bool {
         let cap = self.inner.capacity.unwrap_or(usize::MAX);
         self.inner.len.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < cap).then_some(n + 1)).is_ok()
+    }
+
+    /// One page of a scan: the records of the shards in order, by key within each shard; the
+    /// cursor is the last key listed, in hex (shard order follows from the key). Each call reads
+    /// every record of the shards it visits, at most the whole store.
+    fn scan_now(&self, filter: &Filter, cursor: &Cursor, limit: usize) -> Result<Page, Error> {
+        let after = if cursor.is_start() {
+            None
+        } else {
+            Some(Key::from_hex(cursor.as_str()).ok_or_else(|| {
+                Error::Config(format!(
+                    "`{}` is not a cursor of a memory store scan (64 hex digits); start the scan again",
+                    cursor.as_str()
+                ))
+            })?)
+        };
+        let limit = limit.clamp(1, MAX_PAGE);
+        let now = Instant::now();
+        let wall_now = std::time::SystemTime::now();
+        let first = after.map_or(0, |k| shard_of(&k));
+        let mut records = Vec::new();
+        for idx in first..SHARDS {
+            let shard = lock(&self.inner.shards[idx]);
+            let mut keys: Vec<&Key> = shard
+                .map
+                .iter()
+                .filter(|(k, r)| r.expires > now && after.is_none_or(|a| idx != shard_of(&a) || **k > a))
+                .map(|(k, _)| k)
+                .collect();
+            keys.sort_unstable();
+            for k in keys {
+                let info = shard.map[k].info(k, now);
+                if filter.matches(&info, wall_now) {
+                    records.push(info);
+                    if records.len() == limit {
+                        let next = Cursor::from_text(k.to_hex());
+                        return Ok(Page::new(records, Some(next)));
+                    }
+                }
+            }
+        }
+        Ok(Page::new(records, None))
     }
 
     fn sweep_shard(&self, shard: &mut Shard, now: Instant) {
@@ -178,14 +317,21 @@ impl MemoryStore {
         self.inner.len.fetch_sub(before - shard.map.len(), Ordering::Relaxed);
     }
 
-    fn acquire_now(&self, key: &Key, fp: &Fingerprint, lease: Duration, retention: Duration) -> Result<Acquire, Error> {
-        if let Some(answer) = self.try_acquire(key, fp, lease, retention) {
+    fn acquire_now(
+        &self,
+        key: &Key,
+        fp: &Fingerprint,
+        lease: Duration,
+        retention: Duration,
+        labels: &Labels<'_>,
+    ) -> Result<Acquire, Error> {
+        if let Some(answer) = self.try_acquire(key, fp, lease, retention, labels) {
             return answer;
         }
         // Full: sweep every shard (none locked meanwhile), then look again: another caller may
         // have inserted the key, or the sweep freed room.
         self.sweep();
-        self.try_acquire(key, fp, lease, retention).unwrap_or_else(|| {
+        self.try_acquire(key, fp, lease, retention, labels).unwrap_or_else(|| {
             let capacity = self.inner.capacity.unwrap_or(usize::MAX);
             Err(Error::Full { store: self.describe(), capacity })
         })
@@ -199,6 +345,7 @@ impl MemoryStore {
         fp: &Fingerprint,
         lease: Duration,
         retention: Duration,
+        labels: &Labels<'_>,
     ) -> Option<Result<Acquire, Error>> {
         let now = Instant::now();
         let mut guard = self.shard(key);
@@ -219,8 +366,8 @@ impl MemoryStore {
                     State::Running { lease_until, .. } if *lease_until > now => {
                         return Some(Ok(Acquire::InFlight { retry_after: *lease_until - now }));
                     }
-                    State::NeedsAttention { fence, .. } => {
-                        return Some(Ok(Acquire::NeedsAttention { attempt: r.attempt, fence: *fence }));
+                    State::NeedsAttention { .. } => {
+                        return Some(Ok(Acquire::NeedsAttention { attempt: r.attempt, fence: r.fence }));
                     }
                     State::Running { .. } => (r.attempt, true),
                     State::Released { uncertain, .. } => (r.attempt, *uncertain),
@@ -235,18 +382,18 @@ impl MemoryStore {
         let token = Token::unique();
         let attempt = prev_attempt + 1;
         let expires = later(now, lease.max(retention));
-        let record = Record {
-            state: State::Running { token: token.clone(), lease_until: later(now, lease), fence },
-            fingerprint: *fp,
-            attempt,
-            expires,
-        };
+        let state = State::Running { token: token.clone(), lease_until: later(now, lease) };
         match entry {
+            // A record that lives on keeps its labels and creation time.
+            Entry::Occupied(mut o) if prev_attempt > 0 => {
+                let r = o.get_mut();
+                (r.state, r.attempt, r.fence, r.expires, r.updated) = (state, attempt, fence, expires, now);
+            }
             Entry::Occupied(mut o) => {
-                o.insert(record);
+                o.insert(Record::new(state, fp, attempt, fence, expires, now, labels));
             }
             Entry::Vacant(v) => {
-                v.insert(record);
+                v.insert(Record::new(state, fp, attempt, fence, expires, now, labels));
             }
         }
         shard.expires_at(expires);
@@ -267,6 +414,7 @@ impl MemoryStore {
         match shard.map.get_mut(key) {
             Some(r) if r.expires > now && matches!(&r.state, State::Running { token: t, .. } if t == token) => {
                 f(r, now);
+                r.updated = now;
                 let expires = r.expires;
                 shard.expires_at(expires);
                 Transition::Ok
@@ -275,6 +423,11 @@ impl MemoryStore {
             _ => Transition::LeaseLost,
         }
     }
+}
+
+/// The shard that holds `key`.
+fn shard_of(key: &Key) -> usize {
+    key.as_bytes()[0] as usize % SHARDS
 }
 
 /// `now + d`, saturating far in the future instead of panicking on overflow.
@@ -289,14 +442,15 @@ fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 }
 
 impl Store for MemoryStore {
-    fn acquire<'a>(
+    fn acquire_labeled<'a>(
         &'a self,
         key: &'a Key,
         fingerprint: &'a Fingerprint,
         lease: Duration,
         retention: Duration,
+        labels: Labels<'a>,
     ) -> BoxFuture<'a, Result<Acquire, Error>> {
-        let res = self.acquire_now(key, fingerprint, lease, retention);
+        let res = self.acquire_now(key, fingerprint, lease, retention, &labels);
         Box::pin(std::future::ready(res))
     }
 
@@ -339,11 +493,7 @@ impl Store for MemoryStore {
             Abandon::NeedsAttention => {
                 let by_us = |s: &State| matches!(s, State::NeedsAttention { token: t, .. } if t == token);
                 self.with_owned(key, token, by_us, |r, now| {
-                    let fence = match &r.state {
-                        State::Running { fence, .. } => *fence,
-                        _ => 0,
-                    };
-                    r.state = State::NeedsAttention { token: token.clone(), fence };
+                    r.state = State::NeedsAttention { token: token.clone() };
                     r.expires = later(now, Duration::MAX);
                 })
             }
@@ -366,6 +516,7 @@ impl Store for MemoryStore {
                             (State::Released { token, uncertain: false }, later(now, KEEP_RESOLVED_RELEASE))
                         }
                     };
+                    r.updated = now;
                     let expires = r.expires;
                     shard.expires_at(expires);
                     Resolved::Ok
@@ -373,6 +524,50 @@ impl Store for MemoryStore {
                 _ => Resolved::Unchanged,
             },
             _ => Resolved::Unchanged,
+        };
+        Box::pin(std::future::ready(Ok(answer)))
+    }
+
+    fn inspect<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<RecordInfo>, Error>> {
+        let now = Instant::now();
+        let shard = self.shard(key);
+        let info = shard.map.get(key).filter(|r| r.expires > now).map(|r| r.info(key, now));
+        Box::pin(std::future::ready(Ok(info)))
+    }
+
+    fn scan<'a>(&'a self, filter: &'a Filter, cursor: &'a Cursor, limit: usize) -> BoxFuture<'a, Result<Page, Error>> {
+        Box::pin(std::future::ready(self.scan_now(filter, cursor, limit)))
+    }
+
+    fn release_fenced<'a>(&'a self, key: &'a Key, fence: u64) -> BoxFuture<'a, Result<Resolved, Error>> {
+        let now = Instant::now();
+        let mut shard = self.shard(key);
+        let answer = match shard.map.get_mut(key) {
+            Some(r) if r.expires > now && r.fence == fence => match &r.state {
+                State::Running { token, .. } => {
+                    r.state = State::Released { token: token.clone(), uncertain: true };
+                    r.updated = now;
+                    Resolved::Ok
+                }
+                _ => Resolved::Unchanged,
+            },
+            _ => Resolved::Unchanged,
+        };
+        Box::pin(std::future::ready(Ok(answer)))
+    }
+
+    fn delete<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Deleted, Error>> {
+        let now = Instant::now();
+        let mut shard = self.shard(key);
+        let answer = match shard.map.get(key) {
+            Some(r) if r.expires <= now => Deleted::Absent,
+            Some(Record { state: State::Running { lease_until, .. }, .. }) if *lease_until > now => Deleted::Running,
+            Some(_) => {
+                shard.map.remove(key);
+                self.inner.len.fetch_sub(1, Ordering::Relaxed);
+                Deleted::Ok
+            }
+            None => Deleted::Absent,
         };
         Box::pin(std::future::ready(Ok(answer)))
     }

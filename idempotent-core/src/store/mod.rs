@@ -16,8 +16,9 @@ use bytes::Bytes;
 
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
-use crate::record::{Abandon, Acquire, Resolution, Resolved, Token, Transition};
+use crate::record::{Abandon, Acquire, Labels, Resolution, Resolved, Token, Transition};
 
+pub mod admin;
 pub mod memory;
 mod open;
 #[cfg(feature = "postgres")]
@@ -31,6 +32,7 @@ pub mod sqlite;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{Preflight, Problem, RedisStore, RedisStoreBuilder, Risk};
+pub use admin::{Cursor, Deleted, Filter, MAX_PAGE, Page, RecordInfo, RecordState};
 pub use memory::MemoryStore;
 pub use open::open;
 #[cfg(feature = "postgres")]
@@ -53,14 +55,28 @@ pub trait Store: std::any::Any + Send + Sync {
     /// Takes the key if it is free (absent, released, or its lease passed), or reports why not.
     ///
     /// `lease` bounds how long the caller may hold the key without renewing; `retention` is how
-    /// long the record is kept at least.
+    /// long the record is kept at least. `labels` are written into the record when the key is
+    /// taken (and read back by [`inspect`](Self::inspect) and [`scan`](Self::scan)).
+    fn acquire_labeled<'a>(
+        &'a self,
+        key: &'a Key,
+        fingerprint: &'a Fingerprint,
+        lease: Duration,
+        retention: Duration,
+        labels: Labels<'a>,
+    ) -> BoxFuture<'a, Result<Acquire, Error>>;
+
+    /// [`acquire_labeled`](Self::acquire_labeled) with no labels: the record has an empty step
+    /// name, no run and no tenant.
     fn acquire<'a>(
         &'a self,
         key: &'a Key,
         fingerprint: &'a Fingerprint,
         lease: Duration,
         retention: Duration,
-    ) -> BoxFuture<'a, Result<Acquire, Error>>;
+    ) -> BoxFuture<'a, Result<Acquire, Error>> {
+        self.acquire_labeled(key, fingerprint, lease, retention, Labels::default())
+    }
 
     /// Stores the outcome and marks the operation done, if `token` still owns the key.
     ///
@@ -99,6 +115,30 @@ pub trait Store: std::any::Any + Send + Sync {
 
     /// A short description for logs and errors (a URL without credentials, or `memory`).
     fn describe(&self) -> String;
+
+    /// The record under `key`, if there is one (an expired record is none).
+    fn inspect<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<RecordInfo>, Error>>;
+
+    /// One page of the records that pass `filter`, from `cursor` ([`Cursor::start`] first),
+    /// with at most `limit` records (at most [`MAX_PAGE`]) and a bounded amount of work (see
+    /// [`admin`]).
+    fn scan<'a>(&'a self, filter: &'a Filter, cursor: &'a Cursor, limit: usize) -> BoxFuture<'a, Result<Page, Error>>;
+
+    /// Takes the key from whichever attempt holds it, if that attempt's fence is `fence`: the
+    /// record is left as an uncertain release would leave it ([`RecordState::Stuck`]: no
+    /// outcome, and the next acquisition is [`recovered`](crate::Attempt::recovered)), whether
+    /// the lease is live or ran out. The attempt that held it can no longer complete, renew or
+    /// release it.
+    ///
+    /// For an operator freeing a lease whose holder is known to be gone. Any other record
+    /// (absent, another fence, not running) is left as it is ([`Resolved::Unchanged`]).
+    fn release_fenced<'a>(&'a self, key: &'a Key, fence: u64) -> BoxFuture<'a, Result<Resolved, Error>>;
+
+    /// Removes the record, unless an attempt holds a live lease on it ([`Deleted::Running`]).
+    ///
+    /// The next call of the operation runs it as a new one (attempt 1, not recovered); fences
+    /// still grow past every fence the record had.
+    fn delete<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Deleted, Error>>;
 }
 
 /// A shared, type-erased store handle.

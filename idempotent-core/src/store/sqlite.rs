@@ -707,13 +707,15 @@ fn store_error(describe: &str, op: &'static str, busy_timeout: Duration, e: sqlx
 }
 
 impl Store for SqliteStore {
-    fn acquire<'a>(
+    fn acquire_labeled<'a>(
         &'a self,
         key: &'a Key,
         fingerprint: &'a Fingerprint,
         lease: Duration,
         retention: Duration,
+        labels: crate::record::Labels<'a>,
     ) -> BoxFuture<'a, Result<Acquire, Error>> {
+        let _ = labels; // TODO(admin): write the labels into the record
         let store = self.clone();
         let (key, fingerprint) = (*key, *fingerprint);
         let abandoned = Arc::new(AtomicBool::new(false));
@@ -794,6 +796,27 @@ impl Store for SqliteStore {
 
     fn describe(&self) -> String {
         self.inner.describe.clone()
+    }
+
+    fn inspect<'a>(&'a self, _key: &'a Key) -> BoxFuture<'a, Result<Option<crate::store::RecordInfo>, Error>> {
+        Box::pin(async { Err(Error::Config("TODO(admin): inspect".into())) })
+    }
+
+    fn scan<'a>(
+        &'a self,
+        _filter: &'a crate::store::Filter,
+        _cursor: &'a crate::store::Cursor,
+        _limit: usize,
+    ) -> BoxFuture<'a, Result<crate::store::Page, Error>> {
+        Box::pin(async { Err(Error::Config("TODO(admin): scan".into())) })
+    }
+
+    fn release_fenced<'a>(&'a self, _key: &'a Key, _fence: u64) -> BoxFuture<'a, Result<Resolved, Error>> {
+        Box::pin(async { Err(Error::Config("TODO(admin): release_fenced".into())) })
+    }
+
+    fn delete<'a>(&'a self, _key: &'a Key) -> BoxFuture<'a, Result<crate::store::Deleted, Error>> {
+        Box::pin(async { Err(Error::Config("TODO(admin): delete".into())) })
     }
 }
 

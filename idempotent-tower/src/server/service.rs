@@ -9,7 +9,7 @@ use http::request::Parts;
 use http::{HeaderMap, Request, Response};
 use http_body::Body;
 use idempotent_core::lease::{self, End, Taken};
-use idempotent_core::record::Abandon;
+use idempotent_core::record::{Abandon, Labels};
 use idempotent_core::{Attempt, Error, FailMode, Key, OnRecovered};
 use tower::{BoxError, Service};
 
@@ -99,10 +99,10 @@ where
         let (parts, body) = req.into_parts();
         // The key is derived here rather than in `handle`: the request's parts and the client's
         // key then need not be held in the boxed future twice (as arguments and as locals).
-        let key = match key::parse(&parts.headers, &config.header) {
+        let (key, tenant) = match key::parse(&parts.headers, &config.header) {
             Ok(Some(client_key)) => {
                 let tenant = config.tenant.as_ref().and_then(|extract| extract(&parts));
-                Key::from_client_key(tenant.as_deref(), &config.scope, &client_key)
+                (Key::from_client_key(tenant.as_deref(), &config.scope, &client_key), tenant)
             }
             Ok(None) if !config.require_key => {
                 let req = Request::from_parts(parts, RequestBody::stream(body));
@@ -120,7 +120,7 @@ where
         // Take the service that was driven to readiness and leave a clone in its place.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::boxed(Box::pin(handle(inner, self.config.clone(), parts, body, key, grpc)))
+        ResponseFuture::boxed(Box::pin(handle(inner, self.config.clone(), parts, body, key, tenant, grpc)))
     }
 }
 
@@ -136,6 +136,7 @@ fn handle<S, ReqBody, ResBody>(
     parts: Parts,
     body: ReqBody,
     key: Key,
+    tenant: Option<String>,
     grpc: bool,
 ) -> impl Future<Output = Result<Response<ResponseBody<ResBody>>, S::Error>>
 where
@@ -149,7 +150,7 @@ where
     async move {
         // Matched in the statement that awaits it, so that the admission's room is shared with
         // the later states of this future (see BENCHMARKS.md, "Allocator and future-size notes").
-        let (data, trailers, lease) = match admit(&config, &parts, body, &key, grpc).await {
+        let (data, trailers, lease) = match admit(&config, &parts, body, &key, tenant.as_deref(), grpc).await {
             Admission::Run { data, trailers, lease } => (data, trailers, Some(lease)),
             Admission::FailOpen { data, trailers } => (data, trailers, None),
             Admission::Respond(res) => return Ok(res),
@@ -178,7 +179,14 @@ enum Admission<B> {
 }
 
 /// Reads the request body, fingerprints the request and takes its key.
-async fn admit<ReqBody, B>(config: &Config, parts: &Parts, body: ReqBody, key: &Key, grpc: bool) -> Admission<B>
+async fn admit<ReqBody, B>(
+    config: &Config,
+    parts: &Parts,
+    body: ReqBody,
+    key: &Key,
+    tenant: Option<&str>,
+    grpc: bool,
+) -> Admission<B>
 where
     ReqBody: Body<Data = Bytes>,
     ReqBody::Error: Into<BoxError>,
@@ -198,7 +206,9 @@ where
     };
     let fingerprint = if grpc { grpc::fingerprint(parts.uri.path(), &data) } else { http_fingerprint(parts, &data) };
     let header = || config.header.as_str().to_owned();
-    match lease::acquire(&config.store, key, &fingerprint, &config.terms).await {
+    // The record is labelled with the layer's scope and the tenant; never the client's key.
+    let labels = Labels::step(&config.scope).tenant(tenant);
+    match lease::acquire(&config.store, key, &fingerprint, &config.terms, labels).await {
         Ok(Taken::Lease(lease))
             if lease.attempt().recovered() && config.on_recovered == OnRecovered::NeedsAttention =>
         {
