@@ -48,7 +48,6 @@ pub async fn run_all(store: SharedStore) {
     resolved_not_done_runs_afresh(&store).await;
     resolve_leaves_every_other_state_alone(&store).await;
     needs_attention_outlives_the_retention(&store).await;
-    run_admin(&store).await;
 }
 
 /// absent → Acquired(attempt 1); a second acquire sees the live lease.

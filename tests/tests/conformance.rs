@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_store_conforms() {
-    conformance::run_all(Arc::new(MemoryStore::new())).await;
+    let store: SharedStore = Arc::new(MemoryStore::new());
+    conformance::run_all(store.clone()).await;
+    conformance::run_admin(&store).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
