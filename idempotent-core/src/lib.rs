@@ -100,6 +100,7 @@ mod error;
 mod executor;
 mod key;
 pub mod lease;
+pub mod reconcile;
 pub mod record;
 pub mod store;
 pub mod verify;
@@ -113,6 +114,7 @@ pub use lease::{
     DEFAULT_LEASE, DEFAULT_RETENTION, DEFAULT_WAIT, FailMode, MAX_LEASE, MAX_RETENTION, MIN_LEASE, MIN_RETENTION,
     OnInFlight, Terms,
 };
+pub use reconcile::Reconciler;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use store::{CommitsWith, TransactionalStore};
 pub use store::{IntoSharedStore, MemoryStore, SharedStore, Store};

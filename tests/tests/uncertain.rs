@@ -10,84 +10,15 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use idempotent_core::record::Resolved;
 use idempotent_core::{Attempt, Error, MemoryStore, OnInFlight, OnRecovered, RunContext, SharedStore, Store, Verdict};
-use idempotent_tests::ledger::Ledger;
-use idempotent_tests::uncertain::{PAYLOAD, RUN, STEP, Worker, crash_after_charge, ledger_verifier};
-use idempotent_tests::{HookedStore, PgServer, RedisServer};
+use idempotent_tests::on_every_backend;
+use idempotent_tests::uncertain::{Backend, PAYLOAD, RUN, STEP, crash_after_charge, ledger_verifier};
+use idempotent_tests::{HookedStore, RedisServer};
+
+/// The worker that is killed after it charged.
+const EFFECT_CHILD: &str = env!("CARGO_BIN_EXE_effect_child");
 
 /// The worker's lease: the retry waits it out.
 const LEASE: Duration = Duration::from_millis(400);
-
-/// A store, the URL another process reaches it by (none for memory), and what keeps it alive.
-struct Backend {
-    store: SharedStore,
-    url: Option<String>,
-    dir: tempfile::TempDir,
-    _server: Option<Box<dyn std::any::Any + Send>>,
-}
-
-impl Backend {
-    async fn start(kind: &str) -> Backend {
-        let dir = tempfile::TempDir::new().unwrap();
-        let (url, server): (Option<String>, Option<Box<dyn std::any::Any + Send>>) = match kind {
-            "memory" => (None, None),
-            "sqlite" => (Some(format!("sqlite://{}", dir.path().join("records.db").display())), None),
-            "postgres" => {
-                let server = PgServer::start();
-                (Some(server.url()), Some(Box::new(server)))
-            }
-            "redis" => {
-                let server = RedisServer::start();
-                (Some(server.url()), Some(Box::new(server)))
-            }
-            other => panic!("no backend {other}"),
-        };
-        let store = match &url {
-            Some(url) => idempotent_core::store::open(url).await.unwrap(),
-            None => Arc::new(MemoryStore::new()),
-        };
-        Backend { store, url, dir, _server: server }
-    }
-
-    fn ledger(&self) -> Ledger {
-        Ledger::at(self.dir.path().join("ledger"))
-    }
-
-    fn worker(&self) -> Worker<'_> {
-        match &self.url {
-            Some(url) => Worker::Process { exe: env!("CARGO_BIN_EXE_effect_child"), url },
-            None => Worker::Task(self.store.clone()),
-        }
-    }
-
-    fn ctx(&self) -> RunContext {
-        RunContext::new(self.store.clone(), RUN)
-    }
-}
-
-macro_rules! on_every_backend {
-    ($($check:ident),* $(,)?) => {
-        $(
-            mod $check {
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn memory() {
-                    super::$check(super::Backend::start("memory").await).await;
-                }
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn sqlite() {
-                    super::$check(super::Backend::start("sqlite").await).await;
-                }
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn postgres() {
-                    super::$check(super::Backend::start("postgres").await).await;
-                }
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn redis() {
-                    super::$check(super::Backend::start("redis").await).await;
-                }
-            }
-        )*
-    };
-}
 
 on_every_backend!(
     a_verifier_that_finds_the_charge_stores_it_and_nothing_runs_again,
@@ -106,7 +37,7 @@ fn never<T>(what: &'static str) -> impl FnOnce(Attempt) -> std::future::Ready<Re
 
 async fn a_verifier_that_finds_the_charge_stores_it_and_nothing_runs_again(b: Backend) {
     let ledger = b.ledger();
-    let (key, fence) = crash_after_charge(b.worker(), &ledger, LEASE).await;
+    let (key, fence) = crash_after_charge(b.worker(EFFECT_CHILD), &ledger, LEASE).await;
     let ctx = b.ctx();
     let verified = AtomicU32::new(0);
     let charge: String = ctx
@@ -132,7 +63,7 @@ async fn a_verifier_that_finds_the_charge_stores_it_and_nothing_runs_again(b: Ba
 
 async fn a_verifier_that_finds_nothing_runs_the_action_once_more_under_the_same_downstream_key(b: Backend) {
     let ledger = b.ledger();
-    let (key, _) = crash_after_charge(b.worker(), &ledger, LEASE).await;
+    let (key, _) = crash_after_charge(b.worker(EFFECT_CHILD), &ledger, LEASE).await;
     let ctx = b.ctx();
     let runs = AtomicU32::new(0);
     // The provider's lookup missed the charge (say, its search index lags): the action runs,
@@ -158,7 +89,7 @@ async fn a_verifier_that_finds_nothing_runs_the_action_once_more_under_the_same_
 
 async fn an_unknown_verdict_stops_every_call_until_resolved_as_done(b: Backend) {
     let ledger = b.ledger();
-    let (key, fence) = crash_after_charge(b.worker(), &ledger, LEASE).await;
+    let (key, fence) = crash_after_charge(b.worker(EFFECT_CHILD), &ledger, LEASE).await;
     let ctx = b.ctx();
     let first: Result<String, Error> =
         ctx.step(STEP).verify(|_| async { Ok::<_, Error>(Verdict::Unknown) }).run(&PAYLOAD, never("action")).await;
@@ -191,7 +122,7 @@ async fn an_unknown_verdict_stops_every_call_until_resolved_as_done(b: Backend) 
 
 async fn a_step_that_never_reruns_blindly_needs_attention_and_resolves_as_not_done(b: Backend) {
     let ledger = b.ledger();
-    crash_after_charge(b.worker(), &ledger, LEASE).await;
+    crash_after_charge(b.worker(EFFECT_CHILD), &ledger, LEASE).await;
     let ctx = b.ctx();
     let first: Result<String, Error> =
         ctx.step(STEP).on_recovered(OnRecovered::NeedsAttention).run(&PAYLOAD, never("action")).await;
@@ -216,7 +147,7 @@ async fn a_step_that_never_reruns_blindly_needs_attention_and_resolves_as_not_do
 
 async fn a_failing_or_hanging_verifier_leaves_the_record_for_the_next_call(b: Backend) {
     let ledger = b.ledger();
-    let (key, _) = crash_after_charge(b.worker(), &ledger, LEASE).await;
+    let (key, _) = crash_after_charge(b.worker(EFFECT_CHILD), &ledger, LEASE).await;
     let ctx = b.ctx();
     let failed: Result<String, Error> = ctx
         .step(STEP)
@@ -335,7 +266,7 @@ fn renewals_fail(inner: SharedStore) -> SharedStore {
 async fn a_verifier_that_outlives_its_lease_runs_nothing() {
     let b = Backend::start("memory").await;
     let ledger = b.ledger();
-    crash_after_charge(b.worker(), &ledger, LEASE).await;
+    crash_after_charge(b.worker(EFFECT_CHILD), &ledger, LEASE).await;
     let runs = Arc::new(AtomicU32::new(0));
     // A verifies on a partitioned link: its lease runs out while its verifier waits.
     let answer = Arc::new(tokio::sync::Notify::new());
