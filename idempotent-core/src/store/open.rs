@@ -9,6 +9,7 @@ use crate::error::Error;
 /// | URL | store | feature |
 /// |---|---|---|
 /// | `redis://host:port[/db]`, `rediss://…` | [`RedisStore`](crate::RedisStore) | `redis` (`tls` for `rediss`) |
+/// | `redis://host1:port1,redis://host2:port2,…` (several, comma-separated) | a [`RedisStore`](crate::RedisStore) on the Redis Cluster those nodes belong to | `cluster` |
 /// | `postgres://user@host:port/db`, `postgresql://…` | [`PostgresStore`](crate::PostgresStore) (its table is created if missing) | `postgres` |
 /// | `sqlite://path`, `sqlite:path` | [`SqliteStore`](crate::SqliteStore) on that file (created if missing) | `sqlite` |
 /// | `memory:` | a new, empty [`MemoryStore`](crate::MemoryStore) (for tests) | — |
@@ -27,7 +28,7 @@ use crate::error::Error;
 pub async fn open(url: &str) -> Result<SharedStore, Error> {
     let scheme = url.split_once(':').map(|(scheme, _)| scheme).unwrap_or_default();
     // Unused when every store's feature is on.
-    #[cfg_attr(all(feature = "redis", feature = "postgres", feature = "sqlite"), allow(unused_variables))]
+    #[cfg_attr(all(feature = "cluster", feature = "postgres", feature = "sqlite"), allow(unused_variables))]
     let missing = |feature: &str| {
         Error::Config(format!(
             "{scheme}:// URLs need idempotent-core's `{feature}` feature, which this program was built without"
@@ -35,6 +36,17 @@ pub async fn open(url: &str) -> Result<SharedStore, Error> {
     };
     match scheme {
         "memory" => Ok(std::sync::Arc::new(super::MemoryStore::new())),
+        "redis" | "rediss" if url.contains(',') => {
+            #[cfg(feature = "cluster")]
+            {
+                let nodes = url.split(',').map(str::trim).filter(|node| !node.is_empty());
+                Ok(std::sync::Arc::new(super::RedisStore::cluster_builder(nodes).build()?))
+            }
+            #[cfg(not(feature = "cluster"))]
+            {
+                Err(missing("cluster"))
+            }
+        }
         "redis" | "rediss" => {
             #[cfg(feature = "redis")]
             {
