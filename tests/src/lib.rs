@@ -557,6 +557,17 @@ impl RedisCluster {
         self.nodes.iter().map(RedisServer::url).collect()
     }
 
+    /// How many keys each node holds (`DBSIZE`), in the order of [`nodes`](Self::nodes).
+    pub fn keys_per_node(&self) -> Vec<i64> {
+        self.nodes
+            .iter()
+            .map(|n| match n.cmd(&["DBSIZE"]) {
+                idempotent_core::redis::Value::Int(k) => k,
+                other => panic!("DBSIZE answered {other:?}"),
+            })
+            .collect()
+    }
+
     /// The indices in [`nodes`](Self::nodes) of the running nodes that are masters now.
     pub fn masters(&self) -> Vec<usize> {
         (0..self.nodes.len()).filter(|&i| self.nodes[i].is_running() && self.nodes[i].role() == "master").collect()
