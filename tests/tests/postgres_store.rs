@@ -271,8 +271,9 @@ async fn an_acquire_racing_another_write_reads_again_and_answers_from_the_newer_
     // that commits while the acquire's insert waits for it.
     sqlx::raw_sql("BEGIN").execute(&mut other).await.unwrap();
     let far = "9000000000000000";
-    let insert =
-        format!("INSERT INTO idempotent_records VALUES ($1, $2, 'running', 'other', 1, 1, false, {far}, {far}, NULL, '', NULL, NULL, 0, 0)");
+    let insert = format!(
+        "INSERT INTO idempotent_records VALUES ($1, $2, 'running', 'other', 1, 1, false, {far}, {far}, NULL, '', NULL, NULL, 0, 0)"
+    );
     sqlx::query(sqlx::AssertSqlSafe(insert))
         .bind(&key(1).as_bytes()[..])
         .bind(&FP.as_bytes()[..])
@@ -783,7 +784,10 @@ async fn a_version_2_table_is_upgraded_in_place_keeping_its_records() {
     assert_eq!(count(&mut conn, index).await, 1, "the index by run was made");
 
     let done = store.inspect(&key(1)).await.unwrap().expect("the done record is kept");
-    assert_eq!((done.state, done.attempt, done.fence, done.result_bytes), (RecordState::Done, 2, fence as u64, Some(3)));
+    assert_eq!(
+        (done.state, done.attempt, done.fence, done.result_bytes),
+        (RecordState::Done, 2, fence as u64, Some(3))
+    );
     assert_eq!((done.step.as_str(), done.run.as_deref(), done.tenant.as_deref()), ("", None, None));
     let then = std::time::UNIX_EPOCH + Duration::from_micros(fence as u64);
     assert_eq!((done.created, done.updated), (then, then), "times read as the last acquisition's");

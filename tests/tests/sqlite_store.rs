@@ -557,7 +557,10 @@ async fn a_version_2_table_is_upgraded_in_place_keeping_its_records() {
     assert_eq!(columns[10..], ["step", "run_id", "tenant", "created_at", "updated_at"], "added after the old ones");
 
     let done = store.inspect(&key(1)).await.unwrap().expect("the done record is kept");
-    assert_eq!((done.state, done.attempt, done.fence, done.result_bytes), (RecordState::Done, 2, fence as u64, Some(3)));
+    assert_eq!(
+        (done.state, done.attempt, done.fence, done.result_bytes),
+        (RecordState::Done, 2, fence as u64, Some(3))
+    );
     assert_eq!((done.step.as_str(), done.run.as_deref(), done.tenant.as_deref()), ("", None, None));
     let then = std::time::UNIX_EPOCH + Duration::from_micros(fence as u64);
     assert_eq!((done.created, done.updated), (then, then), "times read as the last acquisition's");
@@ -576,12 +579,19 @@ async fn a_version_2_table_is_upgraded_in_place_keeping_its_records() {
     assert_eq!((next.attempt.number(), next.attempt.recovered()), (3, true));
     assert!(next.attempt.fence() > fence as u64);
     let running = store.inspect(&key(2)).await.unwrap().unwrap();
-    assert_eq!((running.state, running.step.as_str(), running.tenant.as_deref()), (RecordState::Running, "", None), "a record that lives on keeps its labels");
+    assert_eq!(
+        (running.state, running.step.as_str(), running.tenant.as_deref()),
+        (RecordState::Running, "", None),
+        "a record that lives on keeps its labels"
+    );
     assert!(running.updated > then && running.created == then);
     let fresh = key(4);
     store.acquire_labeled(&fresh, &FP, LEASE, KEEP, labels).await.unwrap();
     let read = store.inspect(&fresh).await.unwrap().unwrap();
-    assert_eq!((read.step.as_str(), read.run.as_deref(), read.tenant.as_deref()), ("refund", Some("run-9"), Some("acme")));
+    assert_eq!(
+        (read.step.as_str(), read.run.as_deref(), read.tenant.as_deref()),
+        ("refund", Some("run-9"), Some("acme"))
+    );
     store.close().await;
     // Opened again: nothing to upgrade, nothing changed.
     let store = SqliteStore::open(&path).await.unwrap();

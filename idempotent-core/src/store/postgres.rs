@@ -1,6 +1,6 @@
 //! The PostgreSQL store, on sqlx: one table, shared by every process that reaches the database.
 //!
-//! # Schema (version 2)
+//! # Schema (version 3)
 //!
 //! One row per key, in a table named by [`PostgresStoreBuilder::table`] (`idempotent_records`
 //! unless set), in the first schema of the connection's `search_path` (`current_schema()`):
@@ -17,6 +17,10 @@
 //! | `lease_until` | `bigint` | lease deadline, µs since the Unix epoch on the database clock |
 //! | `expires_at` | `bigint` | when the row counts as absent, µs since the Unix epoch; `i64::MAX` (never) while it needs attention; indexed (`<table>_expires_at`) for the purge |
 //! | `result` | `bytea` | the stored outcome, when done |
+//! | `step` | `text` | the acquisition's step ([`Labels`]); `''` when none was given |
+//! | `run_id`, `tenant` | `text` | its run id and tenant, or `NULL`; `(run_id, key)` is indexed (`<table>_run_id`) for scans by run |
+//! | `created_at` | `bigint` | when the row's current life began (its first acquisition since it was absent), µs since the Unix epoch |
+//! | `updated_at` | `bigint` | when it last changed, µs since the Unix epoch |
 //!
 //! and a table `idempotent_schema (name, version)` saying which tables this crate created and
 //! at which version. Times are integers of µs rather than `timestamptz` so that the fence and the
@@ -29,12 +33,17 @@
 //! or of another version or shape, is an [`Error::Config`] saying what to do, and is never
 //! altered.
 //!
-//! A table of version 1 (before `needs_attention`) is upgraded in place by `migrate`, in its
-//! transaction under the advisory lock: its state constraint `<table>_state_check` is replaced
-//! (an `ALTER TABLE`, which waits for the calls under way), and version 1's `recovered` on a
-//! released row (whether that attempt had taken over a lease) is cleared. Upgrade every process
-//! on the table together: one still on version 1 answers an error (fails closed) on a record that
-//! needs attention, and ignores the uncertain mark of a released one.
+//! A table of version 2 (before labels and times) is upgraded in place by `migrate`, in its
+//! transaction under the advisory lock: `ALTER TABLE … ADD COLUMN` for each new column (with
+//! constant defaults, so no rewrite), the rows' `created_at` and `updated_at` set to their fence
+//! (the clock of their last acquisition; one pass over the table), and the index by run built.
+//! The `ALTER TABLE` waits for the calls under way, and they for it. A table of version 1 (before
+//! `needs_attention`) goes through version 2: its state constraint `<table>_state_check` is
+//! replaced, and version 1's `recovered` on a released row (whether that attempt had taken over a
+//! lease) is cleared. Upgrade every process on the table together: one still on version 1 answers
+//! an error (fails closed) on a record that needs attention, and ignores the uncertain mark of a
+//! released one; one on version 2 refuses the table (its column check fails) until it is
+//! upgraded.
 //!
 //! # Statements
 //!
@@ -71,6 +80,23 @@
 //! - resolve: `UPDATE … SET state = $2, result = $3, expires_at = now + $4 WHERE key = $1 AND state =
 //!   'needs_attention'`: of two resolves at once, the second finds the row settled and changes
 //!   nothing ([`Resolved::Unchanged`]).
+//! - inspect: `SELECT … WHERE key = $1 AND expires_at > now`, the state judged in the statement
+//!   (a running row whose lease passed, or one released uncertain, reads as stuck).
+//! - scan: `SELECT … WHERE key > $1 AND expires_at > now AND <filter> ORDER BY key LIMIT $2`, every
+//!   filter in SQL (state, step, run, tenant, `updated_at <= now - idle`); the cursor is the last
+//!   key listed, in hex (anything else is an [`Error::Config`]), and a short page ends the scan.
+//! - release_fenced: `UPDATE … SET state = 'released', recovered = true WHERE key = $1 AND fence =
+//!   $2 AND state = 'running' AND expires_at > now`, live lease or not: the row is left as an
+//!   uncertain abandon leaves it, and the holder's complete, renew and release are refused.
+//! - delete: `UPDATE … SET expires_at = now, result = NULL … WHERE key = $1 AND expires_at > now
+//!   RETURNING <a live lease held it>`, each column kept as it is when a live lease holds the row
+//!   ([`Deleted::Running`]); no row back, the key was absent. The row,
+//!   expired, counts as absent at once and the purge deletes it later; until then it keeps the
+//!   fence, so the next acquisition's fence grows past it even within one tick of the clock.
+//!
+//! The statements of the last four are shared with [`SqliteStore`](super::SqliteStore). Acquire
+//! writes the labels and times in its one statement above (a row that lives on keeps its labels
+//! and `created_at`); every other transition that changes the row sets `updated_at`.
 //!
 //! [`PostgresStore::statements`] counts them: a first execution is 2 (acquire, complete), a replay
 //! 1 (`tests/tests/postgres_store.rs` asserts both, and that replays leave the row version as it
@@ -319,7 +345,8 @@ impl Statements {
             "UPDATE {t} SET state = 'released', recovered = false, {touched}\n\
              WHERE {owned} AND (state = 'running' OR (state = 'released' AND NOT recovered))"
         );
-        let release_orphan = format!("UPDATE {t} SET state = 'released', {touched}\nWHERE {owned} AND state = 'running'");
+        let release_orphan =
+            format!("UPDATE {t} SET state = 'released', {touched}\nWHERE {owned} AND state = 'running'");
         let abandon_uncertain = format!(
             "UPDATE {t} SET state = 'released', recovered = true, {touched}\n\
              WHERE {owned} AND (state = 'running' OR (state = 'released' AND recovered))"

@@ -294,13 +294,7 @@ impl AdminSql {
              RETURNING {live}"
         );
         let sql = |s: String| sqlx::AssertSqlSafe(Arc::<str>::from(s)).into_sql_str();
-        AdminSql {
-            now,
-            inspect: sql(inspect),
-            release_fenced: sql(release_fenced),
-            delete: sql(delete),
-            select,
-        }
+        AdminSql { now, inspect: sql(inspect), release_fenced: sql(release_fenced), delete: sql(delete), select }
     }
 
     /// The scan statement for `filter` from `cursor`, and its arguments: `WHERE key > <cursor>
@@ -409,7 +403,8 @@ where
 /// The page of a scan that asked for `limit` records and got `records`: a full page goes on
 /// after its last key, a shorter one is the end.
 pub(crate) fn page(records: Vec<RecordInfo>, limit: usize) -> Page {
-    let next = (records.len() >= limit.clamp(1, MAX_PAGE)).then(|| records.last().map(|r| Cursor::from_text(r.key.to_hex())));
+    let next =
+        (records.len() >= limit.clamp(1, MAX_PAGE)).then(|| records.last().map(|r| Cursor::from_text(r.key.to_hex())));
     Page::new(records, next.flatten())
 }
 
@@ -444,15 +439,17 @@ impl Info {
     /// The [`RecordInfo`] the row describes, or [`Error::Corrupt`] for values no store writes.
     fn into_info(self) -> Result<RecordInfo, Error> {
         let bytes32 = |v: &[u8]| <[u8; 32]>::try_from(v).ok();
-        let key = bytes32(&self.key)
-            .map(Key::from_bytes)
-            .ok_or_else(|| Error::Corrupt { key: "?".to_owned(), detail: format!("a key of {} bytes", self.key.len()) })?;
+        let key = bytes32(&self.key).map(Key::from_bytes).ok_or_else(|| Error::Corrupt {
+            key: "?".to_owned(),
+            detail: format!("a key of {} bytes", self.key.len()),
+        })?;
         let corrupt = |detail: String| Error::Corrupt { key: key.short(), detail };
         let fingerprint = bytes32(&self.fingerprint)
             .map(Fingerprint::from_bytes)
             .ok_or_else(|| corrupt(format!("a fingerprint of {} bytes", self.fingerprint.len())))?;
         let state = self.state.parse::<RecordState>().map_err(corrupt)?;
-        let attempt = u32::try_from(self.attempt).map_err(|_| corrupt(format!("attempt {} out of range", self.attempt)))?;
+        let attempt =
+            u32::try_from(self.attempt).map_err(|_| corrupt(format!("attempt {} out of range", self.attempt)))?;
         let fence = u64::try_from(self.fence).map_err(|_| corrupt(format!("negative fence {}", self.fence)))?;
         let result_bytes = self
             .result_bytes

@@ -1,7 +1,7 @@
 //! The SQLite store, on sqlx: one file, shared by the tasks of a process and by the processes of
 //! one host.
 //!
-//! # Schema (version 2)
+//! # Schema (version 3)
 //!
 //! One row per key, in a table named by [`SqliteStoreBuilder::table`] (`idempotent_records`
 //! unless set):
@@ -18,17 +18,30 @@
 //! | `lease_until` | `INTEGER` | lease deadline, µs since the Unix epoch |
 //! | `expires_at` | `INTEGER` | when the row counts as absent, µs since the Unix epoch; `i64::MAX` (never) while it needs attention |
 //! | `result` | `BLOB` | the stored outcome, when done |
+//! | `step` | `TEXT` | the acquisition's step ([`Labels`]); `''` when none was given |
+//! | `run_id`, `tenant` | `TEXT` | its run id and tenant, or `NULL` |
+//! | `created_at` | `INTEGER` | when the row's current life began (its first acquisition since it was absent), µs since the Unix epoch |
+//! | `updated_at` | `INTEGER` | when it last changed, µs since the Unix epoch |
 //!
 //! and a table `idempotent_schema (name, version)` saying which tables this crate created and
 //! at which version.
 //!
-//! A table of version 1 (before `needs_attention`) is upgraded in place by `migrate`, in its
-//! immediate transaction: SQLite cannot change a `CHECK` constraint, so the rows are copied into
-//! a new table of version 2, which takes the old one's name (a one-time cost of one pass over the
-//! table). Version 1's `recovered` on a released row said whether that attempt had taken over a
-//! lease, so it is cleared. Upgrade every process on the file together: one still on version 1
-//! answers an error (fails closed) on a record that needs attention, and ignores the uncertain
-//! mark of a released one.
+//! A table of version 2 (before labels and times) is upgraded in place by `migrate`, in its
+//! immediate transaction: `ALTER TABLE … ADD COLUMN` for each new column (no copy), and the rows'
+//! `created_at` and `updated_at` set to their fence (the clock of their last acquisition). A
+//! table of version 1 (before `needs_attention`) is upgraded to version 3 at once: SQLite cannot
+//! change a `CHECK` constraint, so the rows are copied into a new table, which takes the old
+//! one's name (a one-time cost of one pass over the table). Version 1's `recovered` on a released
+//! row said whether that attempt had taken over a lease, so it is cleared. Upgrade every process
+//! on the file together: one still on version 1 answers an error (fails closed) on a record that
+//! needs attention, and ignores the uncertain mark of a released one; one on version 2 refuses
+//! the table (its column check fails) until it is upgraded.
+//!
+//! There is no index besides the primary key: the acquire statement sets every column (to its
+//! own value when nothing changes), and SQLite rewrites the entries of every index on a column
+//! it sets, so an index on `expires_at` (for the purge) or on `run_id` (for scans by run) would
+//! make every replay write to the WAL and sync. The purge sweeps by `rowid` instead, and a scan
+//! by run filters in key order.
 //!
 //! # Statements
 //!
@@ -53,6 +66,10 @@
 //! - resolve: `UPDATE … SET state = ?2, result = ?3, expires_at = now + ?4 WHERE key = ?1 AND state =
 //!   'needs_attention'`: of two resolves at once, the second finds the row settled and changes
 //!   nothing ([`Resolved::Unchanged`]).
+//! - inspect, scan, release_fenced, delete: the statements `PostgresStore` runs too (their text is
+//!   shared): see [`Store::scan`] and the module docs of `PostgresStore`. Acquire writes the
+//!   labels and times in its one statement above (a row that lives on keeps its labels and
+//!   `created_at`); every other transition that changes the row sets `updated_at`.
 //!
 //! [`SqliteStore::statements`] counts them: a first execution is 2 (acquire, complete), a replay
 //! 1 (`tests/tests/sqlite_store.rs` asserts both, and that replays leave the WAL as it was).
