@@ -16,6 +16,7 @@ async fn sqlite_store_conforms() {
     let dir = tempfile::TempDir::new().unwrap();
     let store = SqliteStore::open(dir.path().join("records.db")).await.unwrap();
     conformance::run_all(Arc::new(store.clone())).await;
+    conformance::run_admin(&(Arc::new(store.clone()) as SharedStore)).await;
     // A second store on the same file takes over and replays the first one's records.
     let other = SqliteStore::open(dir.path().join("records.db")).await.unwrap();
     conformance::run_mixed(Arc::new(store), Arc::new(other)).await;
@@ -26,6 +27,7 @@ async fn postgres_store_conforms() {
     let server = PgServer::start();
     let store = PostgresStore::connect(server.url()).await.unwrap();
     conformance::run_all(Arc::new(store.clone())).await;
+    conformance::run_admin(&(Arc::new(store.clone()) as SharedStore)).await;
     // A second store (its own pool) on the same table takes over and replays the first one's records.
     let other = PostgresStore::connect(server.url()).await.unwrap();
     conformance::run_mixed(Arc::new(store), Arc::new(other)).await;

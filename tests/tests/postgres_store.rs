@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::future::join_all;
-use idempotent_core::record::{Abandon, Acquire, Grant, Resolution, Resolved, Transition};
-use idempotent_core::store::TransactionalStore;
+use idempotent_core::record::{Abandon, Acquire, Grant, Labels, Resolution, Resolved, Transition};
+use idempotent_core::store::{Cursor, Filter, RecordState, TransactionalStore};
 use idempotent_core::{Error, Fingerprint, Key, PostgresStore, RunContext, SharedStore, Store};
 use idempotent_tests::{PgServer, contention};
 use sqlx::PgConnection;
@@ -271,8 +271,9 @@ async fn an_acquire_racing_another_write_reads_again_and_answers_from_the_newer_
     // that commits while the acquire's insert waits for it.
     sqlx::raw_sql("BEGIN").execute(&mut other).await.unwrap();
     let far = "9000000000000000";
-    let insert =
-        format!("INSERT INTO idempotent_records VALUES ($1, $2, 'running', 'other', 1, 1, false, {far}, {far}, NULL)");
+    let insert = format!(
+        "INSERT INTO idempotent_records VALUES ($1, $2, 'running', 'other', 1, 1, false, {far}, {far}, NULL, '', NULL, NULL, 0, 0)"
+    );
     sqlx::query(sqlx::AssertSqlSafe(insert))
         .bind(&key(1).as_bytes()[..])
         .bind(&FP.as_bytes()[..])
@@ -317,7 +318,8 @@ async fn garbage_rows_are_corrupt_errors_not_replays() {
     let mut conn = server.connection().await;
     // A done row without a result, written by hand, under a live expiry.
     sqlx::query(
-        "INSERT INTO idempotent_records VALUES ($1, $2, 'done', 'someone', 1, 1, false, 0, 9000000000000000, NULL)",
+        "INSERT INTO idempotent_records VALUES ($1, $2, 'done', 'someone', 1, 1, false, 0, 9000000000000000, NULL, '', \
+         NULL, NULL, 0, 0)",
     )
     .bind(&key(9).as_bytes()[..])
     .bind(&FP.as_bytes()[..])
@@ -391,9 +393,9 @@ async fn an_incompatible_table_is_refused_and_left_alone() {
     // Another table works; marked with a newer version, or changed by hand, it is refused.
     let store = PostgresStore::builder(server.url()).table("records").connect().await.unwrap();
     store.close().await;
-    sqlx::raw_sql("UPDATE idempotent_schema SET version = 3 WHERE name = 'records'").execute(&mut conn).await.unwrap();
+    sqlx::raw_sql("UPDATE idempotent_schema SET version = 4 WHERE name = 'records'").execute(&mut conn).await.unwrap();
     let err = PostgresStore::builder(server.url()).table("records").connect().await.unwrap_err();
-    assert!(matches!(&err, Error::Config(m) if m.contains("version 3")), "{err:?}");
+    assert!(matches!(&err, Error::Config(m) if m.contains("version 4")), "{err:?}");
     let changed = "UPDATE idempotent_schema SET version = 1 WHERE name = 'records';
                    ALTER TABLE records ALTER COLUMN attempt TYPE integer";
     sqlx::raw_sql(changed).execute(&mut conn).await.unwrap();
@@ -434,7 +436,7 @@ async fn expired_records_are_purged_in_bounded_batches() {
     let mut conn = server.connection().await;
     // 700 expired rows, written by hand (acquisitions would purge in the background).
     let expired = "INSERT INTO idempotent_records SELECT decode(lpad(to_hex(n), 64, '0'), 'hex'), $1, 'done', \
-                   't', n, 1, false, 0, 1000, '\\x00' FROM generate_series($2::int, $3::int) n";
+                   't', n, 1, false, 0, 1000, '\\x00', '', NULL, NULL, 0, 0 FROM generate_series($2::int, $3::int) n";
     sqlx::query(sqlx::AssertSqlSafe(expired)).bind(&[2u8; 32][..]).bind(1).bind(700).execute(&mut conn).await.unwrap();
     // One expired row is locked by a transaction: the purge skips it rather than wait.
     let mut locker = server.connection().await;
@@ -699,7 +701,7 @@ async fn a_version_1_table_is_upgraded_in_place_keeping_its_records() {
             .unwrap();
     }
     let store = PostgresStore::connect(server.url()).await.unwrap();
-    assert_eq!(count(&mut conn, "SELECT version::bigint FROM idempotent_schema").await, 2);
+    assert_eq!(count(&mut conn, "SELECT version::bigint FROM idempotent_schema").await, 3, "through 2 to 3");
     assert_eq!(store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap(), Acquire::Replay(Bytes::from_static(b"old")));
     let next = acquired(&store, &key(2), LEASE).await;
     assert_eq!((next.attempt.number(), next.attempt.recovered()), (3, false));
@@ -727,4 +729,94 @@ async fn a_version_1_table_is_upgraded_in_place_keeping_its_records() {
         "{err:?}"
     );
     assert_eq!(count(&mut conn, "SELECT version::bigint FROM idempotent_schema").await, 1, "the table was upgraded");
+}
+
+/// The table of schema version 2, as idempotent-core created it before labels and times.
+const V2_TABLE: &str = "CREATE TABLE idempotent_records (
+    key bytea PRIMARY KEY NOT NULL CHECK (length(key) = 32),
+    fingerprint bytea NOT NULL,
+    state text NOT NULL CONSTRAINT idempotent_records_state_check
+        CHECK (state IN ('running', 'released', 'done', 'needs_attention')),
+    token text NOT NULL,
+    fence bigint NOT NULL,
+    attempt bigint NOT NULL,
+    recovered boolean NOT NULL,
+    lease_until bigint NOT NULL,
+    expires_at bigint NOT NULL,
+    result bytea
+);
+CREATE INDEX idempotent_records_expires_at ON idempotent_records (expires_at);
+CREATE TABLE idempotent_schema (name text PRIMARY KEY NOT NULL, version integer NOT NULL);
+INSERT INTO idempotent_schema VALUES ('idempotent_records', 2)";
+
+/// A table of version 2 is upgraded in place (columns added, an index by run) when a store
+/// connects: its records are kept and read back, with no labels and their last acquisition's
+/// time (the fence) as created and updated; new acquisitions carry labels, and scans by run find
+/// them. A version 2 table changed by hand is refused and left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_2_table_is_upgraded_in_place_keeping_its_records() {
+    let server = PgServer::start();
+    let mut conn = server.connection().await;
+    sqlx::raw_sql(V2_TABLE).execute(&mut conn).await.unwrap();
+    let far = 9_000_000_000_000_000i64;
+    let fence = 1_700_000_000_000_000i64;
+    let rows = [
+        (1u8, "done", false, far, Some(&b"old"[..])),
+        (2, "released", true, far, None),
+        (3, "needs_attention", false, i64::MAX, None),
+    ];
+    for (k, state, recovered, expires, result) in rows {
+        sqlx::query("INSERT INTO idempotent_records VALUES ($1, $2, $3, 'old-token', $4, 2, $5, 0, $6, $7)")
+            .bind(&key(k).as_bytes()[..])
+            .bind(&FP.as_bytes()[..])
+            .bind(state)
+            .bind(fence)
+            .bind(recovered)
+            .bind(expires)
+            .bind(result)
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+    let store = PostgresStore::connect(server.url()).await.unwrap();
+    assert_eq!(count(&mut conn, "SELECT version::bigint FROM idempotent_schema").await, 3);
+    let index = "SELECT count(*) FROM pg_indexes WHERE indexname = 'idempotent_records_run_id'";
+    assert_eq!(count(&mut conn, index).await, 1, "the index by run was made");
+
+    let done = store.inspect(&key(1)).await.unwrap().expect("the done record is kept");
+    assert_eq!(
+        (done.state, done.attempt, done.fence, done.result_bytes),
+        (RecordState::Done, 2, fence as u64, Some(3))
+    );
+    assert_eq!((done.step.as_str(), done.run.as_deref(), done.tenant.as_deref()), ("", None, None));
+    let then = std::time::UNIX_EPOCH + Duration::from_micros(fence as u64);
+    assert_eq!((done.created, done.updated), (then, then), "times read as the last acquisition's");
+    assert_eq!(store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap(), Acquire::Replay(Bytes::from_static(b"old")));
+    assert_eq!(store.inspect(&key(2)).await.unwrap().unwrap().state, RecordState::Stuck, "released uncertain");
+    let waiting = store.inspect(&key(3)).await.unwrap().unwrap();
+    assert_eq!((waiting.state, waiting.expires), (RecordState::NeedsAttention, None));
+
+    // The uncertain record is taken over as recovered; a new key carries its labels.
+    let next = acquired(&store, &key(2), LEASE).await;
+    assert_eq!((next.attempt.number(), next.attempt.recovered()), (3, true));
+    assert!(next.attempt.fence() > fence as u64);
+    let labels = Labels::step("refund").run("run-9").tenant(Some("acme"));
+    store.acquire_labeled(&key(4), &FP, LEASE, KEEP, labels).await.unwrap();
+    let by_run = store.scan(&Filter::all().run("run-9"), &Cursor::start(), 10).await.unwrap();
+    let found: Vec<_> = by_run.records.iter().map(|r| (r.key, r.step.as_str(), r.tenant.as_deref())).collect();
+    assert_eq!(found, [(key(4), "refund", Some("acme"))]);
+    store.close().await;
+    // Connected again: nothing to upgrade, nothing changed.
+    let store = PostgresStore::connect(server.url()).await.unwrap();
+    assert_eq!(store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap(), Acquire::Replay(Bytes::from_static(b"old")));
+    assert_eq!(count(&mut conn, "SELECT count(*) FROM idempotent_records").await, 4);
+    store.close().await;
+
+    // Version 2, changed by hand: refused, and not altered.
+    sqlx::raw_sql("DROP TABLE idempotent_records, idempotent_schema").execute(&mut conn).await.unwrap();
+    sqlx::raw_sql(V2_TABLE).execute(&mut conn).await.unwrap();
+    sqlx::raw_sql("ALTER TABLE idempotent_records DROP COLUMN result").execute(&mut conn).await.unwrap();
+    let err = PostgresStore::connect(server.url()).await.unwrap_err();
+    assert!(matches!(&err, Error::Config(m) if m.contains("version 2") && m.contains("changed by hand")), "{err:?}");
+    assert_eq!(count(&mut conn, "SELECT version::bigint FROM idempotent_schema").await, 2, "the table was upgraded");
 }

@@ -9,7 +9,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use idempotent_core::record::{Abandon, Acquire, Resolution, Resolved, Transition};
+use idempotent_core::record::{Abandon, Acquire, Labels, Resolution, Resolved, Transition};
+use idempotent_core::store::{Cursor, Filter, RecordState};
 use idempotent_core::{Error, Fingerprint, Key, RunContext, SharedStore, SqliteStore, Store};
 use idempotent_tests::contention;
 use sqlx::{Connection, SqliteConnection};
@@ -212,9 +213,9 @@ async fn an_incompatible_table_is_refused_and_left_alone() {
     // Another table in the same file works; marked with a newer version, it is refused.
     let store = SqliteStore::builder(&path).table("records").open().await.unwrap();
     store.close().await;
-    sqlx::raw_sql("UPDATE idempotent_schema SET version = 3 WHERE name = 'records'").execute(&mut conn).await.unwrap();
+    sqlx::raw_sql("UPDATE idempotent_schema SET version = 4 WHERE name = 'records'").execute(&mut conn).await.unwrap();
     let err = SqliteStore::builder(&path).table("records").open().await.unwrap_err();
-    assert!(matches!(&err, Error::Config(m) if m.contains("version 3")), "{err:?}");
+    assert!(matches!(&err, Error::Config(m) if m.contains("version 4")), "{err:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -290,7 +291,8 @@ async fn a_garbage_row_is_a_corrupt_error_not_a_replay() {
     let mut conn = raw(&path).await;
     // A done row without a result, written by hand, under a live expiry.
     sqlx::query(
-        "INSERT INTO idempotent_records VALUES (?1, ?2, 'done', 'someone', 1, 1, 0, 0, 9000000000000000, NULL)",
+        "INSERT INTO idempotent_records VALUES (?1, ?2, 'done', 'someone', 1, 1, 0, 0, 9000000000000000, NULL, '', \
+         NULL, NULL, 0, 0)",
     )
     .bind(&key(9).as_bytes()[..])
     .bind(&FP.as_bytes()[..])
@@ -473,7 +475,7 @@ async fn a_version_1_table_is_upgraded_in_place_keeping_its_records() {
     }
     let store = SqliteStore::open(&path).await.unwrap();
     let version: i64 = sqlx::query_scalar("SELECT version FROM idempotent_schema").fetch_one(&mut conn).await.unwrap();
-    assert_eq!(version, 2);
+    assert_eq!(version, 3, "upgraded through version 2 to 3");
     assert_eq!(store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap(), Acquire::Replay(Bytes::from_static(b"old")));
     let Acquire::Acquired(next) = store.acquire(&key(2), &FP, LEASE, KEEP).await.unwrap() else { panic!() };
     assert_eq!((next.attempt.number(), next.attempt.recovered()), (3, false));
@@ -497,4 +499,113 @@ async fn a_version_1_table_is_upgraded_in_place_keeping_its_records() {
     assert!(matches!(&err, Error::Config(m) if m.contains("version 1") && m.contains("changed by hand")), "{err:?}");
     let version: i64 = sqlx::query_scalar("SELECT version FROM idempotent_schema").fetch_one(&mut conn).await.unwrap();
     assert_eq!(version, 1, "the table was upgraded");
+}
+
+/// The table of schema version 2, as idempotent-core created it before labels and times.
+const V2_TABLE: &str = "CREATE TABLE idempotent_records (
+    key BLOB PRIMARY KEY NOT NULL CHECK (length(key) = 32),
+    fingerprint BLOB NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('running', 'released', 'done', 'needs_attention')),
+    token TEXT NOT NULL,
+    fence INTEGER NOT NULL,
+    attempt INTEGER NOT NULL,
+    recovered INTEGER NOT NULL,
+    lease_until INTEGER NOT NULL,
+    expires_at INTEGER NOT NULL,
+    result BLOB
+);
+CREATE TABLE idempotent_schema (name TEXT PRIMARY KEY NOT NULL, version INTEGER NOT NULL);
+INSERT INTO idempotent_schema VALUES ('idempotent_records', 2)";
+
+/// A table of version 2 is upgraded in place (columns added, no copy) when the store opens it:
+/// its records are kept and read back, with no labels and their last acquisition's time (the
+/// fence) as created and updated; new acquisitions carry labels. A version 2 table changed by
+/// hand is refused and left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_2_table_is_upgraded_in_place_keeping_its_records() {
+    let dir = TempDir::new().unwrap();
+    let path = dir.path().join("v2.db");
+    let mut conn = raw(&path).await;
+    sqlx::raw_sql(V2_TABLE).execute(&mut conn).await.unwrap();
+    let far = 9_000_000_000_000_000i64;
+    let fence = 1_700_000_000_000_000i64;
+    let rows = [
+        (1u8, "done", 0, far, Some(&b"old"[..])),
+        (2, "released", 1, far, None),
+        (3, "needs_attention", 0, i64::MAX, None),
+    ];
+    for (k, state, recovered, expires, result) in rows {
+        sqlx::query("INSERT INTO idempotent_records VALUES (?1, ?2, ?3, 'old-token', ?4, 2, ?5, 0, ?6, ?7)")
+            .bind(&key(k).as_bytes()[..])
+            .bind(&FP.as_bytes()[..])
+            .bind(state)
+            .bind(fence)
+            .bind(recovered)
+            .bind(expires)
+            .bind(result)
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+    let store = SqliteStore::open(&path).await.unwrap();
+    let version: i64 = sqlx::query_scalar("SELECT version FROM idempotent_schema").fetch_one(&mut conn).await.unwrap();
+    assert_eq!(version, 3);
+    let columns: Vec<String> = sqlx::query_scalar("SELECT name FROM pragma_table_info('idempotent_records')")
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(columns[10..], ["step", "run_id", "tenant", "created_at", "updated_at"], "added after the old ones");
+
+    let done = store.inspect(&key(1)).await.unwrap().expect("the done record is kept");
+    assert_eq!(
+        (done.state, done.attempt, done.fence, done.result_bytes),
+        (RecordState::Done, 2, fence as u64, Some(3))
+    );
+    assert_eq!((done.step.as_str(), done.run.as_deref(), done.tenant.as_deref()), ("", None, None));
+    let then = std::time::UNIX_EPOCH + Duration::from_micros(fence as u64);
+    assert_eq!((done.created, done.updated), (then, then), "times read as the last acquisition's");
+    assert_eq!(store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap(), Acquire::Replay(Bytes::from_static(b"old")));
+    assert_eq!(store.inspect(&key(2)).await.unwrap().unwrap().state, RecordState::Stuck, "released uncertain");
+    let waiting = store.inspect(&key(3)).await.unwrap().unwrap();
+    assert_eq!((waiting.state, waiting.expires), (RecordState::NeedsAttention, None));
+    let stuck = store.scan(&Filter::all().state(RecordState::Stuck), &Cursor::start(), 10).await.unwrap();
+    assert_eq!(stuck.records.iter().map(|r| r.key).collect::<Vec<_>>(), [key(2)]);
+
+    // The uncertain record is taken over as recovered, now with labels.
+    let labels = Labels::step("refund").run("run-9").tenant(Some("acme"));
+    let Acquire::Acquired(next) = store.acquire_labeled(&key(2), &FP, LEASE, KEEP, labels).await.unwrap() else {
+        panic!()
+    };
+    assert_eq!((next.attempt.number(), next.attempt.recovered()), (3, true));
+    assert!(next.attempt.fence() > fence as u64);
+    let running = store.inspect(&key(2)).await.unwrap().unwrap();
+    assert_eq!(
+        (running.state, running.step.as_str(), running.tenant.as_deref()),
+        (RecordState::Running, "", None),
+        "a record that lives on keeps its labels"
+    );
+    assert!(running.updated > then && running.created == then);
+    let fresh = key(4);
+    store.acquire_labeled(&fresh, &FP, LEASE, KEEP, labels).await.unwrap();
+    let read = store.inspect(&fresh).await.unwrap().unwrap();
+    assert_eq!(
+        (read.step.as_str(), read.run.as_deref(), read.tenant.as_deref()),
+        ("refund", Some("run-9"), Some("acme"))
+    );
+    store.close().await;
+    // Opened again: nothing to upgrade, nothing changed.
+    let store = SqliteStore::open(&path).await.unwrap();
+    assert_eq!(store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap(), Acquire::Replay(Bytes::from_static(b"old")));
+    assert_eq!(count_rows(&path, "idempotent_records").await, 4);
+    store.close().await;
+
+    // Version 2, changed by hand: refused, and not altered.
+    let path = dir.path().join("v2-changed.db");
+    let mut conn = raw(&path).await;
+    sqlx::raw_sql(V2_TABLE).execute(&mut conn).await.unwrap();
+    sqlx::raw_sql("ALTER TABLE idempotent_records DROP COLUMN result").execute(&mut conn).await.unwrap();
+    let err = SqliteStore::open(&path).await.unwrap_err();
+    assert!(matches!(&err, Error::Config(m) if m.contains("version 2") && m.contains("changed by hand")), "{err:?}");
+    let version: i64 = sqlx::query_scalar("SELECT version FROM idempotent_schema").fetch_one(&mut conn).await.unwrap();
+    assert_eq!(version, 2, "the table was upgraded");
 }

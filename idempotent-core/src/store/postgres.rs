@@ -1,6 +1,6 @@
 //! The PostgreSQL store, on sqlx: one table, shared by every process that reaches the database.
 //!
-//! # Schema (version 2)
+//! # Schema (version 3)
 //!
 //! One row per key, in a table named by [`PostgresStoreBuilder::table`] (`idempotent_records`
 //! unless set), in the first schema of the connection's `search_path` (`current_schema()`):
@@ -17,6 +17,10 @@
 //! | `lease_until` | `bigint` | lease deadline, µs since the Unix epoch on the database clock |
 //! | `expires_at` | `bigint` | when the row counts as absent, µs since the Unix epoch; `i64::MAX` (never) while it needs attention; indexed (`<table>_expires_at`) for the purge |
 //! | `result` | `bytea` | the stored outcome, when done |
+//! | `step` | `text` | the acquisition's step ([`Labels`]); `''` when none was given |
+//! | `run_id`, `tenant` | `text` | its run id and tenant, or `NULL`; `(run_id, key)` is indexed (`<table>_run_id`) for scans by run |
+//! | `created_at` | `bigint` | when the row's current life began (its first acquisition since it was absent), µs since the Unix epoch |
+//! | `updated_at` | `bigint` | when it last changed, µs since the Unix epoch |
 //!
 //! and a table `idempotent_schema (name, version)` saying which tables this crate created and
 //! at which version. Times are integers of µs rather than `timestamptz` so that the fence and the
@@ -29,12 +33,17 @@
 //! or of another version or shape, is an [`Error::Config`] saying what to do, and is never
 //! altered.
 //!
-//! A table of version 1 (before `needs_attention`) is upgraded in place by `migrate`, in its
-//! transaction under the advisory lock: its state constraint `<table>_state_check` is replaced
-//! (an `ALTER TABLE`, which waits for the calls under way), and version 1's `recovered` on a
-//! released row (whether that attempt had taken over a lease) is cleared. Upgrade every process
-//! on the table together: one still on version 1 answers an error (fails closed) on a record that
-//! needs attention, and ignores the uncertain mark of a released one.
+//! A table of version 2 (before labels and times) is upgraded in place by `migrate`, in its
+//! transaction under the advisory lock: `ALTER TABLE … ADD COLUMN` for each new column (with
+//! constant defaults, so no rewrite), the rows' `created_at` and `updated_at` set to their fence
+//! (the clock of their last acquisition; one pass over the table), and the index by run built.
+//! The `ALTER TABLE` waits for the calls under way, and they for it. A table of version 1 (before
+//! `needs_attention`) goes through version 2: its state constraint `<table>_state_check` is
+//! replaced, and version 1's `recovered` on a released row (whether that attempt had taken over a
+//! lease) is cleared. Upgrade every process on the table together: one still on version 1 answers
+//! an error (fails closed) on a record that needs attention, and ignores the uncertain mark of a
+//! released one; one on version 2 refuses the table (its column check fails) until it is
+//! upgraded.
 //!
 //! # Statements
 //!
@@ -71,6 +80,23 @@
 //! - resolve: `UPDATE … SET state = $2, result = $3, expires_at = now + $4 WHERE key = $1 AND state =
 //!   'needs_attention'`: of two resolves at once, the second finds the row settled and changes
 //!   nothing ([`Resolved::Unchanged`]).
+//! - inspect: `SELECT … WHERE key = $1 AND expires_at > now`, the state judged in the statement
+//!   (a running row whose lease passed, or one released uncertain, reads as stuck).
+//! - scan: `SELECT … WHERE key > $1 AND expires_at > now AND <filter> ORDER BY key LIMIT $2`, every
+//!   filter in SQL (state, step, run, tenant, `updated_at <= now - idle`); the cursor is the last
+//!   key listed, in hex (anything else is an [`Error::Config`]), and a short page ends the scan.
+//! - release_fenced: `UPDATE … SET state = 'released', recovered = true WHERE key = $1 AND fence =
+//!   $2 AND state = 'running' AND expires_at > now`, live lease or not: the row is left as an
+//!   uncertain abandon leaves it, and the holder's complete, renew and release are refused.
+//! - delete: `UPDATE … SET expires_at = now, result = NULL … WHERE key = $1 AND expires_at > now
+//!   RETURNING <a live lease held it>`, each column kept as it is when a live lease holds the row
+//!   ([`Deleted::Running`]); no row back, the key was absent. The row,
+//!   expired, counts as absent at once and the purge deletes it later; until then it keeps the
+//!   fence, so the next acquisition's fence grows past it even within one tick of the clock.
+//!
+//! The statements of the last four are shared with [`SqliteStore`](super::SqliteStore). Acquire
+//! writes the labels and times in its one statement above (a row that lives on keeps its labels
+//! and `created_at`); every other transition that changes the row sets `updated_at`.
 //!
 //! [`PostgresStore::statements`] counts them: a first execution is 2 (acquire, complete), a replay
 //! 1 (`tests/tests/postgres_store.rs` asserts both, and that replays leave the row version as it
@@ -141,15 +167,21 @@ use sqlx::query::Query;
 use sqlx::{AssertSqlSafe, Connection, Row, SqlSafeStr, SqlStr};
 use tokio::time::Instant;
 
-use super::sql::{AcquireCall, Arg, CommitsWith, Found, NEVER_US, TransactionalStore, micros, resolved_row};
+use super::admin::{Cursor, Deleted, Filter, Page, RecordInfo};
+use super::sql::{
+    AcquireCall, AdminSql, Arg, CommitsWith, Found, NEVER_US, OwnedLabels, ScanArg, TransactionalStore, V3_COLUMNS,
+    deleted, micros, page, read_record, resolved_row, upgrade_v2_sql,
+};
 use super::{BoxFuture, Store};
 use crate::error::{BoxError, Error};
 use crate::key::{Fingerprint, Key};
-use crate::record::{Abandon, Acquire, Resolution, Resolved, Token, Transition};
+use crate::record::{Abandon, Acquire, Labels, Resolution, Resolved, Token, Transition};
 
 /// The schema version this crate writes and reads.
-const SCHEMA_VERSION: i32 = 2;
-/// The version before, which `migrate` upgrades: it had no `needs_attention` state.
+const SCHEMA_VERSION: i32 = 3;
+/// The version before, which `migrate` upgrades: it had no labels and no times.
+const SCHEMA_V2: i32 = 2;
+/// The version before that, which `migrate` upgrades too: it had no `needs_attention` state.
 const SCHEMA_V1: i32 = 1;
 /// The states a row can be in (the table's `CHECK` constraint).
 const STATES: &str = "'running', 'released', 'done', 'needs_attention'";
@@ -159,9 +191,9 @@ const PURGE_BATCH: i64 = 256;
 const PURGE_EVERY: u64 = 64;
 /// The database clock in µs since the Unix epoch, fixed for the statement.
 const NOW_US: &str = "(extract(epoch FROM statement_timestamp()) * 1000000)::bigint";
-/// The columns of the table and their types (as `format_type` spells them), in the order
-/// `migrate` creates them.
-const COLUMNS: [(&str, &str); 10] = [
+/// The columns of a table of schema versions 1 and 2 and their types (as `format_type` spells
+/// them), in the order `migrate` created them; version 3 adds [`V3_COLUMNS`] after them.
+const V2_COLUMNS: [(&str, &str); 10] = [
     ("key", "bytea"),
     ("fingerprint", "bytea"),
     ("state", "text"),
@@ -173,6 +205,18 @@ const COLUMNS: [(&str, &str); 10] = [
     ("expires_at", "bigint"),
     ("result", "bytea"),
 ];
+/// The columns of a table of schema version 3 and their types, in order.
+fn v3_columns() -> Vec<(&'static str, &'static str)> {
+    // The type is the declaration's first word (`text`, `bigint`).
+    let v3 = V3_COLUMNS.map(|(name, decl)| (name, decl.split(' ').next().unwrap_or(decl)));
+    V2_COLUMNS.into_iter().chain(v3).collect()
+}
+
+/// The index of schema version 3 that serves scans by run (`Filter::run`), in key order.
+fn run_index_sql(table: &str) -> String {
+    format!("CREATE INDEX \"{table}_run_id\" ON \"{table}\" (run_id, key)")
+}
+
 /// The advisory lock `migrate` holds for its transaction ("idempote" in ASCII).
 const MIGRATE_LOCK: i64 = 0x6964_656d_706f_7465;
 /// How often acquire runs its statement when the record keeps changing under it.
@@ -181,7 +225,8 @@ const ACQUIRE_TRIES: u32 = 8;
 const ORPHAN_TRIES: u32 = 32;
 /// Connections idle for longer are pinged before use.
 const IDLE_PING: Duration = Duration::from_secs(1);
-/// The longest table name: the index name (`<table>_expires_at`) must fit PostgreSQL's 63 bytes.
+/// The longest table name: the index names (`<table>_expires_at`, `<table>_run_id`) must fit
+/// PostgreSQL's 63 bytes.
 const MAX_TABLE_LEN: usize = 48;
 
 /// A store in one PostgreSQL table, safe for many tasks and for many processes on many hosts.
@@ -239,12 +284,13 @@ struct Statements {
     abandon_attention: SqlStr,
     resolve: SqlStr,
     purge: SqlStr,
+    admin: AdminSql,
 }
 
 impl Statements {
     fn new(table: &str) -> Self {
         let t = format!("\"{table}\"");
-        let cols = COLUMNS.map(|(name, _)| name).join(", ");
+        let cols = v3_columns().into_iter().map(|(name, _)| name).collect::<Vec<_>>().join(", ");
         // Judged on the snapshot's row `r` at the statement's time.
         let free_now = format!(
             "(r.expires_at <= {NOW_US} OR (r.fingerprint = $2 AND (r.state = 'released' OR (r.state = 'running' AND \
@@ -265,14 +311,19 @@ impl Statements {
              FROM {t} r WHERE r.key = $1\n\
              ), taken AS (\n\
              INSERT INTO {t} AS r ({cols})\n\
-             SELECT $1, $2, 'running', $3, {NOW_US}, 1, false, {NOW_US} + $4, {NOW_US} + $5, NULL\n\
+             SELECT $1, $2, 'running', $3, {NOW_US}, 1, false, {NOW_US} + $4, {NOW_US} + $5, NULL, $6, $7, $8, \
+             {NOW_US}, {NOW_US}\n\
              WHERE NOT EXISTS (SELECT FROM cur WHERE NOT cur.free)\n\
              ON CONFLICT (key) DO UPDATE SET\n  \
              fingerprint = excluded.fingerprint, state = 'running', token = excluded.token,\n  \
              fence = greatest(r.fence + 1, {now}),\n  \
              attempt = CASE WHEN {expired} THEN 1 ELSE r.attempt + 1 END,\n  \
              recovered = NOT {expired} AND (r.state = 'running' OR r.recovered),\n  \
-             lease_until = excluded.lease_until, expires_at = excluded.expires_at, result = NULL\n\
+             lease_until = excluded.lease_until, expires_at = excluded.expires_at, result = NULL,\n  \
+             step = CASE WHEN {expired} THEN excluded.step ELSE r.step END,\n  \
+             run_id = CASE WHEN {expired} THEN excluded.run_id ELSE r.run_id END,\n  \
+             tenant = CASE WHEN {expired} THEN excluded.tenant ELSE r.tenant END,\n  \
+             created_at = CASE WHEN {expired} THEN {now} ELSE r.created_at END, updated_at = {now}\n\
              WHERE {free}\n\
              RETURNING r.token, r.fingerprint, r.state, r.fence, r.attempt, r.recovered\n\
              )\n\
@@ -281,31 +332,37 @@ impl Statements {
              SELECT token, fingerprint, state, fence, attempt, recovered, left_us, result FROM cur WHERE NOT free"
         );
         let owned = format!("key = $1 AND token = $2 AND expires_at > {NOW_US}");
+        // A repeat by the same token (its row already in the state it asks for) changes nothing.
+        let touched = format!("updated_at = CASE WHEN state = 'running' THEN {NOW_US} ELSE updated_at END");
         let complete = format!(
             "UPDATE {t} SET result = CASE WHEN state = 'done' THEN result ELSE $3 END,\n\
              expires_at = CASE WHEN state = 'done' THEN expires_at ELSE {NOW_US} + $4 END,\n\
+             updated_at = CASE WHEN state = 'done' THEN updated_at ELSE {NOW_US} END,\n\
              state = 'done'\n\
              WHERE {owned} AND state IN ('running', 'done')"
         );
         let release = format!(
-            "UPDATE {t} SET state = 'released', recovered = false\n\
+            "UPDATE {t} SET state = 'released', recovered = false, {touched}\n\
              WHERE {owned} AND (state = 'running' OR (state = 'released' AND NOT recovered))"
         );
-        let release_orphan = format!("UPDATE {t} SET state = 'released'\nWHERE {owned} AND state = 'running'");
+        let release_orphan =
+            format!("UPDATE {t} SET state = 'released', {touched}\nWHERE {owned} AND state = 'running'");
         let abandon_uncertain = format!(
-            "UPDATE {t} SET state = 'released', recovered = true\n\
+            "UPDATE {t} SET state = 'released', recovered = true, {touched}\n\
              WHERE {owned} AND (state = 'running' OR (state = 'released' AND recovered))"
         );
         let abandon_attention = format!(
-            "UPDATE {t} SET state = 'needs_attention', expires_at = {NEVER_US}\n\
+            "UPDATE {t} SET state = 'needs_attention', expires_at = {NEVER_US}, {touched}\n\
              WHERE {owned} AND state IN ('running', 'needs_attention')"
         );
         let resolve = format!(
-            "UPDATE {t} SET state = $2, result = $3, expires_at = {NOW_US} + $4, recovered = false\n\
+            "UPDATE {t} SET state = $2, result = $3, expires_at = {NOW_US} + $4, recovered = false, updated_at = \
+             {NOW_US}\n\
              WHERE key = $1 AND state = 'needs_attention'"
         );
         let renew = format!(
-            "UPDATE {t} SET lease_until = {NOW_US} + $3, expires_at = greatest(expires_at, {NOW_US} + $3)\n\
+            "UPDATE {t} SET lease_until = {NOW_US} + $3, expires_at = greatest(expires_at, {NOW_US} + $3), \
+             updated_at = {NOW_US}\n\
              WHERE {owned} AND state = 'running'"
         );
         let purge = format!(
@@ -325,6 +382,7 @@ impl Statements {
             abandon_attention: sql(abandon_attention),
             resolve: sql(resolve),
             purge: sql(purge),
+            admin: AdminSql::new(table, NOW_US),
         }
     }
 }
@@ -563,13 +621,23 @@ impl PostgresStore {
                 .fetch_one(&mut *tx)
                 .await
                 .map_err(err)?;
-        let expected: Vec<(String, String)> = COLUMNS.iter().map(|(n, t)| (n.to_string(), t.to_string())).collect();
+        let expected: Vec<(String, String)> = match version {
+            Some(SCHEMA_VERSION) => v3_columns(),
+            _ => V2_COLUMNS.to_vec(),
+        }
+        .into_iter()
+        .map(|(n, t)| (n.to_owned(), t.to_owned()))
+        .collect();
         let shown =
             |cols: &[(String, String)]| cols.iter().map(|(n, t)| format!("{n} {t}")).collect::<Vec<_>>().join(", ");
         match version {
             Some(SCHEMA_VERSION) if columns == expected => {}
-            Some(SCHEMA_V1) if columns == expected => self.upgrade_v1(&mut tx, op).await?,
-            Some(v @ (SCHEMA_VERSION | SCHEMA_V1)) => {
+            Some(SCHEMA_V2) if columns == expected => self.upgrade_v2(&mut tx, op).await?,
+            Some(SCHEMA_V1) if columns == expected => {
+                self.upgrade_v1(&mut tx, op).await?;
+                self.upgrade_v2(&mut tx, op).await?;
+            }
+            Some(v @ (SCHEMA_VERSION | SCHEMA_V2 | SCHEMA_V1)) => {
                 return Err(Error::Config(format!(
                     "{db}: table `{table}` is marked as idempotent schema version {v} but has the \
                      columns ({}) instead of ({}); it was changed by hand. Restore it, or drop it and its row in \
@@ -581,7 +649,7 @@ impl PostgresStore {
             Some(v) => {
                 return Err(Error::Config(format!(
                     "{db}: table `{table}` has idempotent schema version {v}, and this version of idempotent-core \
-                     reads versions {SCHEMA_V1} (upgraded in place) and {SCHEMA_VERSION} only; use the \
+                     reads versions {SCHEMA_V1} and {SCHEMA_V2} (upgraded in place) and {SCHEMA_VERSION} only; use the \
                      idempotent-core that wrote it, or choose another table with PostgresStoreBuilder::table"
                 )));
             }
@@ -593,6 +661,7 @@ impl PostgresStore {
                 )));
             }
             None => {
+                let v3: String = V3_COLUMNS.iter().map(|(name, decl)| format!(",\n{name} {decl}")).collect();
                 let create = format!(
                     "CREATE TABLE \"{table}\" (\n\
                      key bytea PRIMARY KEY NOT NULL CHECK (length(key) = 32),\n\
@@ -604,9 +673,11 @@ impl PostgresStore {
                      recovered boolean NOT NULL,\n\
                      lease_until bigint NOT NULL,\n\
                      expires_at bigint NOT NULL,\n\
-                     result bytea\n\
+                     result bytea{v3}\n\
                      );\n\
-                     CREATE INDEX \"{table}_expires_at\" ON \"{table}\" (expires_at)"
+                     CREATE INDEX \"{table}_expires_at\" ON \"{table}\" (expires_at);\n\
+                     {run_index}",
+                    run_index = run_index_sql(table),
                 );
                 sqlx::raw_sql(AssertSqlSafe(create)).execute(&mut *tx).await.map_err(err)?;
                 sqlx::query("INSERT INTO idempotent_schema (name, version) VALUES ($1, $2)")
@@ -643,12 +714,25 @@ impl PostgresStore {
             )),
             e => self.error(op, e),
         })?;
+        tracing::info!(store = %db, table, "idempotent.postgres: upgraded the table from schema version {SCHEMA_V1} to {SCHEMA_V2}");
+        Ok(())
+    }
+
+    /// Upgrades the table from schema version 2, inside `migrate`'s transaction: `ALTER TABLE …
+    /// ADD COLUMN` for each of [`V3_COLUMNS`] (defaults that need no rewrite of the table), the
+    /// rows' times from their fences ([`upgrade_v2_sql`]: one pass over the table), and the index
+    /// by run.
+    async fn upgrade_v2(&self, tx: &mut sqlx::Transaction<'static, Postgres>, op: &'static str) -> Result<(), Error> {
+        let table = self.inner.table.as_str();
+        let upgrade = format!("{};\n{}", upgrade_v2_sql(table), run_index_sql(table));
+        sqlx::raw_sql(AssertSqlSafe(upgrade)).execute(&mut **tx).await.map_err(|e| self.error(op, e))?;
         sqlx::query("UPDATE idempotent_schema SET version = $2 WHERE name = $1")
             .bind(table)
             .bind(SCHEMA_VERSION)
             .execute(&mut **tx)
             .await
             .map_err(|e| self.error(op, e))?;
+        let db = &self.inner.describe;
         tracing::info!(store = %db, table, "idempotent.postgres: upgraded the table to schema version {SCHEMA_VERSION}");
         Ok(())
     }
@@ -761,6 +845,7 @@ impl PostgresStore {
         token: &Token,
         lease: Duration,
         retention: Duration,
+        labels: &OwnedLabels,
     ) -> Result<Acquire, Failed> {
         let inner = &self.inner;
         for _ in 0..ACQUIRE_TRIES {
@@ -769,7 +854,10 @@ impl PostgresStore {
                 .bind(&fp.as_bytes()[..])
                 .bind(token.as_str())
                 .bind(micros(lease))
-                .bind(micros(lease.max(retention)));
+                .bind(micros(lease.max(retention)))
+                .bind(labels.step.clone())
+                .bind(labels.run.clone())
+                .bind(labels.tenant.clone());
             let rows = match self.fetch("acquire", q).await {
                 Ok(rows) => rows,
                 // Nothing was committed: run it again on a fresh snapshot.
@@ -914,16 +1002,16 @@ impl Store for PostgresStore {
         fingerprint: &'a Fingerprint,
         lease: Duration,
         retention: Duration,
-        labels: crate::record::Labels<'a>,
+        labels: Labels<'a>,
     ) -> BoxFuture<'a, Result<Acquire, Error>> {
-        let _ = labels; // TODO(admin): write the labels into the record
         let store = self.clone();
         let (key, fingerprint) = (*key, *fingerprint);
+        let labels = OwnedLabels::from(labels);
         let abandoned = Arc::new(AtomicBool::new(false));
         let flag = abandoned.clone();
         let work = async move {
             let token = Token::unique();
-            match store.take(&key, &fingerprint, &token, lease, retention).await {
+            match store.take(&key, &fingerprint, &token, lease, retention, &labels).await {
                 Ok(answer) => {
                     if let Acquire::Acquired(grant) = &answer {
                         if flag.load(Ordering::Acquire) {
@@ -1006,25 +1094,54 @@ impl Store for PostgresStore {
         self.inner.describe.clone()
     }
 
-    fn inspect<'a>(&'a self, _key: &'a Key) -> BoxFuture<'a, Result<Option<crate::store::RecordInfo>, Error>> {
-        Box::pin(async { Err(Error::Config("TODO(admin): inspect".into())) })
+    fn inspect<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<RecordInfo>, Error>> {
+        Box::pin(async move {
+            let q = sqlx::query(self.inner.sql.admin.inspect.clone()).bind(key.as_bytes().to_vec());
+            let rows = self.fetch("inspect", q).await.map_err(|f| f.error)?;
+            rows.first().map(read_record).transpose()
+        })
     }
 
-    fn scan<'a>(
-        &'a self,
-        _filter: &'a crate::store::Filter,
-        _cursor: &'a crate::store::Cursor,
-        _limit: usize,
-    ) -> BoxFuture<'a, Result<crate::store::Page, Error>> {
-        Box::pin(async { Err(Error::Config("TODO(admin): scan".into())) })
+    fn scan<'a>(&'a self, filter: &'a Filter, cursor: &'a Cursor, limit: usize) -> BoxFuture<'a, Result<Page, Error>> {
+        Box::pin(async move {
+            let (sql, args) = self.inner.sql.admin.scan(&self.inner.describe, filter, cursor, limit)?;
+            let mut q = sqlx::query(sql);
+            for arg in args {
+                q = match arg {
+                    ScanArg::Bytes(b) => q.bind(b),
+                    ScanArg::Text(t) => q.bind(t),
+                    ScanArg::Int(n) => q.bind(n),
+                };
+            }
+            let rows = self.fetch("scan", q).await.map_err(|f| f.error)?;
+            let records = rows.iter().map(read_record).collect::<Result<Vec<_>, _>>()?;
+            Ok(page(records, limit))
+        })
     }
 
-    fn release_fenced<'a>(&'a self, _key: &'a Key, _fence: u64) -> BoxFuture<'a, Result<Resolved, Error>> {
-        Box::pin(async { Err(Error::Config("TODO(admin): release_fenced".into())) })
+    fn release_fenced<'a>(&'a self, key: &'a Key, fence: u64) -> BoxFuture<'a, Result<Resolved, Error>> {
+        Box::pin(async move {
+            // A fence beyond a bigint is no row's.
+            let Ok(fence) = i64::try_from(fence) else { return Ok(Resolved::Unchanged) };
+            let q = sqlx::query(self.inner.sql.admin.release_fenced.clone()).bind(key.as_bytes().to_vec()).bind(fence);
+            let n = self.execute("release_fenced", q).await.map_err(|f| f.error)?;
+            Ok(if n == 1 { Resolved::Ok } else { Resolved::Unchanged })
+        })
     }
 
-    fn delete<'a>(&'a self, _key: &'a Key) -> BoxFuture<'a, Result<crate::store::Deleted, Error>> {
-        Box::pin(async { Err(Error::Config("TODO(admin): delete".into())) })
+    fn delete<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Deleted, Error>> {
+        Box::pin(async move {
+            let q = sqlx::query(self.inner.sql.admin.delete.clone()).bind(key.as_bytes().to_vec());
+            let rows = self.fetch("delete", q).await.map_err(|f| f.error)?;
+            let kept = match rows.first() {
+                Some(row) => Some(row.try_get::<bool, _>(0).map_err(|e| Error::Corrupt {
+                    key: key.short(),
+                    detail: format!("delete answered a column of the wrong type: {e}"),
+                })?),
+                None => None,
+            };
+            Ok(deleted(kept))
+        })
     }
 }
 

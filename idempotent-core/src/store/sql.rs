@@ -1,6 +1,8 @@
 //! What the SQL stores share: writing a step's outcome inside a transaction that also holds the
 //! step's own writes, so that both commit together or not at all; and, inside the crate, how an
-//! acquire's row is judged and how a dropped acquire finishes.
+//! acquire's row is judged, how a dropped acquire finishes, the columns schema version 3 added,
+//! and the statements of the record-admin calls (`inspect`, `scan`, `release_fenced`, `delete`),
+//! whose text the two dialects share.
 //!
 //! [`SqliteStore`](super::SqliteStore) and [`PostgresStore`](super::PostgresStore) implement
 //! [`TransactionalStore`]; `Step::run_in_transaction` drives it.
@@ -10,16 +12,18 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
+use sqlx::SqlSafeStr;
 
+use super::admin::{Cursor, Deleted, Filter, MAX_PAGE, Page, RecordInfo, RecordState};
 use super::{BoxFuture, SharedStore, Store};
 use crate::attempt::Attempt;
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
 use crate::lease::FinishOnDrop;
-use crate::record::{Acquire, Grant, KEEP_RESOLVED_RELEASE, Resolution, Token, Transition};
+use crate::record::{Acquire, Grant, KEEP_RESOLVED_RELEASE, Labels, Resolution, Token, Transition};
 
 /// A store whose records live in a SQL database, so that a step's completion can be written in
 /// the transaction that holds the step's business writes.
@@ -198,4 +202,278 @@ pub(crate) fn wrong_store<DB: CommitsWith>(store: &SharedStore, what: &str) -> E
 fn short_type_name<T: ?Sized>() -> &'static str {
     let name = std::any::type_name::<T>();
     name.rsplit("::").next().unwrap_or(name)
+}
+
+/// The columns schema version 3 added, after `result`, with their declarations (the same text in
+/// both dialects: SQLite reads `bigint` as an integer). A table of version 2 gets them by
+/// `ALTER TABLE … ADD COLUMN`, a new table at its end, so both have the same shape.
+pub(crate) const V3_COLUMNS: [(&str, &str); 5] = [
+    // The acquisition's labels (`Labels`): the step ('' when none was given), the run, the tenant.
+    ("step", "text NOT NULL DEFAULT ''"),
+    ("run_id", "text"),
+    ("tenant", "text"),
+    // When the row's current life began, and when it last changed: µs on the database clock.
+    ("created_at", "bigint NOT NULL DEFAULT 0"),
+    ("updated_at", "bigint NOT NULL DEFAULT 0"),
+];
+
+/// The statements that upgrade `table` from schema version 2 to 3: the new columns, and the
+/// times of the rows already there, read as their last acquisition's (its fence is the
+/// database clock of that acquisition, or just above it).
+pub(crate) fn upgrade_v2_sql(table: &str) -> String {
+    let mut sql = String::new();
+    for (name, decl) in V3_COLUMNS {
+        sql.push_str(&format!("ALTER TABLE \"{table}\" ADD COLUMN {name} {decl};\n"));
+    }
+    sql.push_str(&format!("UPDATE \"{table}\" SET created_at = fence, updated_at = fence"));
+    sql
+}
+
+/// A row's [`RecordState`] as SQL (`running`, `stuck`, `released`, `needs_attention` or
+/// `done`), judged at `now`: a running row whose lease passed, or a row released uncertain
+/// (`recovered` set), is stuck.
+fn shown_state(now: &str) -> String {
+    format!(
+        "(CASE WHEN state = 'running' AND lease_until > {now} THEN 'running' WHEN state = 'running' OR (state = \
+         'released' AND recovered) THEN 'stuck' ELSE state END)"
+    )
+}
+
+/// The statements of the record-admin calls, for a table and a dialect's clock.
+pub(crate) struct AdminSql {
+    /// The clock expression, µs since the Unix epoch.
+    now: &'static str,
+    /// `SELECT <info columns> FROM <table>`, without a `WHERE`.
+    select: String,
+    /// `inspect`: the row of key `$1`, unless expired.
+    pub(crate) inspect: sqlx::SqlStr,
+    /// `release_fenced`: key `$1`, fence `$2`.
+    pub(crate) release_fenced: sqlx::SqlStr,
+    /// `delete`: key `$1`; returns one row (whether a live lease kept it) unless it was absent.
+    pub(crate) delete: sqlx::SqlStr,
+}
+
+/// An argument of a scan statement, in the order of its placeholders.
+pub(crate) enum ScanArg {
+    /// A key's bytes.
+    Bytes(Vec<u8>),
+    /// A text (a state, a step, a run, a tenant).
+    Text(String),
+    /// An integer (the limit, an idle time in µs).
+    Int(i64),
+}
+
+impl AdminSql {
+    /// The statements on `table` (a validated identifier), with `now` as the dialect's clock
+    /// (fixed for the statement in both).
+    pub(crate) fn new(table: &str, now: &'static str) -> Self {
+        let t = format!("\"{table}\"");
+        let select = format!(
+            "SELECT key, fingerprint, {state}, step, run_id, tenant, attempt, fence, created_at, updated_at, CASE WHEN \
+             state = 'running' THEN lease_until END, CASE WHEN state <> 'needs_attention' THEN expires_at END, CASE \
+             WHEN state = 'done' THEN CAST(length(result) AS bigint) END\nFROM {t}",
+            state = shown_state(now),
+        );
+        let inspect = format!("{select}\nWHERE key = $1 AND expires_at > {now}");
+        // The holder's token is kept, so its repeated abandon (uncertain) is acknowledged as
+        // before; its complete, renew and release find no running row and are refused.
+        let release_fenced = format!(
+            "UPDATE {t} SET state = 'released', recovered = true, updated_at = {now}\n\
+             WHERE key = $1 AND fence = $2 AND state = 'running' AND expires_at > {now}"
+        );
+        // Deleting marks the row expired: it counts as absent at once (as any expired row), and
+        // the purge removes it later; until then it keeps the fence, so the next acquisition's
+        // fence grows past it even within one tick of the clock. A live lease keeps the row as
+        // it is (every column set to its own value).
+        let live = format!("(state = 'running' AND lease_until > {now})");
+        let delete = format!(
+            "UPDATE {t} SET expires_at = CASE WHEN {live} THEN expires_at ELSE {now} END,\n\
+             result = CASE WHEN {live} THEN result ELSE NULL END,\n\
+             updated_at = CASE WHEN {live} THEN updated_at ELSE {now} END\n\
+             WHERE key = $1 AND expires_at > {now}\n\
+             RETURNING {live}"
+        );
+        let sql = |s: String| sqlx::AssertSqlSafe(Arc::<str>::from(s)).into_sql_str();
+        AdminSql { now, inspect: sql(inspect), release_fenced: sql(release_fenced), delete: sql(delete), select }
+    }
+
+    /// The scan statement for `filter` from `cursor`, and its arguments: `WHERE key > <cursor>
+    /// AND <filter> ORDER BY key LIMIT <limit>`, on the primary key. The cursor is the last key
+    /// listed, in hex; anything else is an [`Error::Config`].
+    pub(crate) fn scan(
+        &self,
+        describe: &str,
+        filter: &Filter,
+        cursor: &Cursor,
+        limit: usize,
+    ) -> Result<(sqlx::SqlStr, Vec<ScanArg>), Error> {
+        let after = if cursor.is_start() {
+            Vec::new()
+        } else {
+            let key = Key::from_hex(cursor.as_str()).ok_or_else(|| {
+                Error::Config(format!(
+                    "{describe}: `{}` is not a cursor of this store's scan (the last key listed, 64 hex digits); \
+                     start the scan again from Cursor::start",
+                    cursor.as_str()
+                ))
+            })?;
+            key.as_bytes().to_vec()
+        };
+        let now = self.now;
+        let limit = i64::try_from(limit.clamp(1, MAX_PAGE)).unwrap_or(1);
+        let mut args = vec![ScanArg::Bytes(after), ScanArg::Int(limit)];
+        let mut conds = vec![format!("key > $1 AND expires_at > {now}")];
+        let mut cond = |sql: &str, arg: ScanArg| {
+            args.push(arg);
+            conds.push(sql.replace('?', &format!("${}", args.len())));
+        };
+        if let Some(state) = filter.state {
+            cond(&format!("{} = ?", shown_state(now)), ScanArg::Text(state.as_str().to_owned()));
+        }
+        if let Some(step) = &filter.step {
+            cond("step = ?", ScanArg::Text(step.clone()));
+        }
+        if let Some(run) = &filter.run {
+            cond("run_id = ?", ScanArg::Text(run.clone()));
+        }
+        if let Some(tenant) = &filter.tenant {
+            cond("tenant = ?", ScanArg::Text(tenant.clone()));
+        }
+        if let Some(idle) = filter.idle_for {
+            cond(&format!("updated_at <= {now} - ?"), ScanArg::Int(micros(idle)));
+        }
+        let sql = format!("{}\nWHERE {}\nORDER BY key LIMIT $2", self.select, conds.join(" AND "));
+        Ok((sqlx::AssertSqlSafe(sql).into_sql_str(), args))
+    }
+}
+
+/// A record as the admin statements return it, read out of the driver's row type (the columns
+/// of [`AdminSql`]'s select, in order).
+struct Info {
+    key: Vec<u8>,
+    fingerprint: Vec<u8>,
+    state: String,
+    step: String,
+    run: Option<String>,
+    tenant: Option<String>,
+    attempt: i64,
+    fence: i64,
+    created_us: i64,
+    updated_us: i64,
+    lease_until_us: Option<i64>,
+    expires_us: Option<i64>,
+    result_bytes: Option<i64>,
+}
+
+/// Reads a row of an admin select into a [`RecordInfo`], or answers [`Error::Corrupt`].
+pub(crate) fn read_record<R: sqlx::Row>(row: &R) -> Result<RecordInfo, Error>
+where
+    usize: sqlx::ColumnIndex<R>,
+    for<'r> Vec<u8>: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let read = || -> Result<Info, sqlx::Error> {
+        Ok(Info {
+            key: row.try_get(0)?,
+            fingerprint: row.try_get(1)?,
+            state: row.try_get(2)?,
+            step: row.try_get(3)?,
+            run: row.try_get(4)?,
+            tenant: row.try_get(5)?,
+            attempt: row.try_get(6)?,
+            fence: row.try_get(7)?,
+            created_us: row.try_get(8)?,
+            updated_us: row.try_get(9)?,
+            lease_until_us: row.try_get(10)?,
+            expires_us: row.try_get(11)?,
+            result_bytes: row.try_get(12)?,
+        })
+    };
+    let info = read().map_err(|e| {
+        let key = row.try_get::<Vec<u8>, _>(0).ok().and_then(|k| <[u8; 32]>::try_from(k).ok());
+        Error::Corrupt {
+            key: key.map_or_else(|| "?".to_owned(), |k| Key::from_bytes(k).short()),
+            detail: format!("a column has the wrong type: {e}"),
+        }
+    })?;
+    info.into_info()
+}
+
+/// The page of a scan that asked for `limit` records and got `records`: a full page goes on
+/// after its last key, a shorter one is the end.
+pub(crate) fn page(records: Vec<RecordInfo>, limit: usize) -> Page {
+    let next =
+        (records.len() >= limit.clamp(1, MAX_PAGE)).then(|| records.last().map(|r| Cursor::from_text(r.key.to_hex())));
+    Page::new(records, next.flatten())
+}
+
+/// The answer of `delete` from what its statement returned: no row, the key was absent; else
+/// whether a live lease kept the row.
+pub(crate) fn deleted(kept: Option<bool>) -> Deleted {
+    match kept {
+        None => Deleted::Absent,
+        Some(true) => Deleted::Running,
+        Some(false) => Deleted::Ok,
+    }
+}
+
+/// An acquisition's [`Labels`], owned: an acquire's work may go on after its caller dropped it.
+pub(crate) struct OwnedLabels {
+    pub(crate) step: String,
+    pub(crate) run: Option<String>,
+    pub(crate) tenant: Option<String>,
+}
+
+impl From<Labels<'_>> for OwnedLabels {
+    fn from(labels: Labels<'_>) -> Self {
+        OwnedLabels {
+            step: labels.step.to_owned(),
+            run: labels.run.map(str::to_owned),
+            tenant: labels.tenant.map(str::to_owned),
+        }
+    }
+}
+
+impl Info {
+    /// The [`RecordInfo`] the row describes, or [`Error::Corrupt`] for values no store writes.
+    fn into_info(self) -> Result<RecordInfo, Error> {
+        let bytes32 = |v: &[u8]| <[u8; 32]>::try_from(v).ok();
+        let key = bytes32(&self.key).map(Key::from_bytes).ok_or_else(|| Error::Corrupt {
+            key: "?".to_owned(),
+            detail: format!("a key of {} bytes", self.key.len()),
+        })?;
+        let corrupt = |detail: String| Error::Corrupt { key: key.short(), detail };
+        let fingerprint = bytes32(&self.fingerprint)
+            .map(Fingerprint::from_bytes)
+            .ok_or_else(|| corrupt(format!("a fingerprint of {} bytes", self.fingerprint.len())))?;
+        let state = self.state.parse::<RecordState>().map_err(corrupt)?;
+        let attempt =
+            u32::try_from(self.attempt).map_err(|_| corrupt(format!("attempt {} out of range", self.attempt)))?;
+        let fence = u64::try_from(self.fence).map_err(|_| corrupt(format!("negative fence {}", self.fence)))?;
+        let result_bytes = self
+            .result_bytes
+            .map(|n| usize::try_from(n).map_err(|_| corrupt(format!("a result of {n} bytes"))))
+            .transpose()?;
+        Ok(RecordInfo {
+            key,
+            fingerprint,
+            state,
+            step: self.step,
+            run: self.run,
+            tenant: self.tenant,
+            attempt,
+            fence,
+            created: wall(self.created_us),
+            updated: wall(self.updated_us),
+            lease_until: self.lease_until_us.map(wall),
+            expires: self.expires_us.map(wall),
+            result_bytes,
+        })
+    }
+}
+
+/// µs since the Unix epoch as a wall-clock time (before the epoch reads as the epoch).
+fn wall(us: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_micros(us.max(0).unsigned_abs())
 }

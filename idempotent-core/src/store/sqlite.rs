@@ -1,7 +1,7 @@
 //! The SQLite store, on sqlx: one file, shared by the tasks of a process and by the processes of
 //! one host.
 //!
-//! # Schema (version 2)
+//! # Schema (version 3)
 //!
 //! One row per key, in a table named by [`SqliteStoreBuilder::table`] (`idempotent_records`
 //! unless set):
@@ -18,17 +18,30 @@
 //! | `lease_until` | `INTEGER` | lease deadline, µs since the Unix epoch |
 //! | `expires_at` | `INTEGER` | when the row counts as absent, µs since the Unix epoch; `i64::MAX` (never) while it needs attention |
 //! | `result` | `BLOB` | the stored outcome, when done |
+//! | `step` | `TEXT` | the acquisition's step ([`Labels`]); `''` when none was given |
+//! | `run_id`, `tenant` | `TEXT` | its run id and tenant, or `NULL` |
+//! | `created_at` | `INTEGER` | when the row's current life began (its first acquisition since it was absent), µs since the Unix epoch |
+//! | `updated_at` | `INTEGER` | when it last changed, µs since the Unix epoch |
 //!
 //! and a table `idempotent_schema (name, version)` saying which tables this crate created and
 //! at which version.
 //!
-//! A table of version 1 (before `needs_attention`) is upgraded in place by `migrate`, in its
-//! immediate transaction: SQLite cannot change a `CHECK` constraint, so the rows are copied into
-//! a new table of version 2, which takes the old one's name (a one-time cost of one pass over the
-//! table). Version 1's `recovered` on a released row said whether that attempt had taken over a
-//! lease, so it is cleared. Upgrade every process on the file together: one still on version 1
-//! answers an error (fails closed) on a record that needs attention, and ignores the uncertain
-//! mark of a released one.
+//! A table of version 2 (before labels and times) is upgraded in place by `migrate`, in its
+//! immediate transaction: `ALTER TABLE … ADD COLUMN` for each new column (no copy), and the rows'
+//! `created_at` and `updated_at` set to their fence (the clock of their last acquisition). A
+//! table of version 1 (before `needs_attention`) is upgraded to version 3 at once: SQLite cannot
+//! change a `CHECK` constraint, so the rows are copied into a new table, which takes the old
+//! one's name (a one-time cost of one pass over the table). Version 1's `recovered` on a released
+//! row said whether that attempt had taken over a lease, so it is cleared. Upgrade every process
+//! on the file together: one still on version 1 answers an error (fails closed) on a record that
+//! needs attention, and ignores the uncertain mark of a released one; one on version 2 refuses
+//! the table (its column check fails) until it is upgraded.
+//!
+//! There is no index besides the primary key: the acquire statement sets every column (to its
+//! own value when nothing changes), and SQLite rewrites the entries of every index on a column
+//! it sets, so an index on `expires_at` (for the purge) or on `run_id` (for scans by run) would
+//! make every replay write to the WAL and sync. The purge sweeps by `rowid` instead, and a scan
+//! by run filters in key order.
 //!
 //! # Statements
 //!
@@ -53,6 +66,10 @@
 //! - resolve: `UPDATE … SET state = ?2, result = ?3, expires_at = now + ?4 WHERE key = ?1 AND state =
 //!   'needs_attention'`: of two resolves at once, the second finds the row settled and changes
 //!   nothing ([`Resolved::Unchanged`]).
+//! - inspect, scan, release_fenced, delete: the statements `PostgresStore` runs too (their text is
+//!   shared): see [`Store::scan`] and the module docs of `PostgresStore`. Acquire writes the
+//!   labels and times in its one statement above (a row that lives on keeps its labels and
+//!   `created_at`); every other transition that changes the row sets `updated_at`.
 //!
 //! [`SqliteStore::statements`] counts them: a first execution is 2 (acquire, complete), a replay
 //! 1 (`tests/tests/sqlite_store.rs` asserts both, and that replays leave the WAL as it was).
@@ -109,15 +126,21 @@ use sqlx::sqlite::{
 };
 use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr};
 
-use super::sql::{AcquireCall, Arg, CommitsWith, Found, NEVER_US, TransactionalStore, micros, resolved_row};
+use super::admin::{Cursor, Deleted, Filter, Page, RecordInfo};
+use super::sql::{
+    AcquireCall, AdminSql, Arg, CommitsWith, Found, NEVER_US, OwnedLabels, ScanArg, TransactionalStore, V3_COLUMNS,
+    deleted, micros, page, read_record, resolved_row, upgrade_v2_sql,
+};
 use super::{BoxFuture, Store};
 use crate::error::{BoxError, Error};
 use crate::key::{Fingerprint, Key};
-use crate::record::{Abandon, Acquire, Resolution, Resolved, Token, Transition};
+use crate::record::{Abandon, Acquire, Labels, Resolution, Resolved, Token, Transition};
 
 /// The schema version this crate writes and reads.
-const SCHEMA_VERSION: i64 = 2;
-/// The version before, which `migrate` upgrades: it had no `needs_attention` state.
+const SCHEMA_VERSION: i64 = 3;
+/// The version before, which `migrate` upgrades: it had no labels and no times.
+const SCHEMA_V2: i64 = 2;
+/// The version before that, which `migrate` upgrades too: it had no `needs_attention` state.
 const SCHEMA_V1: i64 = 1;
 /// Rows examined per purge batch.
 const PURGE_BATCH: i64 = 256;
@@ -125,9 +148,15 @@ const PURGE_BATCH: i64 = 256;
 const PURGE_EVERY: u64 = 64;
 /// The database clock in µs since the Unix epoch, read inside a statement.
 const NOW_US: &str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
-/// The columns of the table, in the order `migrate` creates them.
-const COLUMNS: [&str; 10] =
+/// The columns of a table of schema versions 1 and 2, in the order `migrate` created them;
+/// version 3 adds [`V3_COLUMNS`] after them.
+const V2_COLUMNS: [&str; 10] =
     ["key", "fingerprint", "state", "token", "fence", "attempt", "recovered", "lease_until", "expires_at", "result"];
+
+/// The columns of a table of schema version 3, in order.
+fn v3_columns() -> Vec<&'static str> {
+    V2_COLUMNS.into_iter().chain(V3_COLUMNS.map(|(name, _)| name)).collect()
+}
 
 /// A store in one SQLite file, safe for many tasks and for several processes on one host.
 ///
@@ -177,6 +206,7 @@ struct Statements {
     resolve: SqlStr,
     purge_range: SqlStr,
     purge_delete: SqlStr,
+    admin: AdminSql,
 }
 
 impl Statements {
@@ -205,41 +235,51 @@ impl Statements {
             pick("lease_until", "excluded.lease_until"),
             pick("expires_at", "excluded.expires_at"),
             pick("result", "NULL"),
+            // A row that lives on keeps its labels and creation time; an expired one starts anew.
+            pick("step", &format!("CASE WHEN {expired} THEN excluded.step ELSE r.step END")),
+            pick("run_id", &format!("CASE WHEN {expired} THEN excluded.run_id ELSE r.run_id END")),
+            pick("tenant", &format!("CASE WHEN {expired} THEN excluded.tenant ELSE r.tenant END")),
+            pick("created_at", &format!("CASE WHEN {expired} THEN {now} ELSE r.created_at END")),
+            pick("updated_at", now),
         ]
         .join(",\n  ");
         let acquire = format!(
             "INSERT INTO {t} AS r ({cols})\n\
-             SELECT ?1, ?2, 'running', ?3, now, 1, 0, now + ?4, now + ?5, NULL FROM (SELECT {NOW_US} AS now)\n\
+             SELECT ?1, ?2, 'running', ?3, now, 1, 0, now + ?4, now + ?5, NULL, ?6, ?7, ?8, now, now\n\
+             FROM (SELECT {NOW_US} AS now)\n\
              WHERE true\n\
              ON CONFLICT(key) DO UPDATE SET\n  {set}\n\
              RETURNING token, fingerprint, state, fence, attempt, recovered, lease_until - {NOW_US}, result",
-            cols = COLUMNS.join(", "),
+            cols = v3_columns().join(", "),
         );
         let owned = format!("key = ?1 AND token = ?2 AND expires_at > {NOW_US}");
+        // A repeat by the same token (its row already in the state it asks for) changes nothing.
+        let touched = format!("updated_at = CASE WHEN state = 'running' THEN {NOW_US} ELSE updated_at END");
         let complete = format!(
             "UPDATE {t} SET result = CASE WHEN state = 'done' THEN result ELSE ?3 END,\n\
              expires_at = CASE WHEN state = 'done' THEN expires_at ELSE {NOW_US} + ?4 END,\n\
+             updated_at = CASE WHEN state = 'done' THEN updated_at ELSE {NOW_US} END,\n\
              state = 'done'\n\
              WHERE {owned} AND state IN ('running', 'done')"
         );
         let release = format!(
-            "UPDATE {t} SET state = 'released', recovered = 0\n\
+            "UPDATE {t} SET state = 'released', recovered = 0, {touched}\n\
              WHERE {owned} AND (state = 'running' OR (state = 'released' AND recovered = 0))"
         );
         let abandon_uncertain = format!(
-            "UPDATE {t} SET state = 'released', recovered = 1\n\
+            "UPDATE {t} SET state = 'released', recovered = 1, {touched}\n\
              WHERE {owned} AND (state = 'running' OR (state = 'released' AND recovered = 1))"
         );
         let abandon_attention = format!(
-            "UPDATE {t} SET state = 'needs_attention', expires_at = {NEVER_US}\n\
+            "UPDATE {t} SET state = 'needs_attention', expires_at = {NEVER_US}, {touched}\n\
              WHERE {owned} AND state IN ('running', 'needs_attention')"
         );
         let resolve = format!(
-            "UPDATE {t} SET state = ?2, result = ?3, expires_at = {NOW_US} + ?4, recovered = 0\n\
+            "UPDATE {t} SET state = ?2, result = ?3, expires_at = {NOW_US} + ?4, recovered = 0, updated_at = {NOW_US}\n\
              WHERE key = ?1 AND state = 'needs_attention'"
         );
         let renew = format!(
-            "UPDATE {t} SET lease_until = {NOW_US} + ?3, expires_at = max(expires_at, {NOW_US} + ?3)\n\
+            "UPDATE {t} SET lease_until = {NOW_US} + ?3, expires_at = max(expires_at, {NOW_US} + ?3), updated_at = {NOW_US}\n\
              WHERE {owned} AND state = 'running'"
         );
         let purge_range = format!(
@@ -257,6 +297,7 @@ impl Statements {
             resolve: sql(resolve),
             purge_range: sql(purge_range),
             purge_delete: sql(purge_delete),
+            admin: AdminSql::new(table, NOW_US),
         }
     }
 }
@@ -322,8 +363,10 @@ impl SqliteStoreBuilder {
     }
 }
 
-/// The `CREATE TABLE` statement of schema version 2 for a table named `table`.
+/// The `CREATE TABLE` statement of schema version 3 for a table named `table`: the columns of
+/// version 2, then [`V3_COLUMNS`], in the order an upgrade from version 2 leaves them.
 fn create_table(table: &str) -> String {
+    let v3: String = V3_COLUMNS.iter().map(|(name, decl)| format!(",\n{name} {decl}")).collect();
     format!(
         "CREATE TABLE \"{table}\" (\n\
          key BLOB PRIMARY KEY NOT NULL CHECK (length(key) = 32),\n\
@@ -335,7 +378,7 @@ fn create_table(table: &str) -> String {
          recovered INTEGER NOT NULL,\n\
          lease_until INTEGER NOT NULL,\n\
          expires_at INTEGER NOT NULL,\n\
-         result BLOB\n\
+         result BLOB{v3}\n\
          )"
     )
 }
@@ -494,18 +537,23 @@ impl SqliteStore {
             .await
             .map_err(err)?;
         let path = &self.inner.describe;
+        let expected: Vec<&str> = match version {
+            Some(SCHEMA_VERSION) => v3_columns(),
+            _ => V2_COLUMNS.to_vec(),
+        };
         match version {
-            Some(SCHEMA_VERSION) if columns == COLUMNS => Ok(()),
-            Some(SCHEMA_V1) if columns == COLUMNS => self.upgrade_v1(conn, table).await,
-            Some(v @ (SCHEMA_VERSION | SCHEMA_V1)) => Err(Error::Config(format!(
+            Some(SCHEMA_VERSION) if columns == expected => Ok(()),
+            Some(SCHEMA_V2) if columns == expected => self.upgrade_v2(conn, table).await,
+            Some(SCHEMA_V1) if columns == expected => self.upgrade_v1(conn, table).await,
+            Some(v @ (SCHEMA_VERSION | SCHEMA_V2 | SCHEMA_V1)) => Err(Error::Config(format!(
                 "{path}: table `{table}` is marked as idempotent schema version {v} but has the columns \
-                 {columns:?} instead of {COLUMNS:?}; it was changed by hand. Restore it, or drop it and its row in \
+                 {columns:?} instead of {expected:?}; it was changed by hand. Restore it, or drop it and its row in \
                  idempotent_schema (losing its records), or choose another table with SqliteStoreBuilder::table"
             ))),
             Some(v) => Err(Error::Config(format!(
                 "{path}: table `{table}` has idempotent schema version {v}, and this version of idempotent-core reads \
-                 versions {SCHEMA_V1} (upgraded in place) and {SCHEMA_VERSION} only; use the idempotent-core that wrote \
-                 it, or choose another table with SqliteStoreBuilder::table"
+                 versions {SCHEMA_V1} and {SCHEMA_V2} (upgraded in place) and {SCHEMA_VERSION} only; use the \
+                 idempotent-core that wrote it, or choose another table with SqliteStoreBuilder::table"
             ))),
             None if !columns.is_empty() => Err(Error::Config(format!(
                 "{path}: table `{table}` exists (columns {columns:?}) but was not created by idempotent-core; it was \
@@ -524,32 +572,48 @@ impl SqliteStore {
         }
     }
 
-    /// Upgrades `table` from schema version 1, inside `migrate`'s transaction: version 2 allows
-    /// the state `needs_attention`, and reads a released row's `recovered` as "released
-    /// uncertain" (version 1 left there whether the released attempt had taken over a lease, so
-    /// it is cleared). SQLite cannot change a `CHECK` constraint in place, so the table is copied
-    /// into a new one of version 2, which then takes its name.
+    /// Upgrades `table` from schema version 1, inside `migrate`'s transaction, to version 3 at
+    /// once: version 2 allowed the state `needs_attention`, and reads a released row's
+    /// `recovered` as "released uncertain" (version 1 left there whether the released attempt had
+    /// taken over a lease, so it is cleared). SQLite cannot change a `CHECK` constraint in place,
+    /// so the table is copied into a new one of version 3 (no labels; times as in
+    /// [`upgrade_v2_sql`]), which then takes its name.
     async fn upgrade_v1(&self, conn: &mut sqlx::SqliteConnection, table: &str) -> Result<(), Error> {
         let err = |e: sqlx::Error| self.error("migrate", e);
         let new = format!("{table}__idempotent_v{SCHEMA_VERSION}");
         let copy = format!(
             "{create};\n\
-             INSERT INTO \"{new}\" ({cols})\n\
+             INSERT INTO \"{new}\" ({cols}, created_at, updated_at)\n\
              SELECT key, fingerprint, state, token, fence, attempt, CASE WHEN state = 'released' THEN 0 ELSE recovered \
-             END, lease_until, expires_at, result FROM \"{table}\" ORDER BY rowid;\n\
+             END, lease_until, expires_at, result, fence, fence FROM \"{table}\" ORDER BY rowid;\n\
              DROP TABLE \"{table}\";\n\
              ALTER TABLE \"{new}\" RENAME TO \"{table}\"",
             create = create_table(&new),
-            cols = COLUMNS.join(", "),
+            cols = V2_COLUMNS.join(", "),
         );
         sqlx::raw_sql(AssertSqlSafe(copy)).execute(&mut *conn).await.map_err(err)?;
+        self.set_version(conn, table, SCHEMA_V1).await
+    }
+
+    /// Upgrades `table` from schema version 2, inside `migrate`'s transaction: `ALTER TABLE … ADD
+    /// COLUMN` for each of [`V3_COLUMNS`] (in place, no copy), and the rows' times from their
+    /// fences ([`upgrade_v2_sql`]).
+    async fn upgrade_v2(&self, conn: &mut sqlx::SqliteConnection, table: &str) -> Result<(), Error> {
+        let err = |e: sqlx::Error| self.error("migrate", e);
+        sqlx::raw_sql(AssertSqlSafe(upgrade_v2_sql(table))).execute(&mut *conn).await.map_err(err)?;
+        self.set_version(conn, table, SCHEMA_V2).await
+    }
+
+    /// Marks `table`, upgraded from version `from`, as of [`SCHEMA_VERSION`].
+    async fn set_version(&self, conn: &mut sqlx::SqliteConnection, table: &str, from: i64) -> Result<(), Error> {
+        let err = |e: sqlx::Error| self.error("migrate", e);
         sqlx::query("UPDATE idempotent_schema SET version = ?2 WHERE name = ?1")
             .bind(table)
             .bind(SCHEMA_VERSION)
             .execute(&mut *conn)
             .await
             .map_err(err)?;
-        tracing::info!(store = %self.inner.describe, table, "idempotent.sqlite: upgraded the table to schema version {SCHEMA_VERSION}");
+        tracing::info!(store = %self.inner.describe, table, from, "idempotent.sqlite: upgraded the table to schema version {SCHEMA_VERSION}");
         Ok(())
     }
 
@@ -618,6 +682,7 @@ impl SqliteStore {
         fp: &Fingerprint,
         lease: Duration,
         retention: Duration,
+        labels: &OwnedLabels,
     ) -> Result<Acquire, Error> {
         let token = Token::unique();
         let inner = &self.inner;
@@ -628,6 +693,9 @@ impl SqliteStore {
             .bind(token.as_str())
             .bind(micros(lease))
             .bind(micros(lease.max(retention)))
+            .bind(labels.step.as_str())
+            .bind(labels.run.as_deref())
+            .bind(labels.tenant.as_deref())
             .fetch_one(&inner.pool)
             .await
             .map_err(|e| self.error("acquire", e))?;
@@ -713,15 +781,15 @@ impl Store for SqliteStore {
         fingerprint: &'a Fingerprint,
         lease: Duration,
         retention: Duration,
-        labels: crate::record::Labels<'a>,
+        labels: Labels<'a>,
     ) -> BoxFuture<'a, Result<Acquire, Error>> {
-        let _ = labels; // TODO(admin): write the labels into the record
         let store = self.clone();
         let (key, fingerprint) = (*key, *fingerprint);
+        let labels = OwnedLabels::from(labels);
         let abandoned = Arc::new(AtomicBool::new(false));
         let flag = abandoned.clone();
         let work = async move {
-            let answer = store.acquire_now(&key, &fingerprint, lease, retention).await;
+            let answer = store.acquire_now(&key, &fingerprint, lease, retention, &labels).await;
             if let Ok(Acquire::Acquired(grant)) = &answer
                 && flag.load(Ordering::Acquire)
             {
@@ -798,25 +866,61 @@ impl Store for SqliteStore {
         self.inner.describe.clone()
     }
 
-    fn inspect<'a>(&'a self, _key: &'a Key) -> BoxFuture<'a, Result<Option<crate::store::RecordInfo>, Error>> {
-        Box::pin(async { Err(Error::Config("TODO(admin): inspect".into())) })
+    fn inspect<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<RecordInfo>, Error>> {
+        Box::pin(async move {
+            self.inner.statements.fetch_add(1, Ordering::Relaxed);
+            let row = sqlx::query(self.inner.sql.admin.inspect.clone())
+                .bind(&key.as_bytes()[..])
+                .fetch_optional(&self.inner.pool)
+                .await
+                .map_err(|e| self.error("inspect", e))?;
+            row.map(|row| read_record(&row)).transpose()
+        })
     }
 
-    fn scan<'a>(
-        &'a self,
-        _filter: &'a crate::store::Filter,
-        _cursor: &'a crate::store::Cursor,
-        _limit: usize,
-    ) -> BoxFuture<'a, Result<crate::store::Page, Error>> {
-        Box::pin(async { Err(Error::Config("TODO(admin): scan".into())) })
+    fn scan<'a>(&'a self, filter: &'a Filter, cursor: &'a Cursor, limit: usize) -> BoxFuture<'a, Result<Page, Error>> {
+        Box::pin(async move {
+            let (sql, args) = self.inner.sql.admin.scan(&self.inner.describe, filter, cursor, limit)?;
+            let mut q = sqlx::query(sql);
+            for arg in args {
+                q = match arg {
+                    ScanArg::Bytes(b) => q.bind(b),
+                    ScanArg::Text(t) => q.bind(t),
+                    ScanArg::Int(n) => q.bind(n),
+                };
+            }
+            self.inner.statements.fetch_add(1, Ordering::Relaxed);
+            let rows = q.fetch_all(&self.inner.pool).await.map_err(|e| self.error("scan", e))?;
+            let records = rows.iter().map(read_record).collect::<Result<Vec<_>, _>>()?;
+            Ok(page(records, limit))
+        })
     }
 
-    fn release_fenced<'a>(&'a self, _key: &'a Key, _fence: u64) -> BoxFuture<'a, Result<Resolved, Error>> {
-        Box::pin(async { Err(Error::Config("TODO(admin): release_fenced".into())) })
+    fn release_fenced<'a>(&'a self, key: &'a Key, fence: u64) -> BoxFuture<'a, Result<Resolved, Error>> {
+        Box::pin(async move {
+            // A fence beyond an i64 is no row's.
+            let Ok(fence) = i64::try_from(fence) else { return Ok(Resolved::Unchanged) };
+            self.inner.statements.fetch_add(1, Ordering::Relaxed);
+            let done = sqlx::query(self.inner.sql.admin.release_fenced.clone())
+                .bind(&key.as_bytes()[..])
+                .bind(fence)
+                .execute(&self.inner.pool)
+                .await
+                .map_err(|e| self.error("release_fenced", e))?;
+            Ok(if done.rows_affected() == 1 { Resolved::Ok } else { Resolved::Unchanged })
+        })
     }
 
-    fn delete<'a>(&'a self, _key: &'a Key) -> BoxFuture<'a, Result<crate::store::Deleted, Error>> {
-        Box::pin(async { Err(Error::Config("TODO(admin): delete".into())) })
+    fn delete<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Deleted, Error>> {
+        Box::pin(async move {
+            self.inner.statements.fetch_add(1, Ordering::Relaxed);
+            let kept: Option<bool> = sqlx::query_scalar(self.inner.sql.admin.delete.clone())
+                .bind(&key.as_bytes()[..])
+                .fetch_optional(&self.inner.pool)
+                .await
+                .map_err(|e| self.error("delete", e))?;
+            Ok(deleted(kept))
+        })
     }
 }
 
