@@ -101,10 +101,18 @@ impl Scripts {
         }
     }
 
-    /// The scripts of the record protocol, which `warm_up` loads (the admin ones load on first
-    /// use).
-    fn all(&self) -> [&Script; 6] {
-        [&self.acquire, &self.complete, &self.release, &self.renew, &self.abandon, &self.resolve]
+    fn all(&self) -> [&Script; 9] {
+        [
+            &self.acquire,
+            &self.complete,
+            &self.release,
+            &self.renew,
+            &self.abandon,
+            &self.resolve,
+            &self.read,
+            &self.release_fenced,
+            &self.delete,
+        ]
     }
 }
 
