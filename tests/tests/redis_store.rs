@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use idempotent_core::record::{Abandon, Acquire, KEEP_RESOLVED_RELEASE, Labels, Resolution, Resolved, Transition};
-use idempotent_core::store::{Cursor, Deleted, Filter, RecordState};
 use idempotent_core::redis::{Script, Value};
 use idempotent_core::store::redis::{layout, source};
+use idempotent_core::store::{Cursor, Deleted, Filter, RecordState};
 use idempotent_core::{
     Error, Fingerprint, Key, KeyScope, OnInFlight, RedisStore, Risk, RunContext, SharedStore, Store,
 };
@@ -652,7 +652,10 @@ async fn records_an_earlier_release_wrote_are_still_read() {
         assert_eq!((grant.attempt.number(), grant.attempt.recovered()), (4, true), "{how}");
         assert!(grant.attempt.fence() > 1000);
         let running = s.inspect(&key).await.unwrap().unwrap();
-        assert_eq!((running.state, running.step.as_str(), running.run.as_deref()), (RecordState::Running, "upgraded", Some("r1")));
+        assert_eq!(
+            (running.state, running.step.as_str(), running.run.as_deref()),
+            (RecordState::Running, "upgraded", Some("r1"))
+        );
         assert_eq!(running.created, std::time::UNIX_EPOCH, "{how}: the record's creation is unknown");
         assert_eq!(s.complete(&key, &grant.token, Bytes::from_static(b"new"), minute).await.unwrap(), Transition::Ok);
         assert_eq!(s.acquire(&key, &fp, minute, minute).await.unwrap(), Acquire::Replay(Bytes::from_static(b"new")));
@@ -671,7 +674,11 @@ async fn records_an_earlier_release_wrote_are_still_read() {
         assert_eq!(completed, 1);
         assert_eq!(s.acquire(&key, &fp, minute, minute).await.unwrap(), Acquire::Replay(Bytes::from_static(b"done")));
         let done = s.inspect(&key).await.unwrap().unwrap();
-        assert_eq!((done.state, done.attempt, done.fence, done.result_bytes), (RecordState::Done, 2, 77, Some(4)), "{how}");
+        assert_eq!(
+            (done.state, done.attempt, done.fence, done.result_bytes),
+            (RecordState::Done, 2, 77, Some(4)),
+            "{how}"
+        );
         assert!(done.updated > std::time::UNIX_EPOCH, "{how}: the completion has a time");
 
         // Released by fence, and deleted.
@@ -700,7 +707,15 @@ async fn admin_calls_on_garbage_are_corrupt_errors() {
     }
     // A scan leaves such a key out, and lists the records around it.
     let (good, _) = fresh(&s);
-    s.acquire_labeled(&good, &Fingerprint::from_bytes([1; 32]), Duration::from_secs(60), Duration::from_secs(60), Labels::step("good")).await.unwrap();
+    s.acquire_labeled(
+        &good,
+        &Fingerprint::from_bytes([1; 32]),
+        Duration::from_secs(60),
+        Duration::from_secs(60),
+        Labels::step("good"),
+    )
+    .await
+    .unwrap();
     let page = s.scan(&Filter::all(), &Cursor::start(), 1000).await.unwrap();
     assert_eq!(page.records.iter().map(|r| r.key).collect::<Vec<_>>(), vec![good]);
     assert_eq!(page.next, None);

@@ -133,7 +133,8 @@ impl redis::ToRedisArgs for Arg<'_> {
                     .and_then(|()| w.write_all(&fp[..]))
                     .and_then(|()| w.write_all(token.as_str().as_bytes()))
                     .and_then(|()| {
-                        let (lease, fence_len, attempt, time) = (LEASE.len(), FENCE.len(), ATTEMPT.len(), CREATED.len());
+                        let (lease, fence_len, attempt, time) =
+                            (LEASE.len(), FENCE.len(), ATTEMPT.len(), CREATED.len());
                         let ms = fence / 1000;
                         write!(w, "{threshold:0lease$}{fence:0fence_len$}{:0attempt$}0{ms:0time$}{ms:0time$}", 1)
                     })

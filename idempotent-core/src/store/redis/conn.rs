@@ -212,7 +212,10 @@ async fn exchange_waited(
 pub(super) enum Node {
     Only,
     #[cfg(feature = "cluster")]
-    Master { host: String, port: u16 },
+    Master {
+        host: String,
+        port: u16,
+    },
 }
 
 impl RedisStore {
@@ -228,15 +231,23 @@ impl RedisStore {
     /// Sends `pipe` (each of its commands answered) to `node`, within the command timeout. A
     /// command's error comes back as its reply ([`Value::ServerError`]), so that one refused
     /// command fails none of the others.
-    pub(super) async fn on_node(&self, op: &'static str, node: &Node, pipe: &redis::Pipeline) -> Result<Vec<Value>, Error> {
+    pub(super) async fn on_node(
+        &self,
+        op: &'static str,
+        node: &Node,
+        pipe: &redis::Pipeline,
+    ) -> Result<Vec<Value>, Error> {
         let count = pipe.cmd_iter().count();
         self.timed(op, async {
             let conn = self.conn(op).await?;
             let res = match (conn, node) {
-                (Conn::Single(mut c), _) => redis::aio::ConnectionLike::req_packed_commands(&mut c, pipe, 0, count).await,
+                (Conn::Single(mut c), _) => {
+                    redis::aio::ConnectionLike::req_packed_commands(&mut c, pipe, 0, count).await
+                }
                 #[cfg(feature = "cluster")]
                 (Conn::Cluster(mut c), Node::Master { host, port }) => {
-                    let route = redis::cluster_routing::SingleNodeRoutingInfo::ByAddress { host: host.clone(), port: *port };
+                    let route =
+                        redis::cluster_routing::SingleNodeRoutingInfo::ByAddress { host: host.clone(), port: *port };
                     c.route_pipeline(pipe.clone(), 0, count, route).await
                 }
                 #[cfg(feature = "cluster")]

@@ -142,10 +142,13 @@ impl Scripts {
 /// minute (until the first measure lands, acquires take the script path), so a key's fences
 /// keep growing even when its record is lost, to within the offset's error: half a round trip,
 /// plus a minute's drift between the two clocks (on a cluster, plus the skew between the node
-/// that answered `TIME` and the key's node). A record is one string: state, fingerprint and owner
-/// token, then the lease, fence and attempt while the operation runs, or the stored result once
-/// it is done (the layout is documented in `layout.lua`); a done record costs the result plus
-/// 97 bytes. A record that needs attention ([`Abandon::NeedsAttention`]) has no TTL: it stays
+/// that answered `TIME` and the key's node). A record is one string: a fixed-width header
+/// (state, fingerprint, owner token, lease, fence, attempt, created and updated times, the
+/// labels' lengths), the labels' text, then the stored result once it is done (the layout is
+/// documented in `layout.lua`; records of the earlier layout, without labels, are still read);
+/// a done record costs the result and its labels plus 190 bytes. [`Store::inspect`] and
+/// [`Store::scan`] read records with the `read` script (`scan`: `SCAN … MATCH <prefix>*` on the
+/// server, or on each cluster master in turn, never `KEYS`). A record that needs attention ([`Abandon::NeedsAttention`]) has no TTL: it stays
 /// until [resolved](Store::resolve). A key that holds anything else (another type, a string this
 /// store did not write) is answered with [`Error::Corrupt`], never a replay or a second run.
 ///
