@@ -1,6 +1,11 @@
 //! The store conformance suite on every backend.
 
-use idempotent_core::{MemoryStore, PostgresStore, RedisStore, SharedStore, SqliteStore};
+use idempotent_core::record::{Acquire, Labels};
+use idempotent_core::store::{Cursor, Filter};
+use idempotent_core::{Fingerprint, Key, KeyScope, MemoryStore, PostgresStore, RedisStore, SharedStore, SqliteStore};
+use std::time::Duration;
+
+const LEASE: Duration = Duration::from_secs(60);
 use idempotent_tests::{PgServer, RedisCluster, RedisServer, conformance};
 use std::sync::Arc;
 
@@ -38,7 +43,9 @@ async fn redis_store_conforms() {
     let server = RedisServer::start();
     let store = RedisStore::connect(server.url()).unwrap();
     store.warm_up().await.unwrap();
-    conformance::run_all(Arc::new(store)).await;
+    let store: SharedStore = Arc::new(store);
+    conformance::run_all(store.clone()).await;
+    conformance::run_admin(&store).await;
 }
 
 /// Every acquire through the script, as on a server before Redis 7.0 (no `SET NX GET`); also
@@ -47,7 +54,8 @@ async fn redis_store_conforms() {
 async fn redis_store_conforms_with_scripts_only() {
     let server = RedisServer::start();
     let store: SharedStore = Arc::new(RedisStore::builder(server.url()).set_get_acquire(false).build().unwrap());
-    conformance::run_all(store).await;
+    conformance::run_all(store.clone()).await;
+    conformance::run_admin(&store).await;
     let plain = RedisStore::connect(server.url()).unwrap();
     // Measured first, so that the plain store takes keys with SET NX from the start.
     plain.warm_up().await.unwrap();
@@ -60,6 +68,7 @@ async fn redis_cluster_store_conforms() {
     let cluster = RedisCluster::start();
     let store: SharedStore = Arc::new(RedisStore::cluster_builder(cluster.urls()).build().unwrap());
     conformance::run_all(store.clone()).await;
+    conformance::run_admin(&store).await;
     // The records really are spread over the masters (one key per operation, any slot).
     let keys: Vec<i64> = cluster
         .nodes
@@ -70,4 +79,40 @@ async fn redis_cluster_store_conforms() {
         })
         .collect();
     assert!(keys.iter().filter(|&&k| k > 0).count() >= 2, "records on one node only: {keys:?}");
+    // A scan lists every record of every master, each once (no rehash happens here), across
+    // pages: 60 records of one run, on all three masters.
+    let run = idempotent_tests::unique("scan-cluster");
+    let mut made = std::collections::BTreeSet::new();
+    for i in 0..60 {
+        let key = Key::derive(&KeyScope::new(&run, "scan"), &i).unwrap();
+        let labels = Labels::step("scan").run(&run);
+        let answer = store.acquire_labeled(&key, &Fingerprint::of(&i).unwrap(), LEASE, LEASE, labels).await.unwrap();
+        assert!(matches!(answer, Acquire::Acquired(_)), "{answer:?}");
+        made.insert(key);
+    }
+    let holder = |key: &Key| {
+        let redis_key = format!("idem:{}", key.to_hex());
+        // Another master answers MOVED.
+        let holds = |n: &idempotent_tests::RedisServer| {
+            idempotent_core::redis::cmd("EXISTS").arg(&redis_key).query::<i64>(&mut n.connection()) == Ok(1)
+        };
+        cluster.nodes.iter().position(holds).expect("on a master")
+    };
+    let masters: std::collections::BTreeSet<usize> = made.iter().map(holder).collect();
+    assert_eq!(masters.len(), 3, "60 keys over three masters");
+    let (mut listed, mut cursor, mut pages) = (std::collections::BTreeSet::new(), Cursor::start(), 0);
+    loop {
+        let page = store.scan(&Filter::all().run(&run), &cursor, 7).await.unwrap();
+        assert!(page.records.len() <= 7);
+        pages += 1;
+        for record in page.records {
+            assert!(listed.insert(record.key), "{record:?} listed twice");
+        }
+        match page.next {
+            Some(next) => cursor = next,
+            None => break,
+        }
+    }
+    assert_eq!(listed, made, "the scan lists every record of the run, on every master");
+    assert!(pages >= 9, "pages of 7: {pages}");
 }

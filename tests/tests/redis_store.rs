@@ -5,9 +5,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use idempotent_core::record::{Abandon, Acquire, KEEP_RESOLVED_RELEASE, Resolution, Resolved, Transition};
+use idempotent_core::record::{Abandon, Acquire, KEEP_RESOLVED_RELEASE, Labels, Resolution, Resolved, Transition};
 use idempotent_core::redis::{Script, Value};
 use idempotent_core::store::redis::{layout, source};
+use idempotent_core::store::{Cursor, Deleted, Filter, RecordState};
 use idempotent_core::{
     Error, Fingerprint, Key, KeyScope, OnInFlight, RedisStore, Risk, RunContext, SharedStore, Store,
 };
@@ -218,7 +219,7 @@ async fn garbage_records_are_errors_not_replays() {
     let fp = fp.to_hex();
     let token = "t".repeat(32);
     let record = |state: &str, tail: &str| format!("{state}{fp}{token}{tail}");
-    let tail = layout::RUNNING_LEN - layout::LEASE.start;
+    let tail = layout::OLD_RUNNING_LEN - layout::LEASE.start;
     let (exploded, short, bad_result) =
         (record("Q", &"0".repeat(tail)), record("R", "123"), record("D", "\u{1}garbage"));
     // A done record cut short inside its token, before any result.
@@ -315,9 +316,9 @@ async fn a_late_duplicate_acquire_changes_nothing() {
     let (acquire, release) = (Script::new(source::ACQUIRE), Script::new(source::RELEASE));
     let key = "idem:late-duplicate";
     let (fp, token_1, token_2) = ("f".repeat(64), "1".repeat(32), "2".repeat(32));
-    // acquire.lua's one argument: fingerprint, token, lease and retention.
+    // acquire.lua's one argument: fingerprint, token, lease and retention, then no labels.
     let (lease, retention) = (layout::ARG_LEASE.len(), layout::ARG_RETENTION.len());
-    let args = |token: &str| format!("{fp}{token}{:0lease$}{:0retention$}", 60_000, 60_000);
+    let args = |token: &str| format!("{fp}{token}{:0lease$}{:0retention$}{}", 60_000, 60_000, layout::NO_LABELS);
     let first: Vec<i64> = acquire.key(key).arg(args(&token_1)).invoke(&mut conn).unwrap();
     assert_eq!((first[0], first[2]), (1, 1));
     let again: Vec<i64> = acquire.key(key).arg(args(&token_1)).invoke(&mut conn).unwrap();
@@ -512,7 +513,7 @@ async fn needs_attention_reads_alike_on_both_acquire_paths() {
     let (token, fence, attempt) = ("a".repeat(32), 4_503_599_627_370_497_u64, 7_u32);
     let (lease, fence_len, attempt_len) = (layout::LEASE.len(), layout::FENCE.len(), layout::ATTEMPT.len());
     let record = format!("A{}{token}{:0lease$}{fence:0fence_len$}{attempt:0attempt_len$}0", fp.to_hex(), 12);
-    assert_eq!(record.len(), layout::RUNNING_LEN);
+    assert_eq!(record.len(), layout::OLD_RUNNING_LEN, "a needs-attention record as an earlier release wrote it");
     server.cmd(&["SET", &redis_key, &record]);
 
     let minute = Duration::from_secs(60);
@@ -525,7 +526,7 @@ async fn needs_attention_reads_alike_on_both_acquire_paths() {
     }
     // The record's own token (a late duplicate of the acquire that took it) is answered alike.
     let (arg_lease, arg_retention) = (layout::ARG_LEASE.len(), layout::ARG_RETENTION.len());
-    let args = format!("{}{token}{:0arg_lease$}{:0arg_retention$}", fp.to_hex(), 60_000, 60_000);
+    let args = format!("{}{token}{:0arg_lease$}{:0arg_retention$}{}", fp.to_hex(), 60_000, 60_000, layout::NO_LABELS);
     let own: Vec<i64> =
         Script::new(source::ACQUIRE).key(&redis_key).arg(args).invoke(&mut server.connection()).unwrap();
     assert_eq!(own, [5, i64::from(attempt), fence as i64]);
@@ -610,4 +611,112 @@ async fn repeated_transitions_write_the_record_again_unchanged() {
         let after = pttl(&server, &redis_key);
         assert!(after <= ttl && after > ttl - 5_000, "{ending}: the TTL is kept ({ttl} ms, then {after} ms)");
     }
+}
+
+/// Records an earlier release wrote (running, released and needs-attention records of
+/// `OLD_RUNNING_LEN` bytes without times or labels; done records `D` with the result right after
+/// the token) are still read: replayed, acquired, completed and inspected, on both acquire paths.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_an_earlier_release_wrote_are_still_read() {
+    let server = RedisServer::start();
+    let plain = store(&server);
+    plain.warm_up().await.unwrap();
+    let scripts = RedisStore::builder(server.url()).set_get_acquire(false).build().unwrap();
+    let minute = Duration::from_secs(60);
+    let fp = Fingerprint::from_bytes([6; 32]);
+    let (lease, fence_len, attempt_len) = (layout::LEASE.len(), layout::FENCE.len(), layout::ATTEMPT.len());
+    let old_running = |state: char, deadline: u64, fence: u64, attempt: u32| {
+        let token = "t".repeat(32);
+        format!("{state}{}{token}{deadline:0lease$}{fence:0fence_len$}{attempt:0attempt_len$}0", fp.to_hex())
+    };
+    for (how, s) in [("SET NX GET", &plain), ("script", &scripts)] {
+        // Done: replayed, and inspected with what it holds (no fence, attempt, times or labels).
+        let (key, redis_key) = fresh(s);
+        server.cmd(&["SET", &redis_key, &format!("D{}{}o\"old\"", fp.to_hex(), "t".repeat(32)), "PX", "60000"]);
+        assert_eq!(s.acquire(&key, &fp, minute, minute).await.unwrap(), Acquire::Replay(Bytes::from("o\"old\"")));
+        let done = s.inspect(&key).await.unwrap().unwrap();
+        assert_eq!((done.state, done.result_bytes, done.attempt, done.fence), (RecordState::Done, Some(6), 0, 0));
+        assert_eq!((done.step.as_str(), done.created), ("", std::time::UNIX_EPOCH), "{how}");
+
+        // Running, its lease passed: the next acquisition is recovered, fenced higher, and
+        // writes this release's layout with its labels.
+        let (key, redis_key) = fresh(s);
+        server.cmd(&["SET", &redis_key, &old_running('R', 0, 1000, 3), "PX", "60000"]);
+        let stuck = s.inspect(&key).await.unwrap().unwrap();
+        assert_eq!((stuck.state, stuck.attempt, stuck.fence), (RecordState::Stuck, 3, 1000), "{how}");
+        let labels = Labels::step("upgraded").run("r1");
+        let grant = match s.acquire_labeled(&key, &fp, minute, minute, labels).await.unwrap() {
+            Acquire::Acquired(grant) => grant,
+            other => panic!("{how}: {other:?}"),
+        };
+        assert_eq!((grant.attempt.number(), grant.attempt.recovered()), (4, true), "{how}");
+        assert!(grant.attempt.fence() > 1000);
+        let running = s.inspect(&key).await.unwrap().unwrap();
+        assert_eq!(
+            (running.state, running.step.as_str(), running.run.as_deref()),
+            (RecordState::Running, "upgraded", Some("r1"))
+        );
+        assert_eq!(running.created, std::time::UNIX_EPOCH, "{how}: the record's creation is unknown");
+        assert_eq!(s.complete(&key, &grant.token, Bytes::from_static(b"new"), minute).await.unwrap(), Transition::Ok);
+        assert_eq!(s.acquire(&key, &fp, minute, minute).await.unwrap(), Acquire::Replay(Bytes::from_static(b"new")));
+
+        // Running, live, completed by its (earlier release's) holder through the script.
+        let (key, redis_key) = fresh(s);
+        server.cmd(&["SET", &redis_key, &old_running('R', u64::from(u32::MAX) * 1000, 77, 2), "PX", "60000"]);
+        assert!(matches!(s.acquire(&key, &fp, minute, minute).await.unwrap(), Acquire::InFlight { .. }), "{how}");
+        let completed: i64 = Script::new(source::COMPLETE)
+            .key(&redis_key)
+            .arg("t".repeat(32))
+            .arg("done")
+            .arg(60_000)
+            .invoke(&mut server.connection())
+            .unwrap();
+        assert_eq!(completed, 1);
+        assert_eq!(s.acquire(&key, &fp, minute, minute).await.unwrap(), Acquire::Replay(Bytes::from_static(b"done")));
+        let done = s.inspect(&key).await.unwrap().unwrap();
+        assert_eq!(
+            (done.state, done.attempt, done.fence, done.result_bytes),
+            (RecordState::Done, 2, 77, Some(4)),
+            "{how}"
+        );
+        assert!(done.updated > std::time::UNIX_EPOCH, "{how}: the completion has a time");
+
+        // Released by fence, and deleted.
+        let (key, redis_key) = fresh(s);
+        server.cmd(&["SET", &redis_key, &old_running('N', 0, 55, 1), "PX", "60000"]);
+        assert_eq!(s.release_fenced(&key, 55).await.unwrap(), Resolved::Ok, "{how}");
+        assert_eq!(s.inspect(&key).await.unwrap().unwrap().state, RecordState::Stuck);
+        assert_eq!(s.delete(&key).await.unwrap(), Deleted::Ok);
+    }
+}
+
+/// inspect, release_fenced and delete on a key that holds something this store did not write
+/// answer a corrupt-record error and leave it as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_calls_on_garbage_are_corrupt_errors() {
+    let server = RedisServer::start();
+    let s = store(&server);
+    let (key, redis_key) = fresh(&s);
+    for garbage in [&["SET", &redis_key, "not a record"][..], &["HSET", &redis_key, "st", "R"]] {
+        server.cmd(&["DEL", &redis_key]);
+        server.cmd(garbage);
+        assert!(matches!(s.inspect(&key).await.unwrap_err(), Error::Corrupt { .. }), "{garbage:?}");
+        assert!(matches!(s.release_fenced(&key, 1).await.unwrap_err(), Error::Corrupt { .. }), "{garbage:?}");
+        assert!(matches!(s.delete(&key).await.unwrap_err(), Error::Corrupt { .. }), "{garbage:?}");
+        assert_eq!(server.cmd(&["EXISTS", &redis_key]), Value::Int(1));
+    }
+    // A scan leaves such a key out, and lists the records around it.
+    let (good, _) = fresh(&s);
+    s.acquire_labeled(
+        &good,
+        &Fingerprint::from_bytes([1; 32]),
+        Duration::from_secs(60),
+        Duration::from_secs(60),
+        Labels::step("good"),
+    )
+    .await
+    .unwrap();
+    let page = s.scan(&Filter::all(), &Cursor::start(), 1000).await.unwrap();
+    assert_eq!(page.records.iter().map(|r| r.key).collect::<Vec<_>>(), vec![good]);
+    assert_eq!(page.next, None);
 }

@@ -6,7 +6,8 @@
 -- server refuses that form of SET, before Redis 7.0); it also takes an absent key itself.
 --
 -- KEYS[1]  the operation's record (layout in layout.lua)
--- ARGV[1]  fingerprint, new owner token, lease and retention, packed (layout in layout.lua). A
+-- ARGV[1]  fingerprint, new owner token, lease, retention and labels, packed (layout in
+--          layout.lua). A
 --          retry of an acquire whose reply was lost sends the same token and gets the same
 --          answer: acquire is idempotent per token.
 --
@@ -20,8 +21,8 @@
 --   {5, attempt, fence}             the record needs attention (abandoned by that attempt)
 --   error IDEMPOTENT_CORRUPT ...    the key holds something these scripts did not write
 local key, args = KEYS[1], ARGV[1]
-if #args ~= ACQUIRE_ARG_LEN then
-  return redis.error_reply('IDEMPOTENT_CORRUPT arguments: expected fingerprint (64), token (32), lease and retention (15 digits each)')
+if #args < ACQUIRE_ARG_MIN_LEN or labels_size(args, ARG_LABELS_FROM) ~= #args - ARG_LABELS_FROM + 1 then
+  return redis.error_reply('IDEMPOTENT_CORRUPT arguments: expected fingerprint (64), token (32), lease and retention (15 digits each), then the labels')
 end
 local ok, rec = pcall(redis.call, 'GET', key)
 if not ok then
@@ -31,12 +32,12 @@ end
 local state, last_fence, last_attempt, lease = nil, 0, 0, nil
 if rec then
   state = string.sub(rec, STATE, STATE)
-  if state == DONE then
+  if (state == DONE or state == OLD_DONE) and result_from(rec) then
     -- A retried acquire of the token that completed the key has the same fingerprint: it
     -- replays.
     return rec
   end
-  if #rec ~= RUNNING_LEN or (state ~= RUNNING and state ~= NEW and state ~= RELEASED and state ~= NEEDS_ATTENTION) then
+  if not is_running(rec) then
     return redis.error_reply('IDEMPOTENT_CORRUPT the key holds a string that is not a record')
   end
   -- Digits only: Lua's tonumber would also take 'nan', 'inf', '0x..', '1e18' and signs.
@@ -97,8 +98,18 @@ end
 local fence = math.max(last_fence + 1, now_us)
 local attempt = last_attempt + 1
 local lease_ms = tonumber(string.sub(args, ARG_LEASE_FROM, ARG_LEASE_TO))
+-- A record that lives on (released, or its lease passed) keeps its creation time and labels; a
+-- new one takes the argument's labels, and so does an earlier release's, which has none (its
+-- creation time stays unknown).
+local created, labels = string.format(TIME_FORMAT, now), string.sub(args, ARG_LABELS_FROM)
+if rec and #rec == OLD_RUNNING_LEN then
+  created = string.format(TIME_FORMAT, 0)
+elseif rec then
+  created, labels = string.sub(rec, CREATED_FROM, CREATED_TO), string.sub(rec, STEP_LEN_FROM)
+end
 -- The new record: R, then the argument's fingerprint and token, which sit in the same order.
 redis.call('SET', key,
-  RUNNING .. string.sub(args, ARG_FINGERPRINT_FROM, ARG_TOKEN_TO) .. string.format(RUNNING_TAIL_FORMAT, now + lease_ms, fence, attempt, recovered),
+  RUNNING .. string.sub(args, ARG_FINGERPRINT_FROM, ARG_TOKEN_TO) .. string.format(RUNNING_TAIL_FORMAT, now + lease_ms, fence, attempt, recovered)
+    .. created .. string.format(TIME_FORMAT, now) .. labels,
   'PX', string.format('%.0f', math.max(lease_ms, tonumber(string.sub(args, ARG_RETENTION_FROM, ARG_RETENTION_TO)))))
 return {1, fence, attempt, recovered}

@@ -5,9 +5,52 @@ use std::time::Duration;
 
 use deadpool_redis::redis;
 
-use super::layout::{ACQUIRE_ARG_LEN, ARG_LEASE, ARG_RETENTION, ATTEMPT, FENCE, LEASE, NEW, RUNNING_LEN};
+use super::layout::{
+    ACQUIRE_ARG_MIN_LEN, ARG_LEASE, ARG_RETENTION, ATTEMPT, CREATED, FENCE, HEADER_LEN, LEASE, MAX_LABEL_LEN, NEW,
+    STEP_LEN,
+};
+use crate::error::Error;
 use crate::key::Key;
-use crate::record::Token;
+use crate::record::{Labels, Token};
+
+/// Refuses labels a record cannot hold (each at most [`MAX_LABEL_LEN`] bytes).
+pub(super) fn check_labels(labels: &Labels<'_>) -> Result<(), Error> {
+    let named = [("step name", Some(labels.step)), ("run id", labels.run), ("tenant", labels.tenant)];
+    for (what, label) in named {
+        if let Some(label) = label.filter(|l| l.len() > MAX_LABEL_LEN) {
+            return Err(Error::Config(format!(
+                "the {what} is {} bytes; a Redis record holds labels of at most {MAX_LABEL_LEN} bytes each: \
+                 shorten it",
+                label.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The labels' text, in bytes.
+fn text_len(labels: &Labels<'_>) -> usize {
+    labels.step.len() + labels.run.map_or(0, str::len) + labels.tenant.map_or(0, str::len)
+}
+
+/// Writes the labels section (lengths, flags, then the text), as a record holds it.
+fn write_labels(w: &mut impl std::io::Write, labels: &Labels<'_>) -> std::io::Result<()> {
+    let len = STEP_LEN.len();
+    let (run, tenant) = (labels.run.unwrap_or(""), labels.tenant.unwrap_or(""));
+    let set = |given: bool| if given { '1' } else { '0' };
+    write!(
+        w,
+        "{:0len$}{:0len$}{:0len$}{}{}",
+        labels.step.len(),
+        run.len(),
+        tenant.len(),
+        set(labels.run.is_some()),
+        set(labels.tenant.is_some())
+    )?;
+    w.write_all(labels.step.as_bytes())?;
+    w.write_all(run.as_bytes())?;
+    w.write_all(tenant.as_bytes())
+}
 
 /// Milliseconds as the scripts take them: at least 1, at most ten years, so that Lua's number
 /// formatting never turns them into exponent notation (and they fit the records' 15 digits).
@@ -23,21 +66,24 @@ pub(super) enum Arg<'a> {
     Millis(u64),
     /// The record's Redis key: the store's prefix, then the key in hex (as `redis_key`).
     Key(&'a str, &'a Key),
-    /// `acquire`'s one argument: fingerprint, token, then lease and retention in digits
-    /// (`ARG_*` in the layout).
+    /// `acquire`'s one argument: fingerprint, token, lease and retention in digits, then the
+    /// labels (`ARG_*` in the layout). The labels were checked ([`check_labels`]).
     Acquire {
         fp: &'a [u8; 64],
         token: &'a Token,
         lease: u64,
         retention: u64,
+        labels: &'a Labels<'a>,
     },
-    /// A new running record, as `SET NX` writes it (state `N` in the layout).
+    /// A new running record, as `SET NX` writes it (state `N` in the layout), created at the
+    /// estimate of the server's clock its fence is (in milliseconds).
     New {
         fp: &'a [u8; 64],
         token: &'a Token,
         /// The TTL at or below which the lease has passed.
         threshold: u64,
         fence: u64,
+        labels: &'a Labels<'a>,
     },
 }
 
@@ -48,8 +94,8 @@ impl Arg<'_> {
             Arg::Bytes(b) => b.len(),
             Arg::Millis(_) => 20,
             Arg::Key(prefix, _) => prefix.len() + 64,
-            Arg::Acquire { .. } => ACQUIRE_ARG_LEN,
-            Arg::New { .. } => RUNNING_LEN,
+            Arg::Acquire { labels, .. } => ACQUIRE_ARG_MIN_LEN + text_len(labels),
+            Arg::New { labels, .. } => HEADER_LEN + text_len(labels),
         }
     }
 }
@@ -69,23 +115,30 @@ impl redis::ToRedisArgs for Arg<'_> {
                 w.write_all(prefix.as_bytes()).and_then(|()| w.write_all(&crate::key::hex_array(key.as_bytes())))
             }
             // `millis` keeps both within their digits.
-            Arg::Acquire { fp, token, lease, retention } => {
+            Arg::Acquire { fp, token, lease, retention, labels } => {
                 let mut w = out.writer_for_next_arg();
-                w.write_all(&fp[..]).and_then(|()| w.write_all(token.as_str().as_bytes())).and_then(|()| {
-                    let (lease_len, retention_len) = (ARG_LEASE.len(), ARG_RETENTION.len());
-                    write!(w, "{lease:0lease_len$}{retention:0retention_len$}")
-                })
+                w.write_all(&fp[..])
+                    .and_then(|()| w.write_all(token.as_str().as_bytes()))
+                    .and_then(|()| {
+                        let (lease_len, retention_len) = (ARG_LEASE.len(), ARG_RETENTION.len());
+                        write!(w, "{lease:0lease_len$}{retention:0retention_len$}")
+                    })
+                    .and_then(|()| write_labels(&mut w, labels))
             }
-            // Fences are microseconds of the clock, far below 10^20; attempt 1, not recovered.
-            Arg::New { fp, token, threshold, fence } => {
+            // Fences are microseconds of the clock, far below 10^20; attempt 1, not recovered;
+            // created and updated at the fence's estimate of the server's clock.
+            Arg::New { fp, token, threshold, fence, labels } => {
                 let mut w = out.writer_for_next_arg();
                 w.write_all(&[NEW])
                     .and_then(|()| w.write_all(&fp[..]))
                     .and_then(|()| w.write_all(token.as_str().as_bytes()))
                     .and_then(|()| {
-                        let (lease, fence_len, attempt) = (LEASE.len(), FENCE.len(), ATTEMPT.len());
-                        write!(w, "{threshold:0lease$}{fence:0fence_len$}{:0attempt$}0", 1)
+                        let (lease, fence_len, attempt, time) =
+                            (LEASE.len(), FENCE.len(), ATTEMPT.len(), CREATED.len());
+                        let ms = fence / 1000;
+                        write!(w, "{threshold:0lease$}{fence:0fence_len$}{:0attempt$}0{ms:0time$}{ms:0time$}", 1)
                     })
+                    .and_then(|()| write_labels(&mut w, labels))
             }
         };
     }
@@ -93,7 +146,7 @@ impl redis::ToRedisArgs for Arg<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::layout::{FINGERPRINT, RECOVERED, STATE, TOKEN};
+    use super::super::layout::{self, ARG_LABELS, FINGERPRINT, RECOVERED, STATE, TOKEN, UPDATED};
     use super::*;
 
     fn written(arg: Arg<'_>) -> Vec<u8> {
@@ -105,16 +158,27 @@ mod tests {
     #[test]
     fn records_and_arguments_are_laid_out_as_the_scripts_read_them() {
         let (fp, token) = ([b'f'; 64], Token::unique());
-        let new = written(Arg::New { fp: &fp, token: &token, threshold: 7, fence: 1 << 52 });
-        assert_eq!(new.len(), RUNNING_LEN);
+        let labels = Labels::step("charge").run("run-1").tenant(Some("acme"));
+        let new = written(Arg::New { fp: &fp, token: &token, threshold: 7, fence: 1 << 52, labels: &labels });
+        assert_eq!(new.len(), Arg::New { fp: &fp, token: &token, threshold: 7, fence: 1, labels: &labels }.len());
         assert_eq!((new[STATE], &new[FINGERPRINT], &new[TOKEN]), (NEW, &fp[..], token.as_str().as_bytes()));
         let field = |range: std::ops::Range<usize>| std::str::from_utf8(&new[range]).unwrap().parse::<u64>().unwrap();
         assert_eq!((field(LEASE), field(FENCE), field(ATTEMPT), new[RECOVERED]), (7, 1 << 52, 1, b'0'));
+        assert_eq!((field(CREATED), field(UPDATED)), ((1 << 52) / 1000, (1 << 52) / 1000));
+        assert!(layout::running_shape(&new));
+        let read = layout::labels(&new).unwrap();
+        assert_eq!((read.step, read.run, read.tenant), (&b"charge"[..], Some(&b"run-1"[..]), Some(&b"acme"[..])));
 
-        let acquire = written(Arg::Acquire { fp: &fp, token: &token, lease: 5, retention: millis(Duration::MAX) });
-        assert_eq!(acquire.len(), ACQUIRE_ARG_LEN);
+        let none = Labels::default();
+        let acquire =
+            written(Arg::Acquire { fp: &fp, token: &token, lease: 5, retention: millis(Duration::MAX), labels: &none });
+        assert_eq!(acquire.len(), ACQUIRE_ARG_MIN_LEN);
+        assert_eq!(&acquire[ARG_LABELS], layout::NO_LABELS.as_bytes());
         let field =
             |range: std::ops::Range<usize>| std::str::from_utf8(&acquire[range]).unwrap().parse::<u64>().unwrap();
         assert_eq!((field(ARG_LEASE), field(ARG_RETENTION)), (5, millis(Duration::MAX)));
+        let long = "x".repeat(MAX_LABEL_LEN + 1);
+        let err = check_labels(&Labels::step("s").tenant(Some(&long))).unwrap_err().to_string();
+        assert!(err.contains("tenant") && err.contains("99999"), "{err}");
     }
 }

@@ -5,8 +5,8 @@
 -- ARGV[2]  encoded result
 -- ARGV[3]  retention in milliseconds
 --
--- The record becomes D, its fingerprint and token, then the result, with the retention as its
--- TTL.
+-- The record becomes C: its fingerprint, token, fence, attempt, creation time and labels kept,
+-- the update time now, then the result, with the retention as its TTL.
 --
 -- Replies: 1 done (also when this token already completed it: a retry after a lost reply);
 --          0 the token no longer owns the key (lease lost), or its attempt was released or
@@ -17,14 +17,17 @@ if not ok or not rec or #rec < TOKEN_TO or string.sub(rec, TOKEN_FROM, TOKEN_TO)
   return 0
 end
 local state = string.sub(rec, STATE, STATE)
-if state == DONE then
+if state == DONE or state == OLD_DONE then
   -- Written again as it is (TTL kept), so that the repeat replicates like the first write: a
   -- WAIT behind it then covers the outcome whichever connection the first one went out on.
   redis.call('SET', key, rec, 'KEEPTTL')
   return 1
 end
-if (state ~= RUNNING and state ~= NEW) or #rec ~= RUNNING_LEN then
+if (state ~= RUNNING and state ~= NEW) or not is_running(rec) then
   return 0
 end
-redis.call('SET', key, DONE .. string.sub(rec, FINGERPRINT_FROM, TOKEN_TO) .. ARGV[2], 'PX', ARGV[3])
+rec = current(rec)
+redis.call('SET', key,
+  DONE .. string.sub(rec, FINGERPRINT_FROM, CREATED_TO) .. string.format(TIME_FORMAT, now_ms()) .. string.sub(rec, STEP_LEN_FROM) .. ARGV[2],
+  'PX', ARGV[3])
 return 1

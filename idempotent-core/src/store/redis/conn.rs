@@ -207,7 +207,59 @@ async fn exchange_waited(
     }
 }
 
+/// One node a scan reads: the standalone server, or a cluster master by its address.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Node {
+    Only,
+    #[cfg(feature = "cluster")]
+    Master {
+        host: String,
+        port: u16,
+    },
+}
+
 impl RedisStore {
+    /// Whether the store runs on Redis Cluster.
+    pub(super) fn is_cluster(&self) -> bool {
+        match self.inner.conns.pool {
+            Pool::Single(_) => false,
+            #[cfg(feature = "cluster")]
+            Pool::Cluster(_) => true,
+        }
+    }
+
+    /// Sends `pipe` (each of its commands answered) to `node`, within the command timeout. A
+    /// command's error comes back as its reply ([`Value::ServerError`]), so that one refused
+    /// command fails none of the others.
+    pub(super) async fn on_node(
+        &self,
+        op: &'static str,
+        node: &Node,
+        pipe: &redis::Pipeline,
+    ) -> Result<Vec<Value>, Error> {
+        let count = pipe.cmd_iter().count();
+        self.timed(op, async {
+            let conn = self.conn(op).await?;
+            let res = match (conn, node) {
+                (Conn::Single(mut c), _) => {
+                    redis::aio::ConnectionLike::req_packed_commands(&mut c, pipe, 0, count).await
+                }
+                #[cfg(feature = "cluster")]
+                (Conn::Cluster(mut c), Node::Master { host, port }) => {
+                    let route =
+                        redis::cluster_routing::SingleNodeRoutingInfo::ByAddress { host: host.clone(), port: *port };
+                    c.route_pipeline(pipe.clone(), 0, count, route).await
+                }
+                #[cfg(feature = "cluster")]
+                (Conn::Cluster(_), Node::Only) => {
+                    Err(redis::RedisError::from((redis::ErrorKind::Client, "a cluster scan names its node")))
+                }
+            };
+            self.checked_reply(op, res)
+        })
+        .await
+    }
+
     /// Sends one command on a pooled connection, within the command timeout.
     pub(super) async fn run(&self, op: &'static str, cmd: redis::Cmd) -> Result<Value, Error> {
         self.timed(op, async {

@@ -20,15 +20,17 @@ use self::arg::{Arg, millis};
 use self::clock::ServerClock;
 use self::conn::{Connections, Pool, Wait, Written};
 use self::layout::{
-    ATTEMPT, DONE, FENCE, FINGERPRINT, LEASE, MAX_FENCE, NEEDS_ATTENTION, NEW, RECOVERED, RELEASED, RESULT, RUNNING,
-    RUNNING_LEN, STATE, TOKEN,
+    ATTEMPT, DONE, FENCE, FINGERPRINT, LEASE, MAX_FENCE, NEEDS_ATTENTION, NEW, RECOVERED, RELEASED, RUNNING, STATE,
+    TOKEN,
 };
+use super::admin::{Cursor, Deleted, Filter, Page, RecordInfo};
 use super::{BoxFuture, Store};
 use crate::attempt::Attempt;
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
-use crate::record::{Abandon, Acquire, Grant, KEEP_RESOLVED_RELEASE, Resolution, Resolved, Token, Transition};
+use crate::record::{Abandon, Acquire, Grant, KEEP_RESOLVED_RELEASE, Labels, Resolution, Resolved, Token, Transition};
 
+mod admin;
 mod arg;
 mod builder;
 mod clock;
@@ -62,8 +64,14 @@ pub mod source {
     pub const ABANDON: &str = with_layout!("abandon.lua");
     /// `resolve.lua`.
     pub const RESOLVE: &str = with_layout!("resolve.lua");
+    /// `read.lua`.
+    pub const READ: &str = with_layout!("read.lua");
+    /// `release_fenced.lua`.
+    pub const RELEASE_FENCED: &str = with_layout!("release_fenced.lua");
+    /// `delete.lua`.
+    pub const DELETE: &str = with_layout!("delete.lua");
     /// Every script.
-    pub const ALL: [&str; 6] = [ACQUIRE, COMPLETE, RELEASE, RENEW, ABANDON, RESOLVE];
+    pub const ALL: [&str; 9] = [ACQUIRE, COMPLETE, RELEASE, RENEW, ABANDON, RESOLVE, READ, RELEASE_FENCED, DELETE];
 }
 
 struct Scripts {
@@ -73,6 +81,9 @@ struct Scripts {
     renew: Script,
     abandon: Script,
     resolve: Script,
+    read: Script,
+    release_fenced: Script,
+    delete: Script,
 }
 
 impl Scripts {
@@ -84,11 +95,24 @@ impl Scripts {
             renew: Script::new(source::RENEW),
             abandon: Script::new(source::ABANDON),
             resolve: Script::new(source::RESOLVE),
+            read: Script::new(source::READ),
+            release_fenced: Script::new(source::RELEASE_FENCED),
+            delete: Script::new(source::DELETE),
         }
     }
 
-    fn all(&self) -> [&Script; 6] {
-        [&self.acquire, &self.complete, &self.release, &self.renew, &self.abandon, &self.resolve]
+    fn all(&self) -> [&Script; 9] {
+        [
+            &self.acquire,
+            &self.complete,
+            &self.release,
+            &self.renew,
+            &self.abandon,
+            &self.resolve,
+            &self.read,
+            &self.release_fenced,
+            &self.delete,
+        ]
     }
 }
 
@@ -118,10 +142,13 @@ impl Scripts {
 /// minute (until the first measure lands, acquires take the script path), so a key's fences
 /// keep growing even when its record is lost, to within the offset's error: half a round trip,
 /// plus a minute's drift between the two clocks (on a cluster, plus the skew between the node
-/// that answered `TIME` and the key's node). A record is one string: state, fingerprint and owner
-/// token, then the lease, fence and attempt while the operation runs, or the stored result once
-/// it is done (the layout is documented in `layout.lua`); a done record costs the result plus
-/// 97 bytes. A record that needs attention ([`Abandon::NeedsAttention`]) has no TTL: it stays
+/// that answered `TIME` and the key's node). A record is one string: a fixed-width header
+/// (state, fingerprint, owner token, lease, fence, attempt, created and updated times, the
+/// labels' lengths), the labels' text, then the stored result once it is done (the layout is
+/// documented in `layout.lua`; records of the earlier layout, without labels, are still read);
+/// a done record costs the result and its labels plus 190 bytes. [`Store::inspect`] and
+/// [`Store::scan`] read records with the `read` script (`scan`: `SCAN … MATCH <prefix>*` on the
+/// server, or on each cluster master in turn, never `KEYS`). A record that needs attention ([`Abandon::NeedsAttention`]) has no TTL: it stays
 /// until [resolved](Store::resolve). A key that holds anything else (another type, a string this
 /// store did not write) is answered with [`Error::Corrupt`], never a replay or a second run.
 ///
@@ -318,13 +345,14 @@ impl RedisStore {
         token: &Token,
         lease: u64,
         retention: u64,
+        labels: &Labels<'_>,
     ) -> Result<Acquire, Error> {
         let fp = crate::key::hex_array(fingerprint.as_bytes());
         let ttl = lease.max(retention);
         if self.inner.set_get.load(Ordering::Relaxed)
             && let Some(fence) = self.estimated_server_micros()
         {
-            let record = Arg::New { fp: &fp, token, threshold: ttl - lease, fence };
+            let record = Arg::New { fp: &fp, token, threshold: ttl - lease, fence, labels };
             match self.set_get(key, record, ttl).await {
                 Ok(Written { reply: Value::Nil, replicas }) => {
                     self.replicated("acquire", replicas)?;
@@ -357,7 +385,7 @@ impl RedisStore {
                 Err(e) => return Err(e),
             }
         }
-        let args = [Arg::Acquire { fp: &fp, token, lease, retention }];
+        let args = [Arg::Acquire { fp: &fp, token, lease, retention, labels }];
         let Written { reply, replicas } =
             self.invoke_written("acquire", &self.inner.scripts.acquire, key, &args).await?;
         let items = match reply {
@@ -438,17 +466,16 @@ impl RedisStore {
         if record.len() < TOKEN.end {
             return Err(not_a_record());
         }
+        // A done record (this layout's or an earlier release's): the result after its labels.
+        if let Some(result) = layout::result_start(&record) {
+            if record[FINGERPRINT] != fp[..] {
+                return Ok(Some(Acquire::Mismatch));
+            }
+            return Ok(Some(Acquire::Replay(Bytes::from(record).slice(result..))));
+        }
         match record[STATE] {
-            DONE if record[FINGERPRINT] == fp[..] => Ok(Some(Acquire::Replay(Bytes::from(record).slice(RESULT)))),
-            DONE => Ok(Some(Acquire::Mismatch)),
-            RUNNING | NEW | RELEASED | NEEDS_ATTENTION if record.len() == RUNNING_LEN => {
-                let digits = |range: std::ops::Range<usize>| {
-                    let field = &record[range];
-                    if !field.iter().all(u8::is_ascii_digit) {
-                        return None;
-                    }
-                    std::str::from_utf8(field).ok()?.parse::<u64>().ok()
-                };
+            RUNNING | NEW | RELEASED | NEEDS_ATTENTION if layout::running_shape(&record) => {
+                let digits = |range: std::ops::Range<usize>| layout::digits(&record[range]);
                 let (Some(_), Some(fence), Some(attempt)) = (digits(LEASE), digits(FENCE), digits(ATTEMPT)) else {
                     return Err(Self::corrupt(key, "the record has a malformed number"));
                 };
@@ -511,12 +538,12 @@ impl Store for RedisStore {
         fingerprint: &'a Fingerprint,
         lease: Duration,
         retention: Duration,
-        labels: crate::record::Labels<'a>,
+        labels: Labels<'a>,
     ) -> BoxFuture<'a, Result<Acquire, Error>> {
-        let _ = labels; // TODO(admin): write the labels into the record
         Box::pin(async move {
+            arg::check_labels(&labels)?;
             let token = Token::unique();
-            let res = self.take(key, fingerprint, &token, millis(lease), millis(retention)).await;
+            let res = self.take(key, fingerprint, &token, millis(lease), millis(retention), &labels).await;
             if let Err(e) = &res
                 && e.is_store_failure()
             {
@@ -611,25 +638,43 @@ impl Store for RedisStore {
         self.inner.describe.clone()
     }
 
-    fn inspect<'a>(&'a self, _key: &'a Key) -> BoxFuture<'a, Result<Option<crate::store::RecordInfo>, Error>> {
-        Box::pin(async { Err(Error::Config("TODO(admin): inspect".into())) })
+    fn inspect<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<RecordInfo>, Error>> {
+        Box::pin(self.inspect_record(key))
     }
 
-    fn scan<'a>(
-        &'a self,
-        _filter: &'a crate::store::Filter,
-        _cursor: &'a crate::store::Cursor,
-        _limit: usize,
-    ) -> BoxFuture<'a, Result<crate::store::Page, Error>> {
-        Box::pin(async { Err(Error::Config("TODO(admin): scan".into())) })
+    fn scan<'a>(&'a self, filter: &'a Filter, cursor: &'a Cursor, limit: usize) -> BoxFuture<'a, Result<Page, Error>> {
+        Box::pin(self.scan_page(filter, cursor, limit))
     }
 
-    fn release_fenced<'a>(&'a self, _key: &'a Key, _fence: u64) -> BoxFuture<'a, Result<Resolved, Error>> {
-        Box::pin(async { Err(Error::Config("TODO(admin): release_fenced".into())) })
+    fn release_fenced<'a>(&'a self, key: &'a Key, fence: u64) -> BoxFuture<'a, Result<Resolved, Error>> {
+        Box::pin(async move {
+            let script = &self.inner.scripts.release_fenced;
+            let fence = fence.to_string();
+            let written = self.invoke_written("release_fenced", script, key, &[Arg::Bytes(fence.as_bytes())]).await?;
+            match written.reply {
+                Value::Int(1) => {
+                    self.replicated("release_fenced", written.replicas)?;
+                    Ok(Resolved::Ok)
+                }
+                Value::Int(0) => Ok(Resolved::Unchanged),
+                other => Err(Self::corrupt(key, format!("unexpected release_fenced reply {other:?}"))),
+            }
+        })
     }
 
-    fn delete<'a>(&'a self, _key: &'a Key) -> BoxFuture<'a, Result<crate::store::Deleted, Error>> {
-        Box::pin(async { Err(Error::Config("TODO(admin): delete".into())) })
+    fn delete<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Deleted, Error>> {
+        Box::pin(async move {
+            let written = self.invoke_written("delete", &self.inner.scripts.delete, key, &[]).await?;
+            match written.reply {
+                Value::Int(1) => {
+                    self.replicated("delete", written.replicas)?;
+                    Ok(Deleted::Ok)
+                }
+                Value::Int(0) => Ok(Deleted::Absent),
+                Value::Int(2) => Ok(Deleted::Running),
+                other => Err(Self::corrupt(key, format!("unexpected delete reply {other:?}"))),
+            }
+        })
     }
 }
 

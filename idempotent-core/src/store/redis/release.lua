@@ -6,13 +6,15 @@
 --          record's recovered byte (an acquisition that took over an uncertain or expired record
 --          leaves it uncertain; a fresh one leaves it clean)
 --
+-- The TTL, labels and creation time are kept; the update time becomes now.
+--
 -- Replies: 1 released (also when this token already released it: a retry after a lost reply);
 --          0 the token no longer owns the key (lease lost), or the record is in another state
 --          (done, released uncertain, needing attention)
 local key = KEYS[1]
 local orphan = ARGV[2] == '1'
 local ok, rec = pcall(redis.call, 'GET', key)
-if not ok or not rec or #rec ~= RUNNING_LEN or string.sub(rec, TOKEN_FROM, TOKEN_TO) ~= ARGV[1] then
+if not ok or not rec or not is_running(rec) or string.sub(rec, TOKEN_FROM, TOKEN_TO) ~= ARGV[1] then
   return 0
 end
 local state = string.sub(rec, STATE, STATE)
@@ -23,12 +25,14 @@ end
 if state ~= RUNNING and state ~= NEW then
   return 0
 end
-if orphan then
-  redis.call('SETRANGE', key, STATE - 1, RELEASED)
-  return 1
+if #rec == OLD_RUNNING_LEN then
+  redis.call('SET', key, current(rec), 'KEEPTTL')
 end
--- SETRANGE counts from 0. Released clean: the recovered byte 0 (the next acquisition is not
--- recovered).
+-- SETRANGE counts from 0.
 redis.call('SETRANGE', key, STATE - 1, RELEASED)
-redis.call('SETRANGE', key, RECOVERED - 1, '0')
+redis.call('SETRANGE', key, UPDATED_FROM - 1, string.format(TIME_FORMAT, now_ms()))
+if not orphan then
+  -- Released clean: the recovered byte 0 (the next acquisition is not recovered).
+  redis.call('SETRANGE', key, RECOVERED - 1, '0')
+end
 return 1

@@ -7,7 +7,8 @@
 -- ARGV[2]  the new TTL in milliseconds (the retention, or how long a released record is kept)
 -- ARGV[3]  DONE: the encoded outcome
 --
--- The record keeps its fingerprint and token (and, released, its fence and attempt).
+-- The record keeps its fingerprint, token, fence, attempt, labels and creation time; the update
+-- time becomes now.
 --
 -- Replies
 --   1                               resolved
@@ -26,10 +27,10 @@ if not rec then
   return 0
 end
 local state = string.sub(rec, STATE, STATE)
-if state == DONE and #rec >= TOKEN_TO then
+if (state == DONE or state == OLD_DONE) and result_from(rec) then
   return 0
 end
-if #rec ~= RUNNING_LEN or (state ~= RUNNING and state ~= NEW and state ~= RELEASED and state ~= NEEDS_ATTENTION) then
+if not is_running(rec) then
   return redis.error_reply('IDEMPOTENT_CORRUPT the key holds a string that is not a record')
 end
 -- Digits only, as acquire reads them.
@@ -44,10 +45,12 @@ end
 if state ~= NEEDS_ATTENTION then
   return 0
 end
+rec = current(rec)
+local times = string.sub(rec, CREATED_FROM, CREATED_TO) .. string.format(TIME_FORMAT, now_ms())
 if to == DONE then
-  redis.call('SET', key, DONE .. string.sub(rec, FINGERPRINT_FROM, TOKEN_TO) .. ARGV[3], 'PX', ARGV[2])
+  redis.call('SET', key, DONE .. string.sub(rec, FINGERPRINT_FROM, RECOVERED) .. times .. string.sub(rec, STEP_LEN_FROM) .. ARGV[3], 'PX', ARGV[2])
 else
   -- Released clean: the recovered byte 0.
-  redis.call('SET', key, RELEASED .. string.sub(rec, FINGERPRINT_FROM, ATTEMPT_TO) .. '0', 'PX', ARGV[2])
+  redis.call('SET', key, RELEASED .. string.sub(rec, FINGERPRINT_FROM, ATTEMPT_TO) .. '0' .. times .. string.sub(rec, STEP_LEN_FROM), 'PX', ARGV[2])
 end
 return 1
