@@ -16,7 +16,7 @@ use crate::error::Error;
 use crate::key::{Fingerprint, Key};
 use crate::lease::{self, DEFAULT_LEASE, DEFAULT_RETENTION, End, FailMode, Lease, OnInFlight, Taken, Terms};
 use crate::record::{Abandon, Labels, Resolution, Resolved, TAG_ERR, TAG_OK, Transition};
-use crate::store::{IntoSharedStore, SharedStore};
+use crate::store::{IntoSharedStore, RecordInfo, SharedStore};
 use crate::verify::{DEFAULT_VERIFY_TIMEOUT, OnRecovered, Verdict};
 
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -288,6 +288,14 @@ impl<'c> Step<'c> {
     pub async fn resolve_not_done<P: Serialize + ?Sized>(self, payload: &P) -> Result<Resolved, Error> {
         let (key, _) = self.key_for(payload)?;
         self.ctx.store.resolve(&key, Resolution::NotDone).await
+    }
+
+    /// This operation's record as the store holds it (its state, labels, attempt, fence and
+    /// times; never its result), or `None` when there is none: for an operator's look, or to
+    /// find the key and fence to [release](crate::Store::release_fenced) by.
+    pub async fn inspect<P: Serialize + ?Sized>(&self, payload: &P) -> Result<Option<RecordInfo>, Error> {
+        let (key, _) = self.key_for(payload)?;
+        self.ctx.store.inspect(&key).await
     }
 
     /// Replaces all options at once.

@@ -95,7 +95,9 @@ async fn a_killed_workers_charge_is_settled_before_any_retry(b: Backend) {
     let (record, outcome) = &pass.settled[0];
     assert_eq!((outcome, record.step.as_str(), record.run.as_deref()), (&Settled::Done, STEP, Some(RUN)));
     assert_eq!(verified.load(Ordering::SeqCst), 1);
-    let stored = b.store.inspect(&record.key).await.unwrap().unwrap();
+    // Looked up from the caller's side: the step and its payload.
+    let stored = b.ctx().step(STEP).inspect(&PAYLOAD).await.unwrap().expect("the record");
+    assert_eq!(stored.key, record.key);
     assert_eq!((stored.state, stored.attempt), (RecordState::Done, 2), "settled by the reconciler's attempt");
 
     let charge: String = b.ctx().step(STEP).verify(never("verifier")).run(&PAYLOAD, never("action")).await.unwrap();
