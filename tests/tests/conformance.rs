@@ -70,14 +70,7 @@ async fn redis_cluster_store_conforms() {
     conformance::run_all(store.clone()).await;
     conformance::run_admin(&store).await;
     // The records really are spread over the masters (one key per operation, any slot).
-    let keys: Vec<i64> = cluster
-        .nodes
-        .iter()
-        .map(|n| match n.cmd(&["DBSIZE"]) {
-            idempotent_core::redis::Value::Int(k) => k,
-            other => panic!("DBSIZE answered {other:?}"),
-        })
-        .collect();
+    let keys = cluster.keys_per_node();
     assert!(keys.iter().filter(|&&k| k > 0).count() >= 2, "records on one node only: {keys:?}");
     // A scan lists every record of every master, each once (no rehash happens here), across
     // pages: 60 records of one run, on all three masters.
