@@ -63,6 +63,9 @@
 //!   runs the action in a transaction of the SQL store's database and marks the record done in
 //!   that same transaction, so the action's writes through it happen exactly once; the store
 //!   implements `TransactionalStore`, and its database `CommitsWith` it. `sqlx` is re-exported.
+//! - [`state`]: versioned shared state for parallel workers ([`State`]: load, commit on a version,
+//!   update through a reducer), whose commits carry a [`CommitToken`] so that a retried commit is
+//!   never applied twice; on [`MemoryStateStore`] and the Redis, SQLite and PostgreSQL stores.
 //! - `#[idempotent]` (feature `macros`, on by default): the same as an attribute on an `async fn`
 //!   (`transaction = tx` for a transactional step).
 //!
@@ -101,6 +104,7 @@ mod executor;
 mod key;
 pub mod lease;
 pub mod record;
+pub mod state;
 pub mod store;
 pub mod verify;
 
@@ -122,6 +126,10 @@ pub use store::{PostgresStore, PostgresStoreBuilder};
 pub use store::{Preflight, RedisStore, RedisStoreBuilder, Risk};
 #[cfg(feature = "sqlite")]
 pub use store::{SqliteStore, SqliteStoreBuilder};
+pub use state::{
+    COMMIT_HISTORY, Commit, CommitToken, Loaded, MemoryStateStore, RawState, Scope, State, StateStore, UpdatePolicy,
+    Updated, Version,
+};
 pub use verify::{OnRecovered, Verdict};
 
 /// The Redis driver this crate uses, re-exported so that users share one version.
