@@ -80,7 +80,7 @@
 //! for _retry in 0..2 {
 //!     ctx.step("search").run(&"rust occ", |_| async {
 //!         let found = "crate: idempotent".to_string(); // the step's work
-//!         findings.modify(|all| all.push(found)).await?; // merged into the thread's state
+//!         findings.modify(|all| all.push(found.clone())).await?; // merged into the thread's state
 //!         Ok::<_, Error>(())
 //!     }).await?;
 //! }
