@@ -127,7 +127,7 @@ pub use store::{Preflight, RedisStore, RedisStoreBuilder, Risk};
 #[cfg(feature = "sqlite")]
 pub use store::{SqliteStore, SqliteStoreBuilder};
 pub use state::{
-    COMMIT_HISTORY, Commit, CommitToken, Loaded, MemoryStateStore, RawState, Scope, State, StateStore, UpdatePolicy,
+    COMMIT_HISTORY, Commit, CommitToken, REDIS_COMMIT_HISTORY, Loaded, MemoryStateStore, RawState, Scope, State, StateStore, UpdatePolicy,
     Updated, Version,
 };
 pub use verify::{OnRecovered, Verdict};

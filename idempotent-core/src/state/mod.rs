@@ -35,7 +35,7 @@
 //! A naive loop applies a delta twice when the reply to a successful commit is lost: the retry
 //! finds the version moved (by its own write), reloads and applies again. Here every commit
 //! carries a [`CommitToken`], and the store keeps the tokens of the last [`COMMIT_HISTORY`]
-//! commits of each scope with the version each produced. A commit whose token is among them was
+//! commits of each scope ([`REDIS_COMMIT_HISTORY`] on Redis) with the version each produced. A commit whose token is among them was
 //! already applied: it answers [`Commit::Committed`] with that version and `replayed: true`,
 //! changes nothing, and never reports a conflict with itself.
 //!
@@ -48,10 +48,11 @@
 //! [`State::commit_with_token`] take one explicitly (say, derived from a client's request id
 //! with [`CommitToken::derive`]).
 //!
-//! **The bound.** A retry is recognised as long as fewer than [`COMMIT_HISTORY`] (128) other
-//! commits landed on the scope between the lost reply and the retry. [`State::update`] checks
-//! this itself: when a commit of the update failed on the way and the state has moved on by more
-//! than the history since, it stops with [`Error::StateUncertain`] instead of risking a second
+//! **The bound.** A retry is recognised as long as fewer than [`StateStore::commit_history`] other
+//! commits (128; 1024 on Redis) landed on the scope between the lost reply and the retry. [`State::update`] sends a
+//! commit that failed on the way again as it was, after the shortest backoff delay, and checks
+//! the bound itself: if the answer is a conflict with a state that moved on by the whole history
+//! or more since, it stops with [`Error::StateUncertain`] instead of risking a second
 //! application.
 //!
 //! # Stores
@@ -120,6 +121,10 @@ use crate::attempt::Attempt;
 /// retried after a lost reply is recognised while fewer than this many other commits have
 /// landed since (see the [module documentation](self)).
 pub const COMMIT_HISTORY: u64 = 128;
+
+/// How many commit tokens `RedisStore` keeps per scope: a hash field per token and one per slot,
+/// dropped in O(1) per commit, so a longer history costs memory only (about 90 bytes a token).
+pub const REDIS_COMMIT_HISTORY: u64 = 1024;
 
 /// Which state: a name (a thread id, a cart id) within an optional tenant.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -352,6 +357,13 @@ pub trait StateStore: Send + Sync + 'static {
 
     /// A short description for logs and errors (a URL without credentials, or `memory`).
     fn describe(&self) -> String;
+
+    /// How many commit tokens the store keeps per scope: [`COMMIT_HISTORY`] unless the store
+    /// says otherwise (`RedisStore` keeps [`REDIS_COMMIT_HISTORY`], as its history costs a
+    /// commit nothing more).
+    fn commit_history(&self) -> u64 {
+        COMMIT_HISTORY
+    }
 }
 
 /// A shared, type-erased state store.
@@ -423,8 +435,8 @@ impl Default for UpdatePolicy {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Updated<T> {
-    /// The value committed; when `replayed`, the state as last loaded, which holds this update
-    /// (applied once, by its earlier commit).
+    /// The value committed; when `replayed`, the state as loaded (again, if need be) after the
+    /// commit that counted, which holds this update, applied once.
     pub value: T,
     /// The version the update's commit produced.
     pub version: Version,
@@ -514,53 +526,104 @@ impl RawState {
         let policy = &self.policy;
         let attempts = policy.backoff.attempts();
         let scope = &self.scope;
+        let history = self.store.commit_history();
         // The version a commit that failed on the way expected: that commit may have landed.
         let mut uncertain: Option<Version> = None;
         // The state a conflict answered with, to reduce without loading again.
         let mut known: Option<Loaded<Bytes>> = None;
+        // A commit that failed on the way, to send again as it was: its answer tells whether it
+        // (or its first sending) went in.
+        let mut resend: Option<(Loaded<Bytes>, Bytes)> = None;
+        // The version this update's commit produced, once the store said so and the value is
+        // still to be read.
+        let mut applied: Option<Version> = None;
         let mut last_error: Option<Error> = None;
         for round in 1..=attempts {
+            let mut quick = false;
             'round: {
-                let loaded = match known.take() {
-                    Some(loaded) => loaded,
-                    None => match self.store.load(scope).await {
-                        Ok(loaded) => loaded,
+                if let Some(version) = applied {
+                    match self.store.load(scope).await {
+                        Ok(Loaded { value: Some(value), .. }) => {
+                            return Ok(Updated { value, version, attempts: round, replayed: true });
+                        }
+                        Ok(Loaded { value: None, .. }) => {
+                            return Err(Error::Corrupt {
+                                key: crate::Key::from_bytes(*scope.digest()).short(),
+                                detail: format!("state {scope}: absent after a commit of version {version}"),
+                            });
+                        }
                         Err(e) if e.is_transient() => {
                             last_error = Some(e);
+                            quick = true;
                             break 'round;
                         }
                         Err(e) => return Err(e),
-                    },
-                };
-                if let Some(from) = uncertain
-                    && loaded.version.get().saturating_sub(from.get()) > COMMIT_HISTORY
-                {
-                    return Err(Error::StateUncertain {
-                        scope: scope.to_string(),
-                        from: from.get(),
-                        current: loaded.version.get(),
-                        history: COMMIT_HISTORY,
-                    });
+                    }
                 }
-                let new = reducer(loaded.value.as_deref())
-                    .map_err(|e| Error::Reducer { scope: scope.to_string(), source: e.into() })?;
+                let (loaded, new) = match resend.take() {
+                    Some(pending) => pending,
+                    None => {
+                        let loaded = match known.take() {
+                            Some(loaded) => loaded,
+                            None => match self.store.load(scope).await {
+                                Ok(loaded) => loaded,
+                                Err(e) if e.is_transient() => {
+                                    last_error = Some(e);
+                                    break 'round;
+                                }
+                                Err(e) => return Err(e),
+                            },
+                        };
+                        let new = reducer(loaded.value.as_deref())
+                            .map_err(|e| Error::Reducer { scope: scope.to_string(), source: e.into() })?;
+                        (loaded, new)
+                    }
+                };
                 match self.store.commit(scope, loaded.version, new.clone(), token).await {
-                    Ok(Commit::Committed { version, replayed }) => {
-                        let value = if replayed { loaded.value.unwrap_or_default() } else { new };
-                        return Ok(Updated { value, version, attempts: round, replayed });
+                    Ok(Commit::Committed { version, replayed: false }) => {
+                        return Ok(Updated { value: new, version, attempts: round, replayed: false });
+                    }
+                    Ok(Commit::Committed { version, replayed: true }) => {
+                        // The state as loaded holds this update when it is at the version the
+                        // update produced or later; after a resend of a commit from before that
+                        // (the first one's reply was lost), the next rounds read it again.
+                        match loaded.value {
+                            Some(value) if loaded.version >= version => {
+                                return Ok(Updated { value, version, attempts: round, replayed: true });
+                            }
+                            _ => {
+                                applied = Some(version);
+                                quick = true;
+                            }
+                        }
                     }
                     Ok(Commit::Conflict { current }) => {
+                        // The store looked the token up first: within the history, not found
+                        // means the uncertain commit did not go in.
+                        if let Some(from) = uncertain.take()
+                            && current.version.get().saturating_sub(from.get()) >= history
+                        {
+                            return Err(Error::StateUncertain {
+                                scope: scope.to_string(),
+                                from: from.get(),
+                                current: current.version.get(),
+                                history,
+                            });
+                        }
                         last_error = None;
                         known = Some(current);
                     }
                     Err(e) if e.is_transient() => {
                         uncertain.get_or_insert(loaded.version);
                         last_error = Some(e);
+                        resend = Some((loaded, new));
+                        // Sent again soon, while the history surely still holds its token.
+                        quick = true;
                     }
                     Err(e) => return Err(e),
                 }
             }
-            if round == attempts || !self.pause(round, started).await {
+            if round == attempts || !self.pause(if quick { 1 } else { round }, started).await {
                 return Err(last_error.unwrap_or_else(|| self.contention(round, started)));
             }
         }

@@ -1,7 +1,7 @@
 //! The state protocol on [`RedisStore`]: one hash per scope, one Lua script per commit.
 //!
 //! A state lives under `{prefix}state:{scope digest in hex}` (the store's key prefix): a hash of
-//! its version `v`, its value `d`, and its last [`COMMIT_HISTORY`] commit tokens (`t:<token>` →
+//! its version `v`, its value `d`, and its last [`REDIS_COMMIT_HISTORY`] commit tokens (`t:<token>` →
 //! the version it produced, `s:<version mod history>` → the token, so that each commit drops the
 //! oldest in O(1)); `commit.lua` documents the fields. One key per scope, so a commit never
 //! crosses slots on Redis Cluster. A load is one `HMGET`; a commit one `EVALSHA` of
@@ -13,7 +13,7 @@ use std::sync::LazyLock;
 use bytes::Bytes;
 use deadpool_redis::redis::{self, Script, Value};
 
-use super::{COMMIT_HISTORY, Commit, CommitToken, Loaded, Scope, StateStore, Version};
+use super::{Commit, REDIS_COMMIT_HISTORY, CommitToken, Loaded, Scope, StateStore, Version};
 use crate::error::Error;
 use crate::key::Key;
 use crate::store::{BoxFuture, RedisStore, Store};
@@ -89,7 +89,7 @@ impl StateStore for RedisStore {
             let script = &*COMMIT;
             let mut cmd = redis::Cmd::with_capacity(8, 200 + value.len());
             cmd.arg("EVALSHA").arg(script.get_hash()).arg(1).arg(self.state_key(scope));
-            cmd.arg(expected.get()).arg(token.to_hex()).arg(&value[..]).arg(COMMIT_HISTORY);
+            cmd.arg(expected.get()).arg(token.to_hex()).arg(&value[..]).arg(REDIS_COMMIT_HISTORY);
             let key = Key::from_bytes(*scope.digest());
             let reply = self.state_call("state commit", &key, &cmd, Some(script), true).await?;
             let Value::Array(items) = reply else {
@@ -111,5 +111,9 @@ impl StateStore for RedisStore {
 
     fn describe(&self) -> String {
         Store::describe(self)
+    }
+
+    fn commit_history(&self) -> u64 {
+        REDIS_COMMIT_HISTORY
     }
 }

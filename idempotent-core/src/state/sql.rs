@@ -14,7 +14,8 @@
 //! | `value` | `BLOB`/`bytea` | the value |
 //! | `tokens` | `BLOB`/`bytea` | the last [`COMMIT_HISTORY`](super::COMMIT_HISTORY) commit tokens, 16 bytes each, newest last (the newest produced `version`) |
 //!
-//! The table is created on first use (or by `migrate_state`), in one transaction (SQLite:
+//! The table is created on first use (when the database says it is missing, or lacks a column;
+//! or by `migrate_state`), in one transaction (SQLite:
 //! `BEGIN IMMEDIATE`; PostgreSQL: under an advisory lock), so that processes starting at once do
 //! not both create it. A table of that name this crate did not create, or of another version, is
 //! an [`Error::Config`] saying what to do, and is never altered.
@@ -228,8 +229,10 @@ mod sqlite {
     use super::*;
     use crate::store::SqliteStore;
 
+    /// The table is missing, or is not the one this crate creates (then `migrate_state` says so).
     fn missing(e: &sqlx::Error) -> bool {
-        matches!(e, sqlx::Error::Database(db) if db.message().contains("no such table"))
+        matches!(e, sqlx::Error::Database(db)
+            if db.message().contains("no such table") || db.message().contains("no such column"))
     }
 
     async fn migrate(store: &SqliteStore, table: &str) -> Result<(), Error> {
@@ -306,8 +309,10 @@ mod postgres {
     /// The advisory lock the migrations hold (the records' table takes the same one).
     const MIGRATE_LOCK: i64 = 0x6964_656d_706f_7465;
 
+    /// The table is missing (`undefined_table`), or is not the one this crate creates
+    /// (`undefined_column`; then `migrate_state` says so).
     fn missing(e: &sqlx::Error) -> bool {
-        matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("42P01"))
+        matches!(e, sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("42P01" | "42703")))
     }
 
     async fn migrate(store: &PostgresStore, table: &str) -> Result<(), Error> {
