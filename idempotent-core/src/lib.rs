@@ -117,6 +117,10 @@ pub use lease::{
     DEFAULT_LEASE, DEFAULT_RETENTION, DEFAULT_WAIT, FailMode, MAX_LEASE, MAX_RETENTION, MIN_LEASE, MIN_RETENTION,
     OnInFlight, Terms,
 };
+pub use state::{
+    COMMIT_HISTORY, Commit, CommitToken, Loaded, MemoryStateStore, REDIS_COMMIT_HISTORY, RawState, Scope, State,
+    StateStore, UpdatePolicy, Updated, Version,
+};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use store::{CommitsWith, TransactionalStore};
 pub use store::{IntoSharedStore, MemoryStore, SharedStore, Store};
@@ -126,10 +130,6 @@ pub use store::{PostgresStore, PostgresStoreBuilder};
 pub use store::{Preflight, RedisStore, RedisStoreBuilder, Risk};
 #[cfg(feature = "sqlite")]
 pub use store::{SqliteStore, SqliteStoreBuilder};
-pub use state::{
-    COMMIT_HISTORY, Commit, CommitToken, REDIS_COMMIT_HISTORY, Loaded, MemoryStateStore, RawState, Scope, State, StateStore, UpdatePolicy,
-    Updated, Version,
-};
 pub use verify::{OnRecovered, Verdict};
 
 /// The Redis driver this crate uses, re-exported so that users share one version.

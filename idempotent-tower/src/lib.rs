@@ -55,10 +55,10 @@
 pub mod client;
 mod grpc_code;
 mod header;
+pub mod precondition;
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub mod reqwest;
-pub mod precondition;
 pub mod retry;
 pub mod server;
 

@@ -151,16 +151,19 @@ mod tests {
 
     #[tokio::test]
     async fn refusals_are_problem_documents_saying_what_to_do() {
-        let res: Response<http_body_util::Full<Bytes>> = Precondition::Failed { current: Version::new(5) }.into_response();
+        let res: Response<http_body_util::Full<Bytes>> =
+            Precondition::Failed { current: Version::new(5) }.into_response();
         assert_eq!(res.status(), StatusCode::PRECONDITION_FAILED);
         assert_eq!(res.headers()[CONTENT_TYPE], PROBLEM_JSON);
         assert_eq!(res.headers()[ETAG], "\"5\"");
-        let doc: serde_json::Value = serde_json::from_slice(&res.into_body().collect().await.unwrap().to_bytes()).unwrap();
+        let doc: serde_json::Value =
+            serde_json::from_slice(&res.into_body().collect().await.unwrap().to_bytes()).unwrap();
         assert_eq!(doc["status"], 412);
         assert!(doc["detail"].as_str().unwrap().contains("GET the resource again"), "{doc}");
         let res: Response<http_body_util::Full<Bytes>> = Precondition::Required.into_response();
         assert_eq!(res.status(), StatusCode::PRECONDITION_REQUIRED);
-        let doc: serde_json::Value = serde_json::from_slice(&res.into_body().collect().await.unwrap().to_bytes()).unwrap();
+        let doc: serde_json::Value =
+            serde_json::from_slice(&res.into_body().collect().await.unwrap().to_bytes()).unwrap();
         assert_eq!(doc["type"], "tag:idempotent-tower,2025:precondition-required");
     }
 }

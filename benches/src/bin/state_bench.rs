@@ -104,8 +104,9 @@ macro_rules! sql_floor {
     ($name:ident, $pool:ty, $p:literal) => {
         async fn $name(pool: &$pool, window: Duration) -> f64 {
             let t = format!("floor_{}", uuid());
-            let create = format!("CREATE TABLE {t} (scope BLOB PRIMARY KEY, version BIGINT NOT NULL, value BLOB NOT NULL)")
-                .replace("BLOB", if $p == "$" { "bytea" } else { "BLOB" });
+            let create =
+                format!("CREATE TABLE {t} (scope BLOB PRIMARY KEY, version BIGINT NOT NULL, value BLOB NOT NULL)")
+                    .replace("BLOB", if $p == "$" { "bytea" } else { "BLOB" });
             sqlx::raw_sql(sqlx::AssertSqlSafe(create)).execute(pool).await.unwrap();
             let insert = format!("INSERT INTO {t} (scope, version, value) VALUES ({p}1, 0, {p}2)", p = $p);
             sqlx::query(sqlx::AssertSqlSafe(insert)).bind(&[1u8; 32][..]).bind(&b"{}"[..]).execute(pool).await.unwrap();
@@ -146,7 +147,9 @@ async fn report(name: &str, store: SharedStateStore, floor: Option<f64>, window:
 #[tokio::main(flavor = "multi_thread")]
 async fn main() {
     let window = seconds();
-    println!("| store | commits/s, 1 task | raw floor commits/s (ours ÷ floor) | attempts p50 / p99, 8 tasks (updates/s) | attempts p50 / p99, 64 tasks (updates/s) |");
+    println!(
+        "| store | commits/s, 1 task | raw floor commits/s (ours ÷ floor) | attempts p50 / p99, 8 tasks (updates/s) | attempts p50 / p99, 64 tasks (updates/s) |"
+    );
     println!("|---|---|---|---|---|");
     report("memory", Arc::new(MemoryStateStore::new()), None, window).await;
 

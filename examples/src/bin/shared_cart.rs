@@ -36,7 +36,11 @@ async fn get_cart(AxumState(cart): AxumState<Arc<Cart>>) -> Response {
     }
 }
 
-async fn put_cart(AxumState(cart): AxumState<Arc<Cart>>, headers: HeaderMap, Json(items): Json<Vec<String>>) -> Response {
+async fn put_cart(
+    AxumState(cart): AxumState<Arc<Cart>>,
+    headers: HeaderMap,
+    Json(items): Json<Vec<String>>,
+) -> Response {
     // The client's key names the change: a retry of it commits under the same token, and is
     // recognised as applied even though its If-Match is stale by then (its own write).
     let token = match headers.get("idempotency-key").and_then(|v| v.to_str().ok()) {
@@ -77,7 +81,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     // Without If-Match: 428, saying what to do.
     let req = http::Request::put(&url).header("content-type", "application/json").body(Full::from("[]"))?;
     let res = client.request(req).await?;
-    println!("PUT without If-Match: {} {}", res.status(), String::from_utf8_lossy(&res.into_body().collect().await?.to_bytes()));
+    println!(
+        "PUT without If-Match: {} {}",
+        res.status(),
+        String::from_utf8_lossy(&res.into_body().collect().await?.to_bytes())
+    );
 
     let refused = Arc::new(AtomicU32::new(0));
     let per_client = 20;
@@ -91,6 +99,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
                     let tag = res.headers()[header::ETAG].clone();
                     let mut items: Vec<String> = serde_json::from_slice(&res.into_body().collect().await?.to_bytes())?;
                     items.push(item.clone());
+                    // The other client's write may land meanwhile: then this one is refused.
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
                     let req = http::Request::put(&url)
                         .header("content-type", "application/json")
                         .header(header::IF_MATCH, tag)
@@ -131,7 +141,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     Ok(())
 }
 
-async fn futures_join<T>(handles: impl Iterator<Item = tokio::task::JoinHandle<T>>) -> Vec<Result<T, tokio::task::JoinError>> {
+async fn futures_join<T>(
+    handles: impl Iterator<Item = tokio::task::JoinHandle<T>>,
+) -> Vec<Result<T, tokio::task::JoinError>> {
     let mut out = Vec::new();
     for h in handles {
         out.push(h.await);

@@ -700,7 +700,12 @@ impl<T: Serialize + DeserializeOwned> State<T> {
     }
 
     /// Commits `value` on `expected`, under `token`.
-    pub async fn commit_with_token(&self, expected: Version, value: &T, token: &CommitToken) -> Result<Commit<T>, Error> {
+    pub async fn commit_with_token(
+        &self,
+        expected: Version,
+        value: &T,
+        token: &CommitToken,
+    ) -> Result<Commit<T>, Error> {
         let bytes = self.encode(value)?;
         match self.raw.commit_with_token(expected, bytes, token).await? {
             Commit::Committed { version, replayed } => Ok(Commit::Committed { version, replayed }),

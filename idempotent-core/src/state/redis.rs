@@ -13,7 +13,7 @@ use std::sync::LazyLock;
 use bytes::Bytes;
 use deadpool_redis::redis::{self, Script, Value};
 
-use super::{Commit, REDIS_COMMIT_HISTORY, CommitToken, Loaded, Scope, StateStore, Version};
+use super::{Commit, CommitToken, Loaded, REDIS_COMMIT_HISTORY, Scope, StateStore, Version};
 use crate::error::Error;
 use crate::key::Key;
 use crate::store::{BoxFuture, RedisStore, Store};
@@ -43,9 +43,7 @@ fn version_of(scope: &Scope, v: &Value) -> Result<Version, Error> {
         Value::Nil => 0,
         other => return Err(RedisStore::state_corrupt(scope, format!("unexpected version {other:?}"))),
     };
-    u64::try_from(n)
-        .map(Version::new)
-        .map_err(|_| RedisStore::state_corrupt(scope, format!("malformed version {v:?}")))
+    u64::try_from(n).map(Version::new).map_err(|_| RedisStore::state_corrupt(scope, format!("malformed version {v:?}")))
 }
 
 fn value_of(v: Value) -> Option<Bytes> {

@@ -57,7 +57,9 @@ struct Row {
 enum Judged {
     Answer(Commit<Bytes>),
     /// Write `tokens` with the value on `expected`.
-    Write { tokens: Vec<u8> },
+    Write {
+        tokens: Vec<u8>,
+    },
 }
 
 fn judge(scope: &Scope, row: Option<Row>, expected: Version, token: &CommitToken) -> Result<Judged, Error> {
