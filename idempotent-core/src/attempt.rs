@@ -5,7 +5,7 @@
 //! one out with every acquisition ([`record::Grant`](crate::record::Grant)).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use tokio::sync::Notify;
 
@@ -24,6 +24,10 @@ pub struct Attempt {
     number: u32,
     recovered: bool,
     lease: LeaseState,
+    /// How many state commit tokens this attempt derived so far (shared by its clones), so that
+    /// the n-th state update of an action gets the same token on every attempt at it (see
+    /// [`CommitToken`](crate::state::CommitToken)).
+    state_commits: Arc<AtomicU32>,
 }
 
 #[derive(Clone)]
@@ -42,13 +46,20 @@ impl Attempt {
     /// `recovered` (a previous attempt's lease ran out without an outcome, or it said its
     /// outcome is uncertain).
     pub fn new(key: Key, fence: u64, number: u32, recovered: bool) -> Attempt {
-        Attempt { key, fence, number, recovered, lease: LeaseState::Unwatched }
+        Attempt { key, fence, number, recovered, lease: LeaseState::Unwatched, state_commits: Arc::default() }
     }
 
     /// The attempt of a call on `key` that runs without protection: the store was unreachable
     /// and the call fails open. Its fence is 0, lower than any a store hands out.
     pub fn unprotected(key: Key) -> Attempt {
-        Attempt { key, fence: 0, number: 1, recovered: false, lease: LeaseState::Unprotected }
+        Attempt {
+            key,
+            fence: 0,
+            number: 1,
+            recovered: false,
+            lease: LeaseState::Unprotected,
+            state_commits: Arc::default(),
+        }
     }
 
     /// The same attempt, watched: [`lease_lost`](Self::lease_lost) and [`lost`](Self::lost)
@@ -70,6 +81,12 @@ impl Attempt {
     /// request's answer.
     pub fn downstream_key(&self) -> DownstreamKey {
         DownstreamKey::of(&self.key)
+    }
+
+    /// The number of the next state commit token this attempt derives: 0, 1, 2… in the order the
+    /// action's state updates ask for one, the same on every attempt at the operation.
+    pub(crate) fn next_state_commit(&self) -> u32 {
+        self.state_commits.fetch_add(1, Ordering::Relaxed)
     }
 
     /// The operation's key (the store's): to resolve or inspect its record.

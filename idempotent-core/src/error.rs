@@ -212,6 +212,62 @@ pub enum Error {
         detail: String,
     },
 
+    /// A state update ([`State::update`](crate::state::State::update)) did not commit within
+    /// its bounds: each time, another writer committed first.
+    #[error(
+        "state {scope}: the update did not commit after {attempts} attempts in {elapsed:?}: another writer \
+         committed first each time, and nothing of this update was committed. Retry later, raise the bounds \
+         (UpdatePolicy::attempts, UpdatePolicy::max_elapsed), or split the state so that fewer writers share \
+         one scope"
+    )]
+    Contention {
+        /// The state's scope (`tenant/name`).
+        scope: String,
+        /// How many load, reduce and commit rounds the update made.
+        attempts: u32,
+        /// How long it tried.
+        elapsed: Duration,
+    },
+
+    /// A state update's reducer returned an error; nothing was committed.
+    #[error("state {scope}: the reducer failed ({source}); nothing was committed and the state is as it was")]
+    Reducer {
+        /// The state's scope (`tenant/name`).
+        scope: String,
+        /// The reducer's error.
+        #[source]
+        source: BoxError,
+    },
+
+    /// A state's value could not be encoded, or the stored value does not decode into the
+    /// handle's type.
+    #[error("state {scope}: {detail}")]
+    StateValue {
+        /// The state's scope (`tenant/name`).
+        scope: String,
+        /// What was wrong, and what to do.
+        detail: String,
+    },
+
+    /// A commit of this update failed on the way (its reply was lost), and so many other commits
+    /// have landed since that the store's history of commit tokens no longer tells whether it
+    /// was applied; the update stopped rather than risk applying its delta twice.
+    #[error(
+        "state {scope}: a commit of this update on version {from} may have been applied, but the state is at \
+         version {current} now, further than the {history} commit tokens the store keeps, so it cannot tell; \
+         nothing more was committed. Check the state and apply the update by hand if it is missing"
+    )]
+    StateUncertain {
+        /// The state's scope (`tenant/name`).
+        scope: String,
+        /// The version the uncertain commit expected.
+        from: u64,
+        /// The version found afterwards.
+        current: u64,
+        /// How many commit tokens the store keeps per scope.
+        history: u64,
+    },
+
     /// A configuration value was invalid.
     #[error("invalid configuration: {0}")]
     Config(String),
@@ -291,8 +347,9 @@ impl Error {
     /// | `InFlight` | yes | gets the running attempt's outcome once it finishes (wait [`retry_after`](Self::retry_after)) |
     /// | `LeaseLost` | yes | replays the outcome of the attempt that took over, or takes the key over itself |
     /// | `VerifyTimeout` | yes | verifies again (the record was left for the next call) |
+    /// | `Contention` | yes | loads, reduces and commits again (a step's state update commits under the same token) |
     /// | `NeedsAttention` | no | is refused the same way until a person resolves the record |
-    /// | `Payload`, `Mismatch`, `Corrupt`, `Encode`, `Decode`, `ResultTooLarge`, `Full`, `UnsafeStore`, `Config` | no | fails the same way: the payload, the stored record, the result or the setup must change first |
+    /// | `Payload`, `Mismatch`, `Corrupt`, `Encode`, `Decode`, `ResultTooLarge`, `Full`, `UnsafeStore`, `Config`, `Reducer`, `StateValue`, `StateUncertain` | no | fails the same way: the payload, the stored record, the result or the setup must change first |
     ///
     /// Every retry goes through the key, so a retry of a transient failure never runs a
     /// completed action again. (A transient failure may still have left the action run without
@@ -346,6 +403,7 @@ impl Error {
                 | Error::InFlight { .. }
                 | Error::LeaseLost { .. }
                 | Error::VerifyTimeout { .. }
+                | Error::Contention { .. }
         )
     }
 }

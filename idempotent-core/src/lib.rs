@@ -63,6 +63,9 @@
 //!   runs the action in a transaction of the SQL store's database and marks the record done in
 //!   that same transaction, so the action's writes through it happen exactly once; the store
 //!   implements `TransactionalStore`, and its database `CommitsWith` it. `sqlx` is re-exported.
+//! - [`state`]: versioned shared state for parallel workers ([`State`]: load, commit on a version,
+//!   update through a reducer), whose commits carry a [`CommitToken`] so that a retried commit is
+//!   never applied twice; on [`MemoryStateStore`] and the Redis, SQLite and PostgreSQL stores.
 //! - `#[idempotent]` (feature `macros`, on by default): the same as an attribute on an `async fn`
 //!   (`transaction = tx` for a transactional step).
 //!
@@ -102,6 +105,7 @@ mod key;
 pub mod lease;
 pub mod reconcile;
 pub mod record;
+pub mod state;
 pub mod store;
 pub mod verify;
 
@@ -115,6 +119,10 @@ pub use lease::{
     OnInFlight, Terms,
 };
 pub use reconcile::Reconciler;
+pub use state::{
+    COMMIT_HISTORY, Commit, CommitToken, Loaded, MemoryStateStore, REDIS_COMMIT_HISTORY, RawState, Scope, State,
+    StateStore, UpdatePolicy, Updated, Version,
+};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use store::{CommitsWith, TransactionalStore};
 pub use store::{IntoSharedStore, MemoryStore, SharedStore, Store};

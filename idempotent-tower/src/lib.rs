@@ -4,6 +4,8 @@
 //! - [`client`]: a layer that stamps one `Idempotency-Key` per logical request and keeps it
 //!   across retries.
 //! - [`retry`]: a `tower::retry::Policy` that knows which failures are safe to retry.
+//! - [`precondition`]: optimistic concurrency over HTTP for versioned shared state
+//!   (`idempotent_core::state`): `ETag` from the version, `If-Match` checked (412, 428).
 //! - `reqwest` (feature `reqwest`): the key and the retry rules as `reqwest-middleware`
 //!   middleware, for clients built on `reqwest::Client`.
 //! - `client::hedge` (feature `hedge`): a policy for tower's `hedge` middleware that hedges only
@@ -53,6 +55,7 @@
 pub mod client;
 mod grpc_code;
 mod header;
+pub mod precondition;
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub mod reqwest;

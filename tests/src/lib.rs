@@ -24,6 +24,7 @@ pub mod ledger;
 pub mod postgres;
 pub mod proxy;
 pub mod refund_server;
+pub mod state;
 pub mod txn;
 pub mod uncertain;
 pub mod workload;

@@ -33,6 +33,13 @@ pub enum Fault {
     Blackhole,
     /// Forward client → server, but drop server → client (then reset, as a lost reply would).
     DropReplies,
+    /// Forward both ways, but drop each reply chunk with probability `percent`/100 (then reset
+    /// the connection, as a lost reply would): the server executed the command, the client never
+    /// hears of it, for a random fraction of the commands.
+    DropSomeReplies {
+        /// The share of replies lost, in percent.
+        percent: u8,
+    },
 }
 
 /// A running proxy; stops when dropped.
@@ -157,6 +164,7 @@ async fn serve(
                 Fault::Reset => return Ok(()),
                 // The server executed the command; the client never hears of it.
                 Fault::DropReplies => return Ok(()),
+                Fault::DropSomeReplies { percent } if roll() < u64::from(percent) => return Ok(()),
                 Fault::Latency { min, max } => tokio::time::sleep(pick(min, max)).await,
                 _ => {}
             }
@@ -198,6 +206,15 @@ async fn wait_reset(rx: &mut watch::Receiver<Fault>) {
             std::future::pending::<()>().await;
         }
     }
+}
+
+/// A number in `0..100`, spread evenly (splitmix64 over a shared counter).
+fn roll() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0x853c_49e6_748f_ea9b);
+    let mut z = NEXT.fetch_add(0x9e37_79b9_7f4a_7c15, Ordering::Relaxed);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    (z ^ (z >> 31)) % 100
 }
 
 fn pick(min: Duration, max: Duration) -> Duration {

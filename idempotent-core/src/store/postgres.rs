@@ -758,6 +758,17 @@ impl PostgresStore {
         self.inner.pool.close().await;
     }
 
+    /// For the state store (`crate::state`): the records' table (its state table is named
+    /// after it), the timeout of a call, and the store's mapping of driver errors.
+    pub(crate) fn state_parts(&self) -> (&str, Duration) {
+        (&self.inner.table, self.inner.timeout)
+    }
+
+    /// The store's error for `e` during `op` (see [`state_parts`](Self::state_parts)).
+    pub(crate) fn state_error(&self, op: &'static str, e: sqlx::Error) -> Error {
+        self.error(op, e)
+    }
+
     fn error(&self, op: &'static str, e: sqlx::Error) -> Error {
         store_error(&self.inner.describe, op, self.inner.timeout, e)
     }

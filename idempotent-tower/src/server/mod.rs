@@ -310,7 +310,7 @@ pub(crate) mod key;
 mod layer;
 mod outcome;
 mod policy;
-mod problem;
+pub(crate) mod problem;
 pub(crate) mod record;
 mod service;
 

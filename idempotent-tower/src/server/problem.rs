@@ -175,20 +175,29 @@ impl Refusal {
         }
         let status = self.status();
         let (slug, title) = self.kind();
-        let doc = serde_json::json!({
-            "type": format!("tag:idempotent-tower,2025:{slug}"),
-            "title": title,
-            "status": status.as_u16(),
-            "detail": self.detail(false),
-        });
-        let mut res = Response::new(ResponseBody::full(Bytes::from(doc.to_string()), None));
+        let doc = problem_document(status, slug, title, &self.detail(false));
+        let mut res = Response::new(ResponseBody::full(doc, None));
         *res.status_mut() = status;
-        res.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/problem+json"));
+        res.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
         if let Some(after) = self.retry_after() {
             res.headers_mut().insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(after)));
         }
         res
     }
+}
+
+/// The media type of problem documents.
+pub(crate) const PROBLEM_JSON: &str = "application/problem+json";
+
+/// An RFC 9457 problem document of type `tag:idempotent-tower,2025:{slug}`.
+pub(crate) fn problem_document(status: StatusCode, slug: &str, title: &str, detail: &str) -> Bytes {
+    let doc = serde_json::json!({
+        "type": format!("tag:idempotent-tower,2025:{slug}"),
+        "title": title,
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    Bytes::from(doc.to_string())
 }
 
 /// `Retry-After` in whole seconds, rounded up and at least 1 (0 would invite a busy loop).

@@ -381,6 +381,25 @@ impl RedisStore {
         })
     }
 
+    /// For the state store (`crate::state`): `cmd` on the one Redis key it names, through the
+    /// store's connections, command timeout, retry on a dead connection and error mapping;
+    /// `script` is reloaded on `NOSCRIPT` when `cmd` is its `EVALSHA`. A `written` call is
+    /// followed by the store's `WAIT`, and fails when too few replicas acknowledged it. `key`
+    /// names the state in errors.
+    pub(crate) async fn state_call(
+        &self,
+        op: &'static str,
+        key: &Key,
+        cmd: &redis::Cmd,
+        script: Option<&Script>,
+        written: bool,
+    ) -> Result<Value, Error> {
+        let wait = if written { self.inner.wait.as_ref() } else { None };
+        let reply = self.exchange(op, key, cmd, script, wait).await?;
+        self.replicated(op, reply.replicas)?;
+        Ok(reply.reply)
+    }
+
     /// Opens every connection the store keeps and loads `scripts` (see
     /// [`warm_up`](RedisStore::warm_up)).
     pub(super) async fn open_all(&self, scripts: &[&Script]) -> Result<(), Error> {

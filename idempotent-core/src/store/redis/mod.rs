@@ -290,6 +290,11 @@ impl RedisStore {
         s
     }
 
+    /// The prefix of the store's keys (the state store keys its states under it too).
+    pub(crate) fn key_prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
     /// Opens the store's connections, loads its scripts and measures the server's clock, so
     /// that the first calls do not pay for it. Optional: all of it otherwise happens on first
     /// use. Run it at start-up, with [`preflight`](Self::preflight), to fail fast on a wrong URL.

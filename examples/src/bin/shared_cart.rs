@@ -1,0 +1,152 @@
+//! A shared cart over HTTP with optimistic concurrency: `GET /cart` answers the items with the
+//! state's version as `ETag`; `PUT /cart` must carry `If-Match` (428 without it) naming the
+//! current version (412 otherwise, with the current `ETag`), and its `Idempotency-Key` names the
+//! commit, so that a retried `PUT` whose reply was lost is recognised instead of refused. Two
+//! clients add items at once: each reads, appends its item, writes with `If-Match`, and on 412
+//! reads again and re-applies. Every item ends in the cart exactly once.
+//!
+//! ```text
+//! cargo run -p idempotent-examples --bin shared_cart
+//! ```
+//!
+//! Exits non-zero if an item is missing or doubled.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use axum::body::Body;
+use axum::extract::State as AxumState;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use idempotent_core::state::{Commit, CommitToken, MemoryStateStore, Scope, State};
+use idempotent_tower::precondition::{Precondition, check_if_match, etag, parse_etag};
+
+type Cart = State<Vec<String>>;
+
+async fn get_cart(AxumState(cart): AxumState<Arc<Cart>>) -> Response {
+    match cart.load().await {
+        Ok(loaded) => ([(header::ETAG, etag(loaded.version))], Json(loaded.value.unwrap_or_default())).into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+    }
+}
+
+async fn put_cart(
+    AxumState(cart): AxumState<Arc<Cart>>,
+    headers: HeaderMap,
+    Json(items): Json<Vec<String>>,
+) -> Response {
+    // The client's key names the change: a retry of it commits under the same token, and is
+    // recognised as applied even though its If-Match is stale by then (its own write).
+    let token = match headers.get("idempotency-key").and_then(|v| v.to_str().ok()) {
+        Some(key) => CommitToken::derive(key),
+        None => CommitToken::random(),
+    };
+    // The commit on the tag's version is the check; a tag that names no version is checked
+    // against the current one (and refused with its ETag).
+    let tag = headers.get(header::IF_MATCH).and_then(|v| v.to_str().ok()).and_then(parse_etag);
+    let expected = match tag {
+        Some(v) => v,
+        None => match cart.load().await {
+            Ok(current) => match check_if_match(&headers, current.version) {
+                Ok(v) => v,
+                Err(refused) => return refused.into_response::<Body>(),
+            },
+            Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+        },
+    };
+    match cart.commit_with_token(expected, &items, &token).await {
+        Ok(Commit::Committed { version, .. }) => ([(header::ETAG, etag(version))], Json(items)).into_response(),
+        Ok(Commit::Conflict { current }) => Precondition::Failed { current: current.version }.into_response::<Body>(),
+        Ok(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
+        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let cart: Arc<Cart> = Arc::new(State::new(MemoryStateStore::new(), Scope::new("cart-1").tenant("shop")));
+    let app = Router::new().route("/cart", get(get_cart).put(put_cart)).with_state(cart);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let url = format!("http://{addr}/cart");
+
+    // Without If-Match: 428, saying what to do.
+    let req = http::Request::put(&url).header("content-type", "application/json").body(Full::from("[]"))?;
+    let res = client.request(req).await?;
+    println!(
+        "PUT without If-Match: {} {}",
+        res.status(),
+        String::from_utf8_lossy(&res.into_body().collect().await?.to_bytes())
+    );
+
+    let refused = Arc::new(AtomicU32::new(0));
+    let per_client = 20;
+    let clients = (0..2).map(|c| {
+        let (client, url, refused) = (client.clone(), url.clone(), refused.clone());
+        tokio::spawn(async move {
+            for i in 0..per_client {
+                let item = format!("client {c}: item {i}");
+                loop {
+                    let res = client.request(http::Request::get(&url).body(Full::default())?).await?;
+                    let tag = res.headers()[header::ETAG].clone();
+                    let mut items: Vec<String> = serde_json::from_slice(&res.into_body().collect().await?.to_bytes())?;
+                    items.push(item.clone());
+                    // The other client's write may land meanwhile: then this one is refused.
+                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                    let req = http::Request::put(&url)
+                        .header("content-type", "application/json")
+                        .header(header::IF_MATCH, tag)
+                        .header("idempotency-key", format!("add {item}"))
+                        .body(Full::from(serde_json::to_vec(&items)?))?;
+                    let res = client.request(req).await?;
+                    match res.status() {
+                        StatusCode::OK => break,
+                        StatusCode::PRECONDITION_FAILED => {
+                            refused.fetch_add(1, Ordering::Relaxed);
+                        }
+                        other => return Err(format!("PUT answered {other}").into()),
+                    }
+                }
+            }
+            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+        })
+    });
+    for c in futures_join(clients).await {
+        c??;
+    }
+    let res = client.request(http::Request::get(&url).body(Full::default())?).await?;
+    let tag = res.headers()[header::ETAG].to_str()?.to_owned();
+    let items: Vec<String> = serde_json::from_slice(&res.into_body().collect().await?.to_bytes())?;
+    let mut sorted = items.clone();
+    sorted.sort();
+    sorted.dedup();
+    println!(
+        "cart at ETag {tag}: {} items ({} distinct), {} writes refused with 412 and re-applied",
+        items.len(),
+        sorted.len(),
+        refused.load(Ordering::Relaxed)
+    );
+    if items.len() != 2 * per_client || sorted.len() != items.len() {
+        eprintln!("an item is missing or doubled");
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+async fn futures_join<T>(
+    handles: impl Iterator<Item = tokio::task::JoinHandle<T>>,
+) -> Vec<Result<T, tokio::task::JoinError>> {
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await);
+    }
+    out
+}
