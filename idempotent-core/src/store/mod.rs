@@ -99,6 +99,12 @@ pub trait Store: std::any::Any + Send + Sync {
 
     /// A short description for logs and errors (a URL without credentials, or `memory`).
     fn describe(&self) -> String;
+
+    /// A short, fixed name of the kind of store (`memory`, `redis`, `sqlite`, `postgres`): the
+    /// `store` label of the [metrics](crate::metrics). `custom` unless the store says otherwise.
+    fn kind(&self) -> &'static str {
+        "custom"
+    }
 }
 
 /// A shared, type-erased store handle.

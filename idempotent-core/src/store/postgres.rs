@@ -1003,6 +1003,10 @@ impl Store for PostgresStore {
     fn describe(&self) -> String {
         self.inner.describe.clone()
     }
+
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
 }
 
 impl TransactionalStore for PostgresStore {

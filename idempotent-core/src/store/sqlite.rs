@@ -795,6 +795,10 @@ impl Store for SqliteStore {
     fn describe(&self) -> String {
         self.inner.describe.clone()
     }
+
+    fn kind(&self) -> &'static str {
+        "sqlite"
+    }
 }
 
 /// Transactions begin with `BEGIN IMMEDIATE`, which takes the file's write lock at once (waiting

@@ -608,6 +608,10 @@ impl Store for RedisStore {
     fn describe(&self) -> String {
         self.inner.describe.clone()
     }
+
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
 }
 
 impl fmt::Debug for RedisStore {
