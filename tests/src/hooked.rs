@@ -267,4 +267,8 @@ impl<S: Send + Sync + 'static> Store for HookedStore<S> {
             None => self.inner.describe(),
         }
     }
+
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
 }
