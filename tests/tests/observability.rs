@@ -44,8 +44,7 @@ async fn run_traced_tells_executed_then_replayed_with_the_attempt(store: SharedS
         ctx.step("refund").run_traced(&("o-1", 1500), |a| async move { Ok::<_, Error>(a.number()) }).await.unwrap();
     assert_eq!((value, how), (1, Provenance::Executed { attempt: 1 }));
     assert!(!how.is_replayed());
-    let (value, how) =
-        ctx.step("refund").run_traced(&("o-1", 1500), |_| async { Ok::<u32, Error>(99) }).await.unwrap();
+    let (value, how) = ctx.step("refund").run_traced(&("o-1", 1500), |_| async { Ok::<u32, Error>(99) }).await.unwrap();
     assert_eq!((value, how), (1, Provenance::Replayed { attempt: Some(1) }));
     assert!(how.is_replayed());
 
@@ -57,7 +56,6 @@ async fn run_traced_tells_executed_then_replayed_with_the_attempt(store: SharedS
     assert_eq!(how, Provenance::Executed { attempt: 2 });
     let (value, how) = ctx.step("flaky").run_traced(&7, |_| async { Ok::<u32, Error>(0) }).await.unwrap();
     assert_eq!((value, how.attempt(), how.is_replayed()), (2, Some(2), true));
-
 }
 
 async fn an_outcome_stored_without_its_attempt_still_replays(store: SharedStore) {
@@ -408,10 +406,8 @@ async fn the_axum_example_serves_its_counters_at_metrics() {
     assert_eq!(replay.headers()["idempotent-replayed"], "true");
     assert_eq!(provider.refunds(), 1);
 
-    let res = client
-        .request(Request::get(format!("http://{addr}/metrics")).body(Full::default()).unwrap())
-        .await
-        .unwrap();
+    let res =
+        client.request(Request::get(format!("http://{addr}/metrics")).body(Full::default()).unwrap()).await.unwrap();
     assert_eq!(res.status(), 200);
     let text = String::from_utf8(res.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
     let count = |outcome: &str| -> Option<f64> {
