@@ -19,7 +19,7 @@
 //! - `step`: the step's name (executor), or the layer's
 //!   [`scope`](https://docs.rs/idempotent-tower/latest/idempotent_tower/server/struct.IdempotencyLayer.html#method.scope)
 //!   (`http` by default);
-//! - `store`: [`Store::kind`](crate::Store::kind): `memory`, `redis`, `sqlite`, `postgres`, or
+//! - `store`: [`Store::kind`]: `memory`, `redis`, `sqlite`, `postgres`, or
 //!   what a store of the application's own says (`custom` by default);
 //! - `outcome`: [`Outcome::as_str`];
 //! - `op`: the store call.
@@ -28,7 +28,7 @@
 //! one time series per operation, and some are a client's data. A step name is the program's
 //! own (keep it a fixed name, not one built from request data).
 //!
-//! Durations are in seconds ([`metrics::Unit::Seconds`] in the descriptions that
+//! Durations are in seconds (`metrics::Unit::Seconds` in the descriptions that
 //! [`describe`] registers). Each call with the feature on and a recorder installed costs a
 //! few allocations (the step label is copied, and the facade builds each metric's key): see
 //! BENCHMARKS.md ("Metrics").

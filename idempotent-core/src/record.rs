@@ -253,7 +253,11 @@ mod tests {
         let new = encode_outcome(7, true, |buf| serde_json::to_writer(buf, &"re_1")).unwrap();
         assert_eq!(&new[..], b"a7:o\"re_1\"");
         assert_eq!(read_outcome(&new), Some(StoredOutcome { attempt: Some(7), ok: true, json: b"\"re_1\"" }));
-        let err = encode_outcome(u32::MAX, false, |buf| Ok(buf.extend_from_slice(b"{}"))).unwrap();
+        let err = encode_outcome(u32::MAX, false, |buf| {
+            buf.extend_from_slice(b"{}");
+            Ok(())
+        })
+        .unwrap();
         assert_eq!(read_outcome(&err), Some(StoredOutcome { attempt: Some(u32::MAX), ok: false, json: b"{}" }));
         // As stored before the attempt was recorded, and as a resolve stores it.
         for old in [&b"o\"re_1\""[..], &encode_ok("re_1").unwrap()] {
