@@ -401,6 +401,25 @@ pub fn arg<T: std::str::FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
+/// What the library crates' metrics do in this run, for the benches' first line: off (built
+/// without `--features metrics`), on with no recorder (`--no-recorder`), or on with a Prometheus
+/// recorder installed for the process (as an application exposing `/metrics` would have).
+pub fn metrics_setup() -> &'static str {
+    #[cfg(feature = "metrics")]
+    {
+        if flag("--no-recorder") {
+            return "metrics: feature on, no recorder installed";
+        }
+        let handle =
+            metrics_exporter_prometheus::PrometheusBuilder::new().install_recorder().expect("install a recorder");
+        // The exporter's upkeep (draining histograms) runs when it renders; keep the handle.
+        std::mem::forget(handle);
+        "metrics: feature on, Prometheus recorder installed"
+    }
+    #[cfg(not(feature = "metrics"))]
+    "metrics: feature off"
+}
+
 /// Whether `--name` is on the command line.
 pub fn flag(name: &str) -> bool {
     std::env::args().any(|a| a == name)

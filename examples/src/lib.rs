@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use idempotent_core::{Error, PostgresStore, RedisStore, SharedStore, SqliteStore, Store};
 
+pub mod payments;
+
 /// The store the examples run on, with a description to print:
 ///
 /// - Redis when `REDIS_URL` is set (`redis://host:port`);

@@ -15,7 +15,8 @@ use crate::canonical::with_canonical;
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
 use crate::lease::{self, DEFAULT_LEASE, DEFAULT_RETENTION, End, FailMode, Lease, OnInFlight, Taken, Terms};
-use crate::record::{Abandon, Labels, Resolution, Resolved, TAG_ERR, TAG_OK, Transition};
+use crate::metrics::{self, Op, Outcome as Counted, Timer};
+use crate::record::{Abandon, Labels, Resolution, Resolved, Transition};
 use crate::store::{IntoSharedStore, RecordInfo, SharedStore};
 use crate::verify::{DEFAULT_VERIFY_TIMEOUT, OnRecovered, Verdict};
 
@@ -24,6 +25,46 @@ mod transaction;
 
 /// Default cap on a stored result: 16 MiB.
 pub const DEFAULT_MAX_RESULT_BYTES: usize = 16 << 20;
+
+/// Where a call's result came from: what [`Step::run_traced`] returns next to it.
+///
+/// Told by the stored record, not by comparing values: the executor stores the number of the
+/// attempt that produced an outcome with it (see [`record::read_outcome`](crate::record::read_outcome)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Provenance {
+    /// This call ran the action (or its verifier found the effect) and stored the result.
+    Executed {
+        /// This call's attempt ([`Attempt::number`]).
+        attempt: u32,
+    },
+    /// The result was stored earlier and replayed: nothing ran.
+    Replayed {
+        /// The attempt that produced it; `None` for a result settled by
+        /// [`Step::resolve_done`] (no attempt produced it), or stored by a version of this crate
+        /// that did not record it.
+        attempt: Option<u32>,
+    },
+    /// The store was unreachable and the step fails open: the action ran unprotected, and
+    /// nothing was stored.
+    Unprotected,
+}
+
+impl Provenance {
+    /// Whether the result was replayed (nothing ran).
+    pub fn is_replayed(&self) -> bool {
+        matches!(self, Provenance::Replayed { .. })
+    }
+
+    /// The attempt that produced the result, when known.
+    pub fn attempt(&self) -> Option<u32> {
+        match *self {
+            Provenance::Executed { attempt } => Some(attempt),
+            Provenance::Replayed { attempt } => attempt,
+            Provenance::Unprotected => None,
+        }
+    }
+}
 
 /// The options of a step; every [`RunContext::step`] starts from the context's defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -280,14 +321,21 @@ impl<'c> Step<'c> {
         if outcome.len() > max {
             return Err(Error::ResultTooLarge { step, size: outcome.len(), max });
         }
-        self.ctx.store.resolve(&key, Resolution::Done { outcome, retention: self.options.retention }).await
+        self.resolve(&key, Resolution::Done { outcome, retention: self.options.retention }).await
     }
 
     /// Settles this operation's record, which [needs attention](Error::NeedsAttention), as not
     /// done: the next call runs the action, as a fresh attempt.
     pub async fn resolve_not_done<P: Serialize + ?Sized>(self, payload: &P) -> Result<Resolved, Error> {
         let (key, _) = self.key_for(payload)?;
-        self.ctx.store.resolve(&key, Resolution::NotDone).await
+        self.resolve(&key, Resolution::NotDone).await
+    }
+
+    async fn resolve(&self, key: &Key, resolution: Resolution) -> Result<Resolved, Error> {
+        let timer = Timer::start();
+        let answer = self.ctx.store.resolve(key, resolution).await;
+        timer.store_call(&*self.ctx.store, Op::Resolve);
+        answer
     }
 
     /// This operation's record as the store holds it (its state, labels, attempt, fence and
@@ -340,6 +388,33 @@ impl<'c> Step<'c> {
         F: FnOnce(Attempt) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        let traced = self.execute(payload, no_verifier::<T, E>(), action, |_: &E| None, |_| Err(())).await;
+        traced.map(|(value, _)| value)
+    }
+
+    /// [`run`](Self::run), also telling where the result came from: run by this call (and by
+    /// which attempt), or replayed (and which attempt had produced it), or run unprotected.
+    ///
+    /// ```
+    /// use idempotent_core::{MemoryStore, Provenance, RunContext};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idempotent_core::Error> {
+    /// let ctx = RunContext::new(MemoryStore::new(), "order-7");
+    /// let refund = |_| async { Ok::<_, idempotent_core::Error>("re_1".to_owned()) };
+    /// let (id, how) = ctx.step("refund").run_traced(&1500, refund).await?;
+    /// assert_eq!((id.as_str(), how), ("re_1", Provenance::Executed { attempt: 1 }));
+    /// let (again, how) = ctx.step("refund").run_traced(&1500, refund).await?;
+    /// assert_eq!((again.as_str(), how), ("re_1", Provenance::Replayed { attempt: Some(1) }));
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_traced<P, T, E, F, Fut>(self, payload: &P, action: F) -> Result<(T, Provenance), E>
+    where
+        P: Serialize + ?Sized,
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        F: FnOnce(Attempt) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
         self.execute(payload, no_verifier::<T, E>(), action, |_: &E| None, |_| Err(())).await
     }
 
@@ -353,14 +428,16 @@ impl<'c> Step<'c> {
         F: FnOnce(Attempt) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        self.execute(
-            payload,
-            no_verifier::<T, E>(),
-            action,
-            |e: &E| Some(serde_json::to_vec(e)),
-            |bytes| serde_json::from_slice::<E>(bytes).map_err(|_| ()),
-        )
-        .await
+        let traced = self
+            .execute(
+                payload,
+                no_verifier::<T, E>(),
+                action,
+                |e: &E| Some(serde_json::to_vec(e)),
+                |bytes| serde_json::from_slice::<E>(bytes).map_err(|_| ()),
+            )
+            .await;
+        traced.map(|(value, _)| value)
     }
 
     async fn execute<P, T, E, V, VFut, F, Fut>(
@@ -370,7 +447,7 @@ impl<'c> Step<'c> {
         action: F,
         encode_err: impl Fn(&E) -> Option<serde_json::Result<Vec<u8>>>,
         decode_err: impl Fn(&[u8]) -> Result<E, ()>,
-    ) -> Result<T, E>
+    ) -> Result<(T, Provenance), E>
     where
         P: Serialize + ?Sized,
         T: Serialize + DeserializeOwned,
@@ -380,18 +457,22 @@ impl<'c> Step<'c> {
         F: FnOnce(Attempt) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let (key, fingerprint) = self.key_for(payload)?;
+        let (key, fingerprint) = self.key_for(payload).inspect_err(|_| self.count(Counted::Failed))?;
         let mut lease = match self.take(&key, &fingerprint, &self.options.terms(), decode_err).await {
             Begun::Run(lease) => lease,
             Begun::Answered(answer) => return answer,
-            Begun::FailOpen => return action(Attempt::unprotected(key)).await,
+            Begun::FailOpen => return action(Attempt::unprotected(key)).await.map(|v| (v, Provenance::Unprotected)),
         };
 
         let attempt = lease.attempt().clone();
+        let executed = Provenance::Executed { attempt: attempt.number() };
         let result = match self.recover(&mut lease, verifier).await {
             Recovery::Run => {
+                let timer = Timer::start();
                 let action = pin!(CURRENT_ATTEMPT.scope(attempt.clone(), action(attempt)));
-                lease.run(action).await
+                let result = lease.run(action).await;
+                timer.action(&self.name, &*self.ctx.store);
+                result
             }
             Recovery::Found(value) => Ok(value),
             Recovery::Stop(mark, error) => {
@@ -399,7 +480,14 @@ impl<'c> Step<'c> {
                 // reached the store (if not, the lease runs out and the next attempt is
                 // recovered, which is the same as an uncertain mark) — unless another attempt
                 // took the key over, which may have settled it since.
-                return match lease.end(End::Abandon(mark)).await {
+                let ended = lease.end(End::Abandon(mark)).await;
+                let lost = matches!(ended, Ok(Transition::LeaseLost));
+                self.count(match mark {
+                    _ if lost || (mark == Abandon::Uncertain && lease.is_lost()) => Counted::LeaseLost,
+                    Abandon::NeedsAttention => Counted::NeedsAttention,
+                    _ => Counted::Failed,
+                });
+                return match ended {
                     Ok(Transition::LeaseLost) => Err(self.lease_lost(&key, lease.attempt().fence()).into()),
                     _ => Err(error),
                 };
@@ -407,27 +495,38 @@ impl<'c> Step<'c> {
         };
         let fence = lease.attempt().fence();
 
-        match self.outcome(&key, &result, encode_err) {
-            Outcome::Store(bytes) => match lease.end(End::Complete(bytes)).await {
-                Ok(Transition::Ok) => result,
-                Ok(Transition::LeaseLost) => Err(self.lease_lost(&key, fence).into()),
-                // The action ran; its outcome may not have been stored (the lease has marked the
-                // record uncertain, so that the next attempt is recovered at once).
-                Err(e) => Err(e.into()),
-            },
+        match self.outcome(&key, lease.attempt().number(), &result, encode_err) {
+            Outcome::Store(bytes) => {
+                let answer = lease.end(End::Complete(bytes)).await;
+                metrics::ended(&self.name, &*self.ctx.store, true, &answer);
+                match answer {
+                    Ok(Transition::Ok) => result.map(|v| (v, executed)),
+                    Ok(Transition::LeaseLost) => Err(self.lease_lost(&key, fence).into()),
+                    // The action ran; its outcome may not have been stored (the lease has marked
+                    // the record uncertain, so that the next attempt is recovered at once).
+                    Err(e) => Err(e.into()),
+                }
+            }
             // The action's error is what the caller needs; a failed release frees itself when
             // the lease runs out (logged by the lease).
             Outcome::Release => {
                 let _ = lease.release().await;
-                result
+                self.count(Counted::Executed);
+                result.map(|v| (v, executed))
             }
             // The action ran but its result cannot be stored: the next attempt is recovered, so
             // that a verifier (or `OnRecovered`) decides whether it runs again.
             Outcome::Fail(e) => {
                 let _ = lease.end(End::Abandon(Abandon::Uncertain)).await;
+                self.count(Counted::Failed);
                 Err(e.into())
             }
         }
+    }
+
+    /// Counts this call's outcome in the [metrics](crate::metrics) (nothing without the feature).
+    fn count(&self, outcome: Counted) {
+        metrics::call(&self.name, &*self.ctx.store, outcome);
     }
 
     /// What a recovered attempt does before (or instead of) running the action: ask the
@@ -503,7 +602,7 @@ impl<'c> Step<'c> {
         fingerprint: &Fingerprint,
         terms: &Terms,
         decode_err: impl Fn(&[u8]) -> Result<E, ()>,
-    ) -> Begun<Result<T, E>>
+    ) -> Begun<Result<(T, Provenance), E>>
     where
         T: DeserializeOwned,
         E: From<Error>,
@@ -511,7 +610,9 @@ impl<'c> Step<'c> {
         let step: &str = &self.name;
         let short = key.short_key();
         let labels = Labels::step(step).run(&self.ctx.run_id).tenant(self.ctx.tenant.as_deref());
-        let answer = match lease::acquire(&self.ctx.store, key, fingerprint, terms, labels).await {
+        let taken = lease::acquire(&self.ctx.store, key, fingerprint, terms, labels).await;
+        metrics::acquired(step, &*self.ctx.store, &taken, self.options.fail_mode == FailMode::Open);
+        let answer = match taken {
             Ok(Taken::Lease(lease)) => return Begun::Run(lease),
             Ok(Taken::Replay(bytes)) => {
                 tracing::debug!(step, key = %short, "idempotent.replayed");
@@ -546,25 +647,27 @@ impl<'c> Step<'c> {
     fn outcome<T: Serialize, E>(
         &self,
         key: &Key,
+        attempt: u32,
         result: &Result<T, E>,
         encode_err: impl Fn(&E) -> Option<serde_json::Result<Vec<u8>>>,
     ) -> Outcome {
         let step: &str = &self.name;
         let short = key.short_key();
         let encoded = match result {
-            Ok(value) => match crate::record::encode_ok(value) {
+            Ok(value) => match crate::record::encode_outcome(attempt, true, |buf| serde_json::to_writer(buf, value)) {
                 Ok(bytes) => bytes,
                 // Nothing to store; free the key (marked uncertain) so the operation is not stuck
                 // for a lease.
                 Err(source) => return Outcome::Fail(Error::Encode { step: step.to_owned(), source }),
             },
             Err(e) => match encode_err(e) {
-                Some(Ok(json)) => {
-                    let mut buf = Vec::with_capacity(json.len() + 1);
-                    buf.push(TAG_ERR);
+                Some(Ok(json)) => match crate::record::encode_outcome(attempt, false, |buf| {
                     buf.extend_from_slice(&json);
-                    Bytes::from(buf)
-                }
+                    Ok(())
+                }) {
+                    Ok(bytes) => bytes,
+                    Err(source) => return Outcome::Fail(Error::Encode { step: step.to_owned(), source }),
+                },
                 Some(Err(err)) => {
                     tracing::warn!(step, key = %short, error = %err, "idempotent.store_error: the error could not be encoded; releasing the key instead");
                     return Outcome::Release;
@@ -629,6 +732,22 @@ impl<V> Verified<'_, V> {
         F: FnOnce(Attempt) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        self.step.execute(payload, Some(self.verifier), action, |_: &E| None, |_| Err(())).await.map(|(value, _)| value)
+    }
+
+    /// [`Step::run_traced`], calling the verifier instead of the action when the previous
+    /// attempt's outcome is uncertain (a result the verifier found is
+    /// [`Provenance::Executed`] by this call's attempt).
+    pub async fn run_traced<P, T, E, VFut, F, Fut>(self, payload: &P, action: F) -> Result<(T, Provenance), E>
+    where
+        P: Serialize + ?Sized,
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        V: FnOnce(Attempt) -> VFut,
+        VFut: Future<Output = Result<Verdict<T>, E>>,
+        F: FnOnce(Attempt) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
         self.step.execute(payload, Some(self.verifier), action, |_: &E| None, |_| Err(())).await
     }
 
@@ -653,6 +772,7 @@ impl<V> Verified<'_, V> {
                 |bytes| serde_json::from_slice::<E>(bytes).map_err(|_| ()),
             )
             .await
+            .map(|(value, _)| value)
     }
 }
 
@@ -686,18 +806,21 @@ fn decode<T: DeserializeOwned, E: From<Error>>(
     key: &Key,
     bytes: &[u8],
     decode_err: impl Fn(&[u8]) -> Result<E, ()>,
-) -> Result<T, E> {
+) -> Result<(T, Provenance), E> {
     let decode_error = |source| Error::Decode { step: step.to_owned(), key: key.short(), source };
-    match bytes.split_first() {
-        Some((&TAG_OK, json)) => serde_json::from_slice(json).map_err(|e| decode_error(e).into()),
-        Some((&TAG_ERR, json)) => match decode_err(json) {
+    match crate::record::read_outcome(bytes) {
+        Some(stored) if stored.ok => match serde_json::from_slice(stored.json) {
+            Ok(value) => Ok((value, Provenance::Replayed { attempt: stored.attempt })),
+            Err(e) => Err(decode_error(e).into()),
+        },
+        Some(stored) => match decode_err(stored.json) {
             Ok(e) => Err(e),
-            Err(()) => Err(match serde_json::from_slice::<serde_json::Value>(json) {
+            Err(()) => Err(match serde_json::from_slice::<serde_json::Value>(stored.json) {
                 Ok(_) => Error::Corrupt { key: key.short(), detail: "a stored error was found, but this call does not store errors; call it with the same store_errors setting, or bump the step version".into() },
                 Err(e) => decode_error(e),
             }
             .into()),
         },
-        _ => Err(Error::Corrupt { key: key.short(), detail: "stored result has no outcome tag".into() }.into()),
+        None => Err(Error::Corrupt { key: key.short(), detail: "stored result has no outcome tag".into() }.into()),
     }
 }

@@ -32,6 +32,7 @@ use crate::attempt::{Attempt, LeaseSignal};
 use crate::backoff::Backoff;
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
+use crate::metrics::{Held, Op, Timer};
 use crate::record::{Abandon, Acquire, Grant, Labels, Token, Transition};
 use crate::store::SharedStore;
 
@@ -232,7 +233,10 @@ pub async fn acquire(
     loop {
         let sent = Instant::now();
         let started = *started.get_or_insert(sent);
-        match store.acquire_labeled(key, fingerprint, terms.lease, terms.retention, labels).await? {
+        let timer = Timer::start();
+        let answer = store.acquire_labeled(key, fingerprint, terms.lease, terms.retention, labels).await;
+        timer.store_call(&**store, Op::Acquire);
+        match answer? {
             Acquire::Acquired(grant) => return Ok(Taken::Lease(Lease::new(store.clone(), *key, grant, terms, sent))),
             Acquire::Replay(bytes) => return Ok(Taken::Replay(bytes)),
             Acquire::Mismatch => return Ok(Taken::Mismatch),
@@ -278,6 +282,8 @@ pub struct Lease {
     /// Until when the lease is known to hold: `lease` after the acquire or the last successful
     /// renewal was *sent*. The store started counting no earlier, so its deadline is no sooner.
     valid_until: Instant,
+    /// Counts this lease in the leases-held gauge while it lives (nothing without `metrics`).
+    _held: Held,
 }
 
 impl std::fmt::Debug for Lease {
@@ -308,6 +314,7 @@ impl Lease {
         if attempt.recovered() {
             tracing::info!(key = %short, fence = attempt.fence(), attempt = attempt.number(), "idempotent.recovered: a previous attempt's lease ran out without an outcome");
         }
+        let held = Held::new(&*store);
         Lease {
             store,
             key,
@@ -318,6 +325,7 @@ impl Lease {
             retention: terms.retention,
             heartbeat: terms.heartbeat,
             valid_until: sent + terms.lease,
+            _held: held,
         }
     }
 
@@ -385,11 +393,15 @@ impl Lease {
             }
             let beat = {
                 let sent = Instant::now();
+                let timer = Timer::start();
                 let renew = self.store.renew(&self.key, &self.token, self.lease);
                 tokio::select! {
                     biased;
                     out = work.as_mut() => Beat::Done(out),
-                    answer = renew => Beat::Renewed(answer, sent),
+                    answer = renew => {
+                        timer.store_call(&*self.store, Op::Renew);
+                        Beat::Renewed(answer, sent)
+                    }
                     () = tokio::time::sleep_until(self.valid_until) => Beat::Expired,
                 }
             };
@@ -470,6 +482,7 @@ impl Lease {
         // owns the key, which no other attempt can have taken without replacing it. A lease that
         // ran out unseen, with no other attempt since, still stores its outcome (a retry would
         // otherwise run the work a second time).
+        let timer = Timer::start();
         let mut call = self.send(end);
         let answer = std::future::poll_fn(|cx| {
             // Marks the polls of the store call itself: a panic there is not repeated (see
@@ -481,13 +494,16 @@ impl Lease {
         })
         .await;
         guard.end = None;
+        timer.store_call(&*self.store, ending.op());
         self.log_end(ending, &answer);
         if ending == Ending::Complete && answer.is_err() {
             // The work ran, and its outcome may not have been stored: mark the record uncertain,
             // so that the next attempt is recovered at once rather than after the lease. If the
             // outcome was stored after all (only the reply was lost), the mark finds the record
             // done and changes nothing.
+            let timer = Timer::start();
             let marked = self.send(End::Abandon(Abandon::Uncertain)).await;
+            timer.store_call(&*self.store, Op::Abandon);
             self.log_end(Ending::Mark(Abandon::Uncertain), &marked);
         }
         answer
@@ -566,6 +582,14 @@ impl Ending {
             End::Abandon(mark) => Ending::Mark(*mark),
         }
     }
+
+    fn op(self) -> Op {
+        match self {
+            Ending::Complete => Op::Complete,
+            Ending::Release => Op::Release,
+            Ending::Mark(_) => Op::Abandon,
+        }
+    }
 }
 
 /// Sends a lease's ending again from a task of its own if dropped while `end` is still `Some`
@@ -595,7 +619,9 @@ impl Drop for EndOnDrop<'_> {
         };
         let (store, key, token, retention) = (lease.store.clone(), lease.key, lease.token.clone(), lease.retention);
         let again = async move {
+            let (op, timer) = (Ending::of(&end).op(), Timer::start());
             let answer = send(&store, &key, &token, retention, end).await;
+            timer.store_call(&*store, op);
             if let Err(e) = answer {
                 tracing::warn!(key = %key.short_key(), error = %e, "idempotent.store_error: ending the lease after the caller went away failed");
             }

@@ -103,6 +103,7 @@ mod error;
 mod executor;
 mod key;
 pub mod lease;
+pub mod metrics;
 pub mod reconcile;
 pub mod record;
 pub mod state;
@@ -112,7 +113,7 @@ pub mod verify;
 pub use attempt::{Attempt, current_attempt};
 pub use backoff::Backoff;
 pub use error::{BoxError, Error};
-pub use executor::{DEFAULT_MAX_RESULT_BYTES, RunContext, Step, StepOptions, Verified};
+pub use executor::{DEFAULT_MAX_RESULT_BYTES, Provenance, RunContext, Step, StepOptions, Verified};
 pub use key::{DownstreamKey, Fingerprint, Key, KeyScope, ShortKey};
 pub use lease::{
     DEFAULT_LEASE, DEFAULT_RETENTION, DEFAULT_WAIT, FailMode, MAX_LEASE, MAX_RETENTION, MIN_LEASE, MIN_RETENTION,

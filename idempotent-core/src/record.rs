@@ -212,20 +212,100 @@ pub enum Transition {
 /// Stored outcomes are tagged so a stored error replays as an error.
 pub(crate) const TAG_OK: u8 = b'o';
 pub(crate) const TAG_ERR: u8 = b'e';
+/// Opens the attempt that produced a stored outcome: `a`, its number in decimal, `:`, then the
+/// tagged outcome.
+const TAG_ATTEMPT: u8 = b'a';
 
 /// Encodes `value` as the executor stores a successful outcome (its JSON, tagged), for
-/// [`Resolution::Done`].
+/// [`Resolution::Done`]. No attempt produced it: [`read_outcome`] gives it no attempt number.
 pub fn encode_ok<T: serde::Serialize + ?Sized>(value: &T) -> Result<Bytes, serde_json::Error> {
     let mut buf = vec![TAG_OK];
     serde_json::to_writer(&mut buf, value)?;
     Ok(Bytes::from(buf))
 }
 
+/// The executor's stored outcome of `attempt`: `a<attempt>:` and the tag, then the JSON that
+/// `json` writes.
+pub(crate) fn encode_outcome(
+    attempt: u32,
+    ok: bool,
+    json: impl FnOnce(&mut Vec<u8>) -> Result<(), serde_json::Error>,
+) -> Result<Bytes, serde_json::Error> {
+    let mut digits = itoa::Buffer::new();
+    let digits = digits.format(attempt).as_bytes();
+    // Room for the prefix and the shortest JSON: a small value then grows as it did when the
+    // outcome had a one-byte prefix (8, 16, 32 … bytes), so the allocation count stays the same.
+    let mut buf = Vec::with_capacity(8);
+    buf.push(TAG_ATTEMPT);
+    buf.extend_from_slice(digits);
+    buf.push(b':');
+    buf.push(if ok { TAG_OK } else { TAG_ERR });
+    json(&mut buf)?;
+    Ok(Bytes::from(buf))
+}
+
+/// A stored outcome of the executor, read by [`read_outcome`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoredOutcome<'a> {
+    /// The attempt that produced it (its [`Attempt::number`]); `None` for an outcome settled
+    /// by a resolve ([`encode_ok`]: no attempt produced it), or stored by a version of this crate
+    /// that did not record it.
+    pub attempt: Option<u32>,
+    /// Whether it is a result (`true`) or a stored error (`false`).
+    pub ok: bool,
+    /// The result's or the error's JSON.
+    pub json: &'a [u8],
+}
+
+/// Reads a stored outcome the executor wrote: `a<attempt>:` (optional), then `o` and a result's
+/// JSON, or `e` and a stored error's. `None` when the bytes are not one (an outcome the HTTP
+/// layer stored, or garbage).
+pub fn read_outcome(bytes: &[u8]) -> Option<StoredOutcome<'_>> {
+    let (attempt, rest) = match bytes.split_first() {
+        Some((&TAG_ATTEMPT, rest)) => {
+            let end = rest.iter().position(|&b| b == b':')?;
+            let digits = std::str::from_utf8(&rest[..end]).ok()?;
+            if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return None;
+            }
+            (Some(digits.parse::<u32>().ok()?), &rest[end + 1..])
+        }
+        _ => (None, bytes),
+    };
+    match rest.split_first() {
+        Some((&TAG_OK, json)) => Some(StoredOutcome { attempt, ok: true, json }),
+        Some((&TAG_ERR, json)) => Some(StoredOutcome { attempt, ok: false, json }),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashSet;
 
-    use super::Token;
+    use super::{StoredOutcome, Token, encode_ok, encode_outcome, read_outcome};
+
+    #[test]
+    fn stored_outcomes_carry_their_attempt_and_old_ones_still_read() {
+        let new = encode_outcome(7, true, |buf| serde_json::to_writer(buf, &"re_1")).unwrap();
+        assert_eq!(&new[..], b"a7:o\"re_1\"");
+        assert_eq!(read_outcome(&new), Some(StoredOutcome { attempt: Some(7), ok: true, json: b"\"re_1\"" }));
+        let err = encode_outcome(u32::MAX, false, |buf| {
+            buf.extend_from_slice(b"{}");
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(read_outcome(&err), Some(StoredOutcome { attempt: Some(u32::MAX), ok: false, json: b"{}" }));
+        // As stored before the attempt was recorded, and as a resolve stores it.
+        for old in [&b"o\"re_1\""[..], &encode_ok("re_1").unwrap()] {
+            assert_eq!(read_outcome(old), Some(StoredOutcome { attempt: None, ok: true, json: b"\"re_1\"" }));
+        }
+        assert_eq!(read_outcome(b"e{}"), Some(StoredOutcome { attempt: None, ok: false, json: b"{}" }));
+        for bad in [&b""[..], b"x{}", b"a:o1", b"a7o1", b"a-1:o1", b"a99999999999:o1", b"a7:", b"a7:x1", b"IDRS\x01"] {
+            assert_eq!(read_outcome(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
+    }
 
     #[test]
     fn tokens_are_unique_across_threads() {

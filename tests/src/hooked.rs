@@ -290,4 +290,8 @@ impl<S: Send + Sync + 'static> Store for HookedStore<S> {
     fn delete<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Deleted, Error>> {
         self.inner.delete(key)
     }
+
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
 }

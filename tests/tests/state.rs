@@ -89,7 +89,8 @@ async fn postgres_counter_is_exact_when_replies_are_lost() {
     let proxy = FaultProxy::start(format!("127.0.0.1:{}", server.port()).parse().unwrap()).await;
     let url = format!("postgres://postgres@{}/postgres", proxy.addr());
     // A lost reply costs the call its timeout: a short one keeps the test short.
-    let store = PostgresStore::builder(url).max_connections(16).timeout(Duration::from_millis(500)).connect().await.unwrap();
+    let store =
+        PostgresStore::builder(url).max_connections(16).timeout(Duration::from_millis(500)).connect().await.unwrap();
     store.migrate_state().await.unwrap();
     proxy.set(Fault::DropSomeReplies { percent: 20 });
     let store: SharedStateStore = Arc::new(store);

@@ -58,6 +58,7 @@ idempotent_tests::on_every_store!(
     a_key_that_needs_attention_is_409_and_runs_nothing_until_resolved,
     the_handler_sees_one_downstream_key_per_idempotency_key,
     a_layer_that_never_reruns_blindly_stops_a_recovered_request_for_an_operator,
+    the_replay_hook_changes_replayed_responses_only,
 );
 
 // ---------------------------------------------------------------------------------------------
@@ -474,6 +475,45 @@ async fn another_request_under_the_same_key_is_422(store: SharedStore) {
     other_method.problem(422, "key-reused");
     let other_path = app.h1(app.post("/status/201", "m-1"), r#"{"order":"o-1","amount":100}"#).await;
     other_path.problem(422, "key-reused");
+    assert_eq!(app.ledger.calls(), 1);
+}
+
+async fn the_replay_hook_changes_replayed_responses_only(store: SharedStore) {
+    let hooked = Arc::new(AtomicUsize::new(0));
+    let counted = hooked.clone();
+    let app = App::start(&store, move |l| {
+        l.on_replay(move |parts: &mut http::response::Parts| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            assert_eq!(parts.headers["idempotent-replayed"], "true", "the hook sees the marked replay");
+            parts.headers.insert("x-replay-note", HeaderValue::from_static("from the hook"));
+            // A stored header the hook replaces, and one it removes.
+            parts.headers.insert("content-type", HeaderValue::from_static("application/vnd.replay+json"));
+            parts.headers.remove("x-refund");
+        })
+    })
+    .await;
+    let body = r#"{"order":"o-1","amount":100}"#;
+    let first = app.h1(app.post("/refunds", "hook-1"), body).await;
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert!(!first.headers.contains_key("x-replay-note"), "the first response is not a replay");
+    assert!(first.headers.contains_key("x-refund"), "{:?}", first.headers);
+    let refused = app.h1(app.post("/refunds", "hook-1"), r#"{"order":"o-1","amount":200}"#).await;
+    refused.problem(422, "key-reused");
+    assert!(!refused.headers.contains_key("x-replay-note"), "a refusal is not a replay");
+    assert_eq!(hooked.load(Ordering::SeqCst), 0);
+
+    for n in 1..=2 {
+        let reply = match n {
+            1 => app.h1(app.post("/refunds", "hook-1"), body).await,
+            _ => app.h2(app.post("/refunds", "hook-1"), body).await,
+        };
+        assert!(reply.replayed());
+        assert_eq!(reply.headers["x-replay-note"], "from the hook");
+        assert_eq!(reply.headers["content-type"], "application/vnd.replay+json");
+        assert!(!reply.headers.contains_key("x-refund"));
+        assert_eq!((reply.status, &reply.body), (first.status, &first.body), "status and body are the stored ones");
+        assert_eq!(hooked.load(Ordering::SeqCst), n);
+    }
     assert_eq!(app.ledger.calls(), 1);
 }
 

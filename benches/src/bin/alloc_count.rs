@@ -2,6 +2,8 @@
 //!
 //! ```text
 //! cargo run --release -p idempotent-benches --bin alloc_count [-- --calls 20000]
+//! # the library crates' metrics on, with a Prometheus recorder installed (or `--no-recorder`)
+//! cargo run --release -p idempotent-benches --features metrics --bin alloc_count
 //! ```
 //!
 //! At concurrency 64 on two shared cores, throughput follows CPU per call, and in a
@@ -182,6 +184,7 @@ async fn http_rows<const N: usize>(calls: u64, only: &str, layers: [(&str, Idemp
 fn main() {
     let calls: u64 = arg("--calls", 20_000);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    println!("{}\n", idempotent_benches::metrics_setup());
     println!("| path | allocations per call | vs floor | bytes asked per call |");
     println!("|---|--:|--:|--:|");
     // `--only <part of a row name>`: only the HTTP rows on `MemoryStore` whose name contains it,

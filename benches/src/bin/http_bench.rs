@@ -253,6 +253,7 @@ fn main() {
     if flag("--rss") {
         return rss();
     }
+    println!("{}", idempotent_benches::metrics_setup());
     let opts = RunOptions::from_args();
     let (duration, warmup, rt) = (opts.duration(), opts.warmup(), opts.runtime());
     let RunOptions { secs, rounds, pool, workers, concurrencies, only } = opts;

@@ -28,6 +28,10 @@
 //!      -d '{"order_id":"o-8","amount_cents":100}'
 //! # How many refunds the provider issued: 2.
 //! curl -s localhost:3000/provider
+//! # The layer's metrics, in the Prometheus text format: one call executed and one replayed for
+//! # acct_1's key, a mismatch, acct_2's executed call (the labels name the step and the store,
+//! # never a key or an account).
+//! curl -s localhost:3000/metrics
 //! ```
 //!
 //! With Redis, stop and restart the service between steps 1 and 2: the retry is still a replay.
@@ -35,69 +39,13 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
 
-use axum::extract::State;
-use axum::http::{StatusCode, request::Parts};
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use idempotent_core::SharedStore;
-use idempotent_tower::IdempotencyLayer;
-use serde::{Deserialize, Serialize};
-
-/// A stand-in for the payment provider: every call is a real refund.
-#[derive(Default)]
-struct Provider {
-    refunds: AtomicU32,
-}
-
-#[derive(Deserialize)]
-struct RefundRequest {
-    order_id: String,
-    amount_cents: i64,
-}
-
-#[derive(Serialize)]
-struct Refund {
-    refund_id: String,
-    order_id: String,
-    amount_cents: i64,
-}
-
-async fn create_refund(
-    State(provider): State<Arc<Provider>>,
-    Json(req): Json<RefundRequest>,
-) -> Result<(StatusCode, Json<Refund>), (StatusCode, String)> {
-    if req.amount_cents <= 0 {
-        // A final 4xx: stored and replayed like a success.
-        return Err((StatusCode::UNPROCESSABLE_ENTITY, "amount_cents must be positive".into()));
-    }
-    let n = provider.refunds.fetch_add(1, Ordering::SeqCst) + 1;
-    let refund = Refund { refund_id: format!("re_{n:04}"), order_id: req.order_id, amount_cents: req.amount_cents };
-    Ok((StatusCode::CREATED, Json(refund)))
-}
-
-async fn provider_stats(State(provider): State<Arc<Provider>>) -> Json<serde_json::Value> {
-    Json(serde_json::json!({ "refunds_issued": provider.refunds.load(Ordering::SeqCst) }))
-}
-
-/// The account a request acts for. A real service would read it from its authentication layer
-/// (placed outside the idempotency layer); this toy trusts the bearer token's text.
-fn account(parts: &Parts) -> Option<String> {
-    let auth = parts.headers.get("authorization")?.to_str().ok()?;
-    auth.strip_prefix("Bearer ").map(str::to_owned)
-}
-
-fn app(store: SharedStore, provider: Arc<Provider>) -> Router {
-    let refunds = Router::new()
-        .route("/refunds", post(create_refund))
-        .layer(IdempotencyLayer::new(store).require_key(true).tenant(account).scope("payments"));
-    Router::new().merge(refunds).route("/provider", get(provider_stats)).with_state(provider)
-}
+use idempotent_examples::payments::{Provider, app};
+use metrics_exporter_prometheus::PrometheusBuilder;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
@@ -108,7 +56,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let listener = tokio::net::TcpListener::bind(&bind).await?;
     let addr = listener.local_addr()?;
     println!("payments service on http://{addr}, records in {describe}");
-    let server = axum::serve(listener, app(store, Arc::new(Provider::default())));
+    // The process's recorder: everything the layer records shows at `/metrics`.
+    let metrics = PrometheusBuilder::new().install_recorder()?;
+    idempotent_core::metrics::describe();
+    let server = axum::serve(listener, app(store, Arc::new(Provider::default()), metrics));
     if !demo {
         server.await?;
         return Ok(());
@@ -148,5 +99,11 @@ async fn run_demo(addr: SocketAddr) -> Result<(), Box<dyn std::error::Error + Se
     }
     let res = client.request(http::Request::get(format!("http://{addr}/provider")).body(Full::default())?).await?;
     println!("provider: {}", String::from_utf8_lossy(&res.into_body().collect().await?.to_bytes()));
+    let res = client.request(http::Request::get(format!("http://{addr}/metrics")).body(Full::default())?).await?;
+    let text = String::from_utf8(res.into_body().collect().await?.to_bytes().to_vec())?;
+    println!("metrics (the calls counter):");
+    for line in text.lines().filter(|l| l.starts_with(idempotent_core::metrics::CALLS)) {
+        println!("   {line}");
+    }
     Ok(())
 }

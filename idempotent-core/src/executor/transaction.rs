@@ -12,6 +12,7 @@ use crate::attempt::{Attempt, CURRENT_ATTEMPT};
 use crate::error::Error;
 use crate::key::Key;
 use crate::lease::ReleaseOnDrop;
+use crate::metrics::{Outcome as Counted, Timer};
 use crate::record::Transition;
 use crate::store::sql::{self, CommitsWith, TransactionalStore};
 
@@ -179,12 +180,12 @@ impl Step<'_> {
         let Some(store) = sql::store_of::<DB>(&self.ctx.store) else {
             return Err(sql::wrong_store::<DB>(&self.ctx.store, &format!("step `{}`", self.name)).into());
         };
-        let (key, fingerprint) = self.key_for(payload)?;
+        let (key, fingerprint) = self.key_for(payload).inspect_err(|_| self.count(Counted::Failed))?;
         let opts = &self.options;
         let terms = opts.terms().heartbeat(opts.heartbeat && store.renews_during_transaction());
         let lease = match self.take(&key, &fingerprint, &terms, |_| Err(())).await {
             Begun::Run(lease) => lease,
-            Begun::Answered(answer) => return answer,
+            Begun::Answered(answer) => return answer.map(|(value, _)| value),
             Begun::FailOpen => return unprotected_in_transaction(store, key, action).await,
         };
         // From here until the outcome is settled, a drop releases the key: the transaction,
@@ -194,26 +195,32 @@ impl Step<'_> {
             Ok(tx) => tx,
             Err(e) => {
                 let _ = lease.settle().release().await;
+                self.count(Counted::StoreError);
                 return Err(e.into());
             }
         };
         let attempt = lease.attempt().clone();
         let result = {
+            let timer = Timer::start();
             let action = pin!(CURRENT_ATTEMPT.scope(attempt.clone(), action(&mut tx, attempt)));
-            lease.run(action).await
+            let result = lease.run(action).await;
+            timer.action(&self.name, &*self.ctx.store);
+            result
         };
         let fence = lease.attempt().fence();
-        let failed = match self.outcome(&key, &result, |_: &E| None) {
+        let failed = match self.outcome(&key, lease.attempt().number(), &result, |_: &E| None) {
             Outcome::Store(bytes) => match lease.complete_in(&mut tx, bytes).await {
                 Ok(Transition::Ok) => match commit(store, tx).await {
                     Ok(()) => {
                         tracing::debug!(step = %self.name, key = %key.short_key(), fence, "idempotent.stored: committed with the transaction");
                         // Done: nothing to release.
                         drop(lease.settle());
+                        self.count(Counted::Executed);
                         return result;
                     }
                     Err(e) => {
                         let _ = lease.settle().release().await;
+                        self.count(Counted::StoreError);
                         return Err(e.into());
                     }
                 },
@@ -221,17 +228,20 @@ impl Step<'_> {
                     roll_back(store, tx).await;
                     // The key is another attempt's: nothing to release.
                     drop(lease.settle());
+                    self.count(Counted::LeaseLost);
                     return Err(self.lease_lost(&key, fence).into());
                 }
-                Err(e) => Err(e),
+                Err(e) => Err((Counted::StoreError, e)),
             },
             Outcome::Release => Ok(()),
-            Outcome::Fail(e) => Err(e),
+            Outcome::Fail(e) => Err((Counted::Failed, e)),
         };
         // The transaction ends before the key is released: on a pool of one connection, the
         // release needs the transaction's.
         roll_back(store, tx).await;
         let _ = lease.settle().release().await;
+        self.count(failed.as_ref().map_or_else(|(counted, _)| *counted, |()| Counted::Executed));
+        let failed = failed.map_err(|(_, e)| e);
         match failed {
             Ok(()) => result,
             Err(e) => Err(e.into()),

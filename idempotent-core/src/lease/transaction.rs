@@ -26,7 +26,9 @@ impl Lease {
         let Some(store) = sql::store_of::<DB>(&self.store) else {
             return Err(sql::wrong_store::<DB>(&self.store, "Lease::complete_in"));
         };
+        let timer = crate::metrics::Timer::start();
         let answer = store.complete_in(tx, &self.key, &self.token, outcome, self.retention).await;
+        timer.store_call(&*self.store, crate::metrics::Op::Complete);
         let (short, fence) = (self.key.short_key(), self.attempt.fence());
         match &answer {
             Ok(Transition::Ok) => tracing::trace!(key = %short, fence, "idempotent.completed_in_transaction"),

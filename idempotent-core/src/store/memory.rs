@@ -595,6 +595,10 @@ impl Store for MemoryStore {
     fn describe(&self) -> String {
         "memory".to_owned()
     }
+
+    fn kind(&self) -> &'static str {
+        "memory"
+    }
 }
 
 impl fmt::Debug for MemoryStore {

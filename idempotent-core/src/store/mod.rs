@@ -139,6 +139,12 @@ pub trait Store: std::any::Any + Send + Sync {
     /// The next call of the operation runs it as a new one (attempt 1, not recovered); fences
     /// still grow past every fence the record had.
     fn delete<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Deleted, Error>>;
+
+    /// A short, fixed name of the kind of store (`memory`, `redis`, `sqlite`, `postgres`): the
+    /// `store` label of the [metrics](crate::metrics). `custom` unless the store says otherwise.
+    fn kind(&self) -> &'static str {
+        "custom"
+    }
 }
 
 /// A shared, type-erased store handle.

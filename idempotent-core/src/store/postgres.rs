@@ -1154,6 +1154,10 @@ impl Store for PostgresStore {
             Ok(deleted(kept))
         })
     }
+
+    fn kind(&self) -> &'static str {
+        "postgres"
+    }
 }
 
 impl TransactionalStore for PostgresStore {

@@ -933,6 +933,10 @@ impl Store for SqliteStore {
             Ok(deleted(kept))
         })
     }
+
+    fn kind(&self) -> &'static str {
+        "sqlite"
+    }
 }
 
 /// Transactions begin with `BEGIN IMMEDIATE`, which takes the file's write lock at once (waiting

@@ -19,6 +19,7 @@ pub const DEFAULT_MAX_STORED_RESPONSE: usize = 1024 * 1024;
 pub const STORE_DOWN_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 type TenantFn = dyn Fn(&http::request::Parts) -> Option<String> + Send + Sync;
+type ReplayFn = dyn Fn(&mut http::response::Parts) + Send + Sync;
 
 /// Everything the service needs, shared by every clone of it.
 #[derive(Clone)]
@@ -37,6 +38,8 @@ pub(crate) struct Config {
     /// What a request whose previous attempt's outcome is uncertain does.
     pub(crate) on_recovered: OnRecovered,
     pub(crate) policy: Arc<dyn StorePolicy>,
+    /// Run on every replayed response before it is sent.
+    pub(crate) on_replay: Option<Arc<ReplayFn>>,
 }
 
 /// A [`Layer`] that makes requests carrying an `Idempotency-Key` run at most once and replays
@@ -66,6 +69,7 @@ impl fmt::Debug for IdempotencyLayer {
             .field("on_in_flight", &c.terms.on_in_flight)
             .field("fail_mode", &c.fail_mode)
             .field("on_recovered", &c.on_recovered)
+            .field("on_replay", &c.on_replay.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -97,6 +101,7 @@ impl IdempotencyLayer {
                 fail_mode: FailMode::Closed,
                 on_recovered: OnRecovered::Run,
                 policy: Arc::new(DefaultStorePolicy),
+                on_replay: None,
             }),
         }
     }
@@ -230,6 +235,37 @@ impl IdempotencyLayer {
     /// Decides which responses are stored (default [`DefaultStorePolicy`]).
     pub fn store_policy(mut self, policy: impl StorePolicy) -> Self {
         self.config().policy = Arc::new(policy);
+        self
+    }
+
+    /// Runs `hook` on every replayed response before it is sent: its status, its headers (the
+    /// stored ones, with [`Idempotent-Replayed: true`](super::IDEMPOTENT_REPLAYED) already
+    /// added) and its extensions, to add or change headers (an `Age`, a header of your own, a
+    /// request id of this request rather than the first one's). The body and trailers are the
+    /// stored ones. Only replays reach the hook: not a first response, not a refusal. The
+    /// default is no hook.
+    ///
+    /// ```
+    /// use axum::{Router, body::Body, http::Request, routing::post};
+    /// use idempotent_core::MemoryStore;
+    /// use idempotent_tower::server::IdempotencyLayer;
+    /// use tower::ServiceExt;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let layer = IdempotencyLayer::new(MemoryStore::new()).on_replay(|parts: &mut http::response::Parts| {
+    ///     parts.headers.insert("x-cache", http::HeaderValue::from_static("replay"));
+    /// });
+    /// let app = Router::new().route("/refunds", post(|| async { "re_1" })).layer(layer);
+    /// let request = || Request::post("/refunds").header("idempotency-key", "k-1").body(Body::empty()).unwrap();
+    /// assert!(app.clone().oneshot(request()).await.unwrap().headers().get("x-cache").is_none());
+    /// assert_eq!(app.oneshot(request()).await.unwrap().headers()["x-cache"], "replay");
+    /// # }
+    /// ```
+    pub fn on_replay<F>(mut self, hook: F) -> Self
+    where
+        F: Fn(&mut http::response::Parts) + Send + Sync + 'static,
+    {
+        self.config().on_replay = Some(Arc::new(hook));
         self
     }
 }

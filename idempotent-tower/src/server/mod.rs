@@ -58,7 +58,9 @@
 //! 4. **Store.** One acquire on the store decides:
 //!    - a stored response → **replayed**: its status, every header value (multi-valued fields
 //!      such as `Set-Cookie` intact, hop-by-hop fields dropped), the exact body bytes and the
-//!      trailers, plus `Idempotent-Replayed: true`. The service is not called.
+//!      trailers, plus `Idempotent-Replayed: true`. The service is not called. A hook given to
+//!      [`on_replay`](IdempotencyLayer::on_replay) then sees the response's status, headers and
+//!      extensions before it is sent, to add or change headers.
 //!    - the key used with another fingerprint → **422**.
 //!    - the key held by a request still running → **409** with `Retry-After`, or, with
 //!      [`OnInFlight::Wait`](idempotent_core::OnInFlight::Wait), the first request's response
@@ -185,7 +187,10 @@
 //! client what to do. Events are logged with `tracing` (`idempotent.acquired`, `.replayed`,
 //! `.stored`, `.released`, `.in_flight`, `.mismatch`, `.store_error`, `.lease_lost`,
 //! `.not_stored`, `.corrupt`, `.refused`) with a 12-hex-digit prefix of the hashed key; client
-//! keys and bodies are never logged.
+//! keys and bodies are never logged. With the `metrics` feature the layer also counts each
+//! request with a key by how it ended, and times the service and the store calls, through the
+//! `metrics` facade: the names and labels are in [`idempotent_core::metrics`] (the `step` label
+//! is the layer's [`scope`](IdempotencyLayer::scope); never a key or a tenant).
 //!
 //! # gRPC
 //!

@@ -28,8 +28,9 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 /// the request ran, and a retry under the same key may run it again.
 pub const IDEMPOTENT_STORED: HeaderName = HeaderName::from_static("idempotent-stored");
 
-/// A stored response, as the client gets it again: marked `Idempotent-Replayed: true`.
-pub(crate) fn replay<B>(bytes: Bytes, grpc: bool, short: ShortKey) -> Response<ResponseBody<B>> {
+/// A stored response, as the client gets it again: marked `Idempotent-Replayed: true`, then
+/// passed to the layer's [`on_replay`](super::IdempotencyLayer::on_replay) hook.
+pub(crate) fn replay<B>(config: &Config, bytes: Bytes, grpc: bool, short: ShortKey) -> Response<ResponseBody<B>> {
     let stored = match StoredResponse::decode(bytes) {
         Ok(stored) => stored,
         Err(error) => {
@@ -43,7 +44,14 @@ pub(crate) fn replay<B>(bytes: Bytes, grpc: bool, short: ShortKey) -> Response<R
     *res.headers_mut() = stored.headers;
     strip_hop_by_hop(res.headers_mut());
     res.headers_mut().insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    res
+    match &config.on_replay {
+        None => res,
+        Some(hook) => {
+            let (mut parts, body) = res.into_parts();
+            hook(&mut parts);
+            Response::from_parts(parts, body)
+        }
+    }
 }
 
 /// After the service: stores its response, or gives the key up when it failed.
@@ -82,6 +90,7 @@ where
     };
     let wanted = stored.is_some();
     let answer = lease.end(stored.map_or(End::Release, End::Complete)).await;
+    idempotent_core::metrics::ended(&config.scope, &*config.store, wanted, &answer);
     reply.map(|res| mark(res, wanted, answer))
 }
 
@@ -101,6 +110,7 @@ where
     let (res, stored) = decide(&config, collected, grpc, lease.key().short_key());
     let wanted = stored.is_some();
     let answer = lease.end(stored.map_or(End::Release, End::Complete)).await;
+    idempotent_core::metrics::ended(&config.scope, &*config.store, wanted, &answer);
     mark(res, wanted, answer)
 }
 

@@ -9,6 +9,7 @@ use http::request::Parts;
 use http::{HeaderMap, Request, Response};
 use http_body::Body;
 use idempotent_core::lease::{self, End, Taken};
+use idempotent_core::metrics::{self, Outcome as Counted, Timer};
 use idempotent_core::record::{Abandon, Labels};
 use idempotent_core::{Attempt, Error, FailMode, Key, OnRecovered};
 use tower::{BoxError, Service};
@@ -162,7 +163,9 @@ where
         let call = inner.call(service_request(parts, data, trailers, Some(lease.attempt().clone())));
         // A statement of its own, so that the service's future is dropped before the key is
         // released or the response stored.
+        let timer = Timer::start();
         let outcome = lease.run_boxed(pin!(call)).await;
+        timer.action(&config.scope, &*config.store);
         // Boxed: storing is the largest state, and a replay or a refusal never reaches it.
         Box::pin(settle(lease, &config, outcome, grpc)).await
     }
@@ -193,14 +196,17 @@ where
 {
     let short = key.short_key();
     let refuse = |refusal: Refusal| Admission::Respond(refusal.into_response(grpc));
+    let count = |outcome| metrics::call(&config.scope, &*config.store, outcome);
     let (data, trailers) = match read_body(&parts.headers, body, config.max_request_body).await {
         Ok(read) => read,
         Err(ReadError::TooLarge) => {
             tracing::debug!(key = %short, limit = config.max_request_body, "idempotent.refused: request body too large");
+            count(Counted::Failed);
             return refuse(Refusal::BodyTooLarge { limit: config.max_request_body });
         }
         Err(ReadError::Failed(error)) => {
             tracing::debug!(key = %short, %error, "idempotent.refused: request body failed");
+            count(Counted::Failed);
             return refuse(Refusal::BodyUnreadable);
         }
     };
@@ -208,7 +214,9 @@ where
     let header = || config.header.as_str().to_owned();
     // The record is labelled with the layer's scope and the tenant; never the client's key.
     let labels = Labels::step(&config.scope).tenant(tenant);
-    match lease::acquire(&config.store, key, &fingerprint, &config.terms, labels).await {
+    let taken = lease::acquire(&config.store, key, &fingerprint, &config.terms, labels).await;
+    metrics::acquired(&config.scope, &*config.store, &taken, config.fail_mode == FailMode::Open);
+    match taken {
         Ok(Taken::Lease(lease))
             if lease.attempt().recovered() && config.on_recovered == OnRecovered::NeedsAttention =>
         {
@@ -216,10 +224,11 @@ where
             tracing::warn!(key = %short, attempt, "idempotent.needs_attention: the previous attempt's outcome is uncertain and the layer does not re-run it blindly");
             // Boxed: a recovered attempt is rare, and this future's room is every request's.
             let _ = Box::pin(lease.end(End::Abandon(Abandon::NeedsAttention))).await;
+            count(Counted::NeedsAttention);
             refuse(Refusal::NeedsAttention { header: header(), attempt })
         }
         Ok(Taken::Lease(lease)) => Admission::Run { data, trailers, lease },
-        Ok(Taken::Replay(bytes)) => Admission::Respond(replay(bytes, grpc, short)),
+        Ok(Taken::Replay(bytes)) => Admission::Respond(replay(config, bytes, grpc, short)),
         Ok(Taken::Mismatch) => {
             tracing::info!(key = %short, "idempotent.mismatch: the key was used with another request");
             refuse(Refusal::Mismatch { header: header() })

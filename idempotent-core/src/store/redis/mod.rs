@@ -681,6 +681,10 @@ impl Store for RedisStore {
             }
         })
     }
+
+    fn kind(&self) -> &'static str {
+        "redis"
+    }
 }
 
 impl fmt::Debug for RedisStore {
