@@ -131,7 +131,8 @@ async fn inspect_finds_a_record_by_the_call_or_the_client_key() {
     let by_call = cli(&url, &["--json", "inspect", "--run", &run, "--step", "charge", "--args", "7"]).await;
     assert_eq!(code(&by_call), 0, "{}", stderr(&by_call));
     let record = json(&by_call);
-    assert_eq!((record["state"].as_str(), record["result_bytes"].as_u64()), (Some("done"), Some(3)), "{record}");
+    // The stored outcome: `a1:` (the attempt that made it), then `o70`.
+    assert_eq!((record["state"].as_str(), record["result_bytes"].as_u64()), (Some("done"), Some(6)), "{record}");
 
     let other_args = cli(&url, &["inspect", "--run", &run, "--step", "charge", "--args", "8"]).await;
     assert_eq!(code(&other_args), 3, "no record for other arguments");
