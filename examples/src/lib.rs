@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use idempotent_core::{Error, PostgresStore, RedisStore, SharedStore, SqliteStore, Store};
 
+pub mod cart;
 pub mod payments;
 
 /// The store the examples run on, with a description to print:

@@ -202,3 +202,60 @@ async fn parallel_branches_append_each_finding_once() {
     assert!(counts.values().all(|&n| n == 1), "findings appended more than once: {counts:?}");
     assert!(failures.load(Ordering::SeqCst) > 0, "the transport lost nothing: the test proved nothing");
 }
+
+/// The shared cart's routes (`idempotent_examples::cart`): `ETag` from the version, `If-Match`
+/// required (428), a stale tag refused with the current `ETag` (412), both problem documents, and
+/// a `PUT` retried under its `Idempotency-Key` after its reply was lost recognised as applied.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cart_routes_check_if_match() {
+    use axum::body::Body;
+    use http::{Request, StatusCode, header};
+    use http_body_util::BodyExt;
+    use idempotent_core::state::Scope;
+    use tower::ServiceExt;
+
+    let cart: Arc<idempotent_examples::cart::Cart> = Arc::new(State::new(MemoryStateStore::new(), Scope::new("cart")));
+    let app = idempotent_examples::cart::router(cart.clone());
+    let call = |req: Request<Body>| {
+        let app = app.clone();
+        async move {
+            let res = app.oneshot(req).await.unwrap();
+            let (parts, body) = res.into_parts();
+            (parts.status, parts.headers, body.collect().await.unwrap().to_bytes())
+        }
+    };
+    let put = |tag: Option<&str>, key: &str, items: &str| {
+        let mut req = Request::put("/cart").header("content-type", "application/json").header("idempotency-key", key);
+        if let Some(tag) = tag {
+            req = req.header(header::IF_MATCH, tag);
+        }
+        req.body(Body::from(items.to_owned())).unwrap()
+    };
+
+    let (status, headers, body) = call(Request::get("/cart").body(Body::empty()).unwrap()).await;
+    assert_eq!((status, &body[..]), (StatusCode::OK, &b"[]"[..]));
+    let absent = headers[header::ETAG].to_str().unwrap().to_owned();
+
+    let (status, headers, body) = call(put(None, "k0", r#"["tea"]"#)).await;
+    assert_eq!(status, StatusCode::PRECONDITION_REQUIRED, "{body:?}");
+    assert_eq!(headers[header::CONTENT_TYPE], "application/problem+json");
+    assert!(String::from_utf8_lossy(&body).contains("If-Match"), "{body:?}");
+
+    let (status, headers, _) = call(put(Some(&absent), "k1", r#"["tea"]"#)).await;
+    assert_eq!(status, StatusCode::OK);
+    let first = headers[header::ETAG].to_str().unwrap().to_owned();
+    assert_ne!(first, absent);
+
+    // Another writer's tag is stale now: 412, with the current tag to re-read by.
+    let (status, headers, body) = call(put(Some(&absent), "k2", r#"["coffee"]"#)).await;
+    assert_eq!(status, StatusCode::PRECONDITION_FAILED, "{body:?}");
+    assert_eq!(headers[header::CONTENT_TYPE], "application/problem+json");
+    assert_eq!(headers[header::ETAG].to_str().unwrap(), first);
+
+    // The first PUT again (its reply was lost): its tag is stale by its own write, yet its key
+    // names the commit that went in, so it is answered as applied and applies nothing.
+    let (status, _, _) = call(put(Some(&absent), "k1", r#"["tea"]"#)).await;
+    assert_eq!(status, StatusCode::OK, "a retried PUT is recognised, not refused");
+    assert_eq!(cart.load().await.unwrap().value, Some(vec!["tea".to_owned()]));
+    assert_eq!(cart.load().await.unwrap().version.get(), 1, "one commit");
+}

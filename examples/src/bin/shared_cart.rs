@@ -14,64 +14,18 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use axum::body::Body;
-use axum::extract::State as AxumState;
-use axum::http::{HeaderMap, StatusCode, header};
-use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::http::{StatusCode, header};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use idempotent_core::state::{Commit, CommitToken, MemoryStateStore, Scope, State};
-use idempotent_tower::precondition::{Precondition, check_if_match, etag, parse_etag};
-
-type Cart = State<Vec<String>>;
-
-async fn get_cart(AxumState(cart): AxumState<Arc<Cart>>) -> Response {
-    match cart.load().await {
-        Ok(loaded) => ([(header::ETAG, etag(loaded.version))], Json(loaded.value.unwrap_or_default())).into_response(),
-        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
-    }
-}
-
-async fn put_cart(
-    AxumState(cart): AxumState<Arc<Cart>>,
-    headers: HeaderMap,
-    Json(items): Json<Vec<String>>,
-) -> Response {
-    // The client's key names the change: a retry of it commits under the same token, and is
-    // recognised as applied even though its If-Match is stale by then (its own write).
-    let token = match headers.get("idempotency-key").and_then(|v| v.to_str().ok()) {
-        Some(key) => CommitToken::derive(key),
-        None => CommitToken::random(),
-    };
-    // The commit on the tag's version is the check; a tag that names no version is checked
-    // against the current one (and refused with its ETag).
-    let tag = headers.get(header::IF_MATCH).and_then(|v| v.to_str().ok()).and_then(parse_etag);
-    let expected = match tag {
-        Some(v) => v,
-        None => match cart.load().await {
-            Ok(current) => match check_if_match(&headers, current.version) {
-                Ok(v) => v,
-                Err(refused) => return refused.into_response::<Body>(),
-            },
-            Err(e) => return (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
-        },
-    };
-    match cart.commit_with_token(expected, &items, &token).await {
-        Ok(Commit::Committed { version, .. }) => ([(header::ETAG, etag(version))], Json(items)).into_response(),
-        Ok(Commit::Conflict { current }) => Precondition::Failed { current: current.version }.into_response::<Body>(),
-        Ok(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
-        Err(e) => (StatusCode::SERVICE_UNAVAILABLE, e.to_string()).into_response(),
-    }
-}
+use idempotent_core::state::{MemoryStateStore, Scope, State};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let cart: Arc<Cart> = Arc::new(State::new(MemoryStateStore::new(), Scope::new("cart-1").tenant("shop")));
-    let app = Router::new().route("/cart", get(get_cart).put(put_cart)).with_state(cart);
+    let cart: Arc<idempotent_examples::cart::Cart> =
+        Arc::new(State::new(MemoryStateStore::new(), Scope::new("cart-1").tenant("shop")));
+    let app = idempotent_examples::cart::router(cart);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move { axum::serve(listener, app).await });
