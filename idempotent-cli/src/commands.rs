@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use idempotent_core::reconcile::{Reconciler, Settled};
 use idempotent_core::record::{Acquire, Labels, Resolution, Resolved, encode_ok};
-use idempotent_core::store::{Cursor, Deleted, Filter, MAX_PAGE, RecordInfo, RecordState};
+use idempotent_core::store::{Cursor, Deleted, Filter, MAX_PAGE, RecordInfo, RecordState, delete_all};
 use idempotent_core::{Fingerprint, Key, SharedStore};
 use serde_json::{Value, json};
 
@@ -214,14 +214,8 @@ pub(crate) async fn purge(store: &SharedStore, args: &Purge) -> Result<Report, F
             json!({ "would_remove": records.len() - running, "running": running, "by_state": by_state }),
         ));
     }
-    let (mut removed, mut left_running, mut gone) = (0, 0, 0);
-    for r in &records {
-        match store.delete(&r.key).await? {
-            Deleted::Ok => removed += 1,
-            Deleted::Running => left_running += 1,
-            _ => gone += 1,
-        }
-    }
+    let purged = delete_all(store.as_ref(), &filter(select)).await?;
+    let (removed, left_running, gone) = (purged.removed, purged.running, purged.gone);
     let text = format!(
         "Removed {removed} records; {left_running} running left alone{}.\n",
         if gone > 0 { format!(", {gone} already gone") } else { String::new() }

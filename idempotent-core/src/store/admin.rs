@@ -237,3 +237,40 @@ pub enum Deleted {
 
 /// The largest page a [`scan`](super::Store::scan) returns; larger limits are lowered to it.
 pub const MAX_PAGE: usize = 1000;
+
+/// What [`delete_all`] removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Purged {
+    /// Records removed.
+    pub removed: usize,
+    /// Records left alone because an attempt held a live lease on them.
+    pub running: usize,
+    /// Records listed that were gone by the time they were deleted.
+    pub gone: usize,
+}
+
+/// Removes every record that passes `filter` (a run's records, a step's, those idle for an
+/// age), a page at a time, each by [`Store::delete`](super::Store::delete): records under a
+/// live lease are left alone and counted.
+///
+/// Removing a done record makes its next call run the operation again: narrow the filter to
+/// what is meant (a run that is over, a step version that is retired).
+pub async fn delete_all(store: &dyn super::Store, filter: &Filter) -> Result<Purged, crate::Error> {
+    let mut purged = Purged::default();
+    let mut cursor = Cursor::start();
+    loop {
+        let page = store.scan(filter, &cursor, MAX_PAGE).await?;
+        for record in &page.records {
+            match store.delete(&record.key).await? {
+                Deleted::Ok => purged.removed += 1,
+                Deleted::Running => purged.running += 1,
+                Deleted::Absent => purged.gone += 1,
+            }
+        }
+        match page.next {
+            Some(next) => cursor = next,
+            None => return Ok(purged),
+        }
+    }
+}

@@ -32,7 +32,7 @@ pub mod sqlite;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{Preflight, Problem, RedisStore, RedisStoreBuilder, Risk};
-pub use admin::{Cursor, Deleted, Filter, MAX_PAGE, Page, RecordInfo, RecordState};
+pub use admin::{Cursor, Deleted, Filter, MAX_PAGE, Page, Purged, RecordInfo, RecordState, delete_all};
 pub use memory::MemoryStore;
 pub use open::open;
 #[cfg(feature = "postgres")]

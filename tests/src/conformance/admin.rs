@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
 use idempotent_core::record::{Abandon, Acquire, Grant, Labels, Resolution, Resolved, Transition};
-use idempotent_core::store::{Cursor, Deleted, Filter, RecordInfo, RecordState};
+use idempotent_core::store::{Cursor, Deleted, Filter, RecordInfo, RecordState, delete_all};
 use idempotent_core::{Key, SharedStore};
 
 use super::{KEEP, LEASE, fp, fresh_key};
@@ -21,6 +21,7 @@ pub async fn run_admin(store: &SharedStore) {
     release_fenced_takes_the_key_only_at_that_fence(store).await;
     delete_refuses_a_live_lease_and_keeps_fences_growing(store).await;
     a_foreign_cursor_is_a_clear_error(store).await;
+    delete_all_removes_a_runs_records_but_live_leases(store).await;
 }
 
 async fn take(store: &SharedStore, key: &Key, labels: Labels<'_>, lease: Duration) -> Grant {
@@ -262,4 +263,28 @@ async fn delete_refuses_a_live_lease_and_keeps_fences_growing(store: &SharedStor
 async fn a_foreign_cursor_is_a_clear_error(store: &SharedStore) {
     let err = store.scan(&Filter::all(), &Cursor::from_text("not a cursor"), 10).await.unwrap_err();
     assert!(err.to_string().contains("cursor"), "{err}");
+}
+
+/// delete_all by run removes that run's records, leaves a live lease of it, and every record of
+/// another run.
+async fn delete_all_removes_a_runs_records_but_live_leases(store: &SharedStore) {
+    let (run, other) = (crate::unique("purge-run"), crate::unique("purge-other"));
+    let mut doomed = Vec::new();
+    for _ in 0..5 {
+        let key = fresh_key();
+        let g = take(store, &key, Labels::step("p").run(&run), LEASE).await;
+        store.complete(&key, &g.token, Bytes::from_static(b"r"), KEEP).await.unwrap();
+        doomed.push(key);
+    }
+    let live = fresh_key();
+    take(store, &live, Labels::step("p").run(&run), LEASE).await;
+    let kept = fresh_key();
+    take(store, &kept, Labels::step("p").run(&other), LEASE).await;
+    let purged = delete_all(store.as_ref(), &Filter::all().run(&run)).await.unwrap();
+    assert_eq!((purged.removed, purged.running), (5, 1), "{purged:?}");
+    for key in &doomed {
+        assert_eq!(store.inspect(key).await.unwrap(), None);
+    }
+    assert!(store.inspect(&live).await.unwrap().is_some(), "a live lease is left alone");
+    assert!(store.inspect(&kept).await.unwrap().is_some(), "another run is untouched");
 }
