@@ -37,24 +37,37 @@
 //! needs attention, and ignores the uncertain mark of a released one; one on version 2 refuses
 //! the table (its column check fails) until it is upgraded.
 //!
-//! There is no index besides the primary key: the acquire statement sets every column (to its
-//! own value when nothing changes), and SQLite rewrites the entries of every index on a column
-//! it sets, so an index on `expires_at` (for the purge) or on `run_id` (for scans by run) would
-//! make every replay write to the WAL and sync. The purge sweeps by `rowid` instead, and a scan
-//! by run filters in key order.
+//! There is no index besides the primary key: the acquire upsert sets every column (to its own
+//! value when nothing changes), and SQLite rewrites the entries of every index on a column it
+//! sets, so an index on `expires_at` (for the purge) or on `run_id` (for scans by run) would make
+//! every upsert that finds the key taken write to the WAL and sync. The purge sweeps by `rowid`
+//! instead, and a scan by run filters in key order.
 //!
 //! # Statements
 //!
-//! Every call of the [`Store`] trait is one statement in autocommit, so one atomic write
-//! transaction with its own connection from the pool, given back before the answer is:
+//! Every call of the [`Store`] trait is one statement in autocommit (acquire: one or two), so one
+//! atomic transaction with its own connection from the pool, given back before the answer is:
 //!
-//! - acquire: `INSERT … ON CONFLICT(key) DO UPDATE SET <each column> = CASE WHEN <free> THEN
-//!   <new value> ELSE <old value> END RETURNING …`. The row comes back whatever happened, and the
-//!   returned token tells the outcome: ours, the key was taken; another's, the row says replay,
-//!   in flight or mismatch. So a replay is one statement too. Where nothing changes, SQLite finds
-//!   the row's bytes equal and writes no page: a replay takes the write lock for a moment but
-//!   writes nothing to the WAL (this is why there is no index on `expires_at`: the update would
-//!   rewrite the index entry on every replay).
+//! - acquire reads first: `SELECT … WHERE key = ? AND expires_at > now AND (<another payload> OR
+//!   state IN ('done', 'needs_attention') OR <running, lease not run out>)`, a read transaction that
+//!   takes no write lock. A row back decides the answer (mismatch, replay, needs attention, in
+//!   flight), as it stood at the read's snapshot: a replay is this one read. No row (the key is
+//!   absent, expired, released, or its lease ran out) and acquire runs the one atomic write
+//!   statement that takes the key: `INSERT … ON CONFLICT(key) DO UPDATE SET <each column> = CASE
+//!   WHEN <free> THEN <new value> ELSE <old value> END RETURNING …`, which judges "free" again on
+//!   the row as it is under the write lock. The row comes back whatever happened, and the returned
+//!   token tells the outcome: ours, the key was taken; another's (a caller took it between the
+//!   read and the upsert), the row says replay, in flight or mismatch. Where nothing changes,
+//!   SQLite finds the row's bytes equal and writes no page.
+//!
+//!   Why the read: a write statement takes the file's one write lock (and the WAL-index locks)
+//!   even when it changes nothing, so with the upsert alone replays queue behind each other and
+//!   behind every first execution; `BENCHMARKS.md` measured that at 0.4–0.5× a plain `SELECT`
+//!   and the read-first replay at 0.84–1.03×. The price is one more statement on a first
+//!   execution (read, upsert, complete: 3), which in an embedded database is a function call
+//!   of ≈ 50 µs of CPU, not a network round trip, next to the two synced commits (≈ 600 µs) that
+//!   bound a first execution. No single statement can do both: SQLite takes the write lock when
+//!   a write statement starts, whatever it then writes.
 //! - complete, release, renew: `UPDATE … WHERE key = ? AND token = ? AND state IN (…) AND
 //!   expires_at > now`; a repeat by the token that completed (or released) matches its own done
 //!   (released) row and changes nothing, so it is acknowledged. Release writes `recovered =
@@ -71,8 +84,9 @@
 //!   labels and times in its one statement above (a row that lives on keeps its labels and
 //!   `created_at`); every other transition that changes the row sets `updated_at`.
 //!
-//! [`SqliteStore::statements`] counts them: a first execution is 2 (acquire, complete), a replay
-//! 1 (`tests/tests/sqlite_store.rs` asserts both, and that replays leave the WAL as it was).
+//! [`SqliteStore::statements`] counts them: a first execution is 3 (acquire's read and upsert,
+//! complete), a replay 1 (`tests/tests/sqlite_store.rs` asserts both, and that replays leave the
+//! WAL as it was).
 //!
 //! # Transactions
 //!
@@ -197,6 +211,9 @@ struct Inner {
 }
 
 struct Statements {
+    /// acquire's first statement: the row of key `?1` when it decides the answer by itself
+    /// (another payload, done, in flight, needing attention), else none.
+    acquire_read: SqlStr,
     acquire: SqlStr,
     complete: SqlStr,
     release: SqlStr,
@@ -252,6 +269,15 @@ impl Statements {
              RETURNING token, fingerprint, state, fence, attempt, recovered, lease_until - {NOW_US}, result",
             cols = v3_columns().join(", "),
         );
+        // The rows acquire's upsert would leave as they are (not free), so that its answer is
+        // the row itself; the same `free` as above, on the read's own clock.
+        let acquire_read = format!(
+            "SELECT token, fingerprint, state, fence, attempt, recovered, lease_until - now, result\n\
+             FROM {t}, (SELECT {NOW_US} AS now)\n\
+             WHERE key = ?1 AND expires_at > now\n\
+             AND (fingerprint <> ?2 OR state IN ('done', 'needs_attention') OR (state = 'running' AND lease_until > \
+             now))"
+        );
         let owned = format!("key = ?1 AND token = ?2 AND expires_at > {NOW_US}");
         // A repeat by the same token (its row already in the state it asks for) changes nothing.
         let touched = format!("updated_at = CASE WHEN state = 'running' THEN {NOW_US} ELSE updated_at END");
@@ -288,6 +314,7 @@ impl Statements {
         let purge_delete = format!("DELETE FROM {t} WHERE rowid > ?1 AND rowid <= ?2 AND expires_at <= {NOW_US}");
         let sql = |s: String| AssertSqlSafe(Arc::<str>::from(s)).into_sql_str();
         Statements {
+            acquire_read: sql(acquire_read),
             acquire: sql(acquire),
             complete: sql(complete),
             release: sql(release),
@@ -686,6 +713,18 @@ impl SqliteStore {
     ) -> Result<Acquire, Error> {
         let token = Token::unique();
         let inner = &self.inner;
+        // Read first: a replay (or another answer the row decides) takes no write lock.
+        inner.statements.fetch_add(1, Ordering::Relaxed);
+        let row = sqlx::query(inner.sql.acquire_read.clone())
+            .bind(&key.as_bytes()[..])
+            .bind(&fp.as_bytes()[..])
+            .fetch_optional(&inner.pool)
+            .await
+            .map_err(|e| self.error("acquire", e))?;
+        if let Some(row) = row {
+            // Another attempt's row (the token is fresh): never `Acquired`.
+            return read_acquire(key, fp, &token, &row);
+        }
         inner.statements.fetch_add(1, Ordering::Relaxed);
         let row = sqlx::query(inner.sql.acquire.clone())
             .bind(&key.as_bytes()[..])
