@@ -48,10 +48,10 @@
 //! Every call of the [`Store`] trait is one statement in autocommit (acquire: one or two), so one
 //! atomic transaction with its own connection from the pool, given back before the answer is:
 //!
-//! - acquire reads first: `SELECT … WHERE key = ? AND expires_at > now AND (<another payload> OR
-//!   state IN ('done', 'needs_attention') OR <running, lease not run out>)`, a read transaction that
-//!   takes no write lock. A row back decides the answer (mismatch, replay, needs attention, in
-//!   flight), as it stood at the read's snapshot: a replay is this one read. No row (the key is
+//! - acquire reads first: `SELECT … WHERE key = ? AND expires_at > now`, a read transaction that
+//!   takes no write lock. A row of another payload, or done, needing attention, or running on a
+//!   lease that has not run out, is the answer (mismatch, replay, needs attention, in flight), as
+//!   it stood at the read's snapshot: a replay is this one read. Anything else (the key is
 //!   absent, expired, released, or its lease ran out) and acquire runs the one atomic write
 //!   statement that takes the key: `INSERT … ON CONFLICT(key) DO UPDATE SET <each column> = CASE
 //!   WHEN <free> THEN <new value> ELSE <old value> END RETURNING …`, which judges "free" again on
@@ -211,8 +211,8 @@ struct Inner {
 }
 
 struct Statements {
-    /// acquire's first statement: the row of key `?1` when it decides the answer by itself
-    /// (another payload, done, in flight, needing attention), else none.
+    /// acquire's first statement: the live row of key `?1`, if any (its token left out: it is
+    /// never the fresh token of the acquire reading it).
     acquire_read: SqlStr,
     acquire: SqlStr,
     complete: SqlStr,
@@ -269,14 +269,10 @@ impl Statements {
              RETURNING token, fingerprint, state, fence, attempt, recovered, lease_until - {NOW_US}, result",
             cols = v3_columns().join(", "),
         );
-        // The rows acquire's upsert would leave as they are (not free), so that its answer is
-        // the row itself; the same `free` as above, on the read's own clock.
+        // The columns of acquire's `RETURNING`; `decides` tells whether the row is the answer.
         let acquire_read = format!(
-            "SELECT token, fingerprint, state, fence, attempt, recovered, lease_until - now, result\n\
-             FROM {t}, (SELECT {NOW_US} AS now)\n\
-             WHERE key = ?1 AND expires_at > now\n\
-             AND (fingerprint <> ?2 OR state IN ('done', 'needs_attention') OR (state = 'running' AND lease_until > \
-             now))"
+            "SELECT '', fingerprint, state, fence, attempt, recovered, lease_until - {NOW_US}, result FROM {t}\n\
+             WHERE key = ?1 AND expires_at > {NOW_US}"
         );
         let owned = format!("key = ?1 AND token = ?2 AND expires_at > {NOW_US}");
         // A repeat by the same token (its row already in the state it asks for) changes nothing.
@@ -717,13 +713,15 @@ impl SqliteStore {
         inner.statements.fetch_add(1, Ordering::Relaxed);
         let row = sqlx::query(inner.sql.acquire_read.clone())
             .bind(&key.as_bytes()[..])
-            .bind(&fp.as_bytes()[..])
             .fetch_optional(&inner.pool)
             .await
             .map_err(|e| self.error("acquire", e))?;
         if let Some(row) = row {
-            // Another attempt's row (the token is fresh): never `Acquired`.
-            return read_acquire(key, fp, &token, &row);
+            let found = read_found(key, &row)?;
+            if found.decides(fp) {
+                // Another attempt's row (the token is fresh): never `Acquired`.
+                return found.judge(key, fp, &token);
+            }
         }
         inner.statements.fetch_add(1, Ordering::Relaxed);
         let row = sqlx::query(inner.sql.acquire.clone())
@@ -783,9 +781,14 @@ fn transition_of(done: sqlx::sqlite::SqliteQueryResult) -> Transition {
 
 /// Tells the outcome of acquire from the row it returned.
 fn read_acquire(key: &Key, fp: &Fingerprint, token: &Token, row: &SqliteRow) -> Result<Acquire, Error> {
+    read_found(key, row)?.judge(key, fp, token)
+}
+
+/// The row of acquire's read or upsert, or [`Error::Corrupt`] for a column of the wrong type.
+fn read_found(key: &Key, row: &SqliteRow) -> Result<Found, Error> {
     let get_err =
         |e: sqlx::Error| Error::Corrupt { key: key.short(), detail: format!("a column has the wrong type: {e}") };
-    let found = Found {
+    Ok(Found {
         token: row.try_get(0).map_err(get_err)?,
         fingerprint: row.try_get(1).map_err(get_err)?,
         state: row.try_get(2).map_err(get_err)?,
@@ -794,8 +797,7 @@ fn read_acquire(key: &Key, fp: &Fingerprint, token: &Token, row: &SqliteRow) -> 
         recovered: row.try_get::<i64, _>(5).map_err(get_err)? != 0,
         left_us: row.try_get(6).map_err(get_err)?,
         result: row.try_get(7).map_err(get_err)?,
-    };
-    found.judge(key, fp, token)
+    })
 }
 
 fn store_error(describe: &str, op: &'static str, busy_timeout: Duration, e: sqlx::Error) -> Error {
