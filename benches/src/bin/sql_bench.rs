@@ -580,12 +580,11 @@ impl SqliteTarget {
         let floor_hooks = Arc::new(Hooks::default());
         let floor = store_like_pool(&file(Side::Floor), &floor_hooks).await;
         // The floor's table is ours as the store created it, under another name.
-        let create: String =
-            sqlx::query_scalar("SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = ?1")
-                .bind(OUR_TABLE)
-                .fetch_one(ours.pool())
-                .await
-                .expect("read our table's definition");
+        let create: String = sqlx::query_scalar("SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = ?1")
+            .bind(OUR_TABLE)
+            .fetch_one(ours.pool())
+            .await
+            .expect("read our table's definition");
         let create = create.replacen(&format!("\"{OUR_TABLE}\""), "floor_records", 1);
         assert!(create.contains("floor_records"), "our table's definition names it: {create}");
         sqlx::raw_sql(AssertSqlSafe(create)).execute(&floor).await.expect("create the floor's table");
@@ -1018,7 +1017,8 @@ impl Target for PostgresTarget {
                 .expect("read-only SELECT of our record")
                 .expect("a replay record is there");
             let (token, fingerprint, state): (String, Vec<u8>, String) = (row.get(0), row.get(1), row.get(2));
-            let (fence, attempt, recovered, left): (i64, i64, bool, i64) = (row.get(3), row.get(4), row.get(5), row.get(6));
+            let (fence, attempt, recovered, left): (i64, i64, bool, i64) =
+                (row.get(3), row.get(4), row.get(5), row.get(6));
             assert!(state == "done" && fingerprint == fp.as_bytes(), "the record is done and ours");
             let result: Option<Vec<u8>> = row.get(7);
             black_box((token, fence, attempt, recovered, left));
