@@ -57,8 +57,9 @@
 //!   refuses at start-up a server that may lose records), under the `sqlite` feature,
 //!   `SqliteStore` (one file in WAL mode, shared by tasks and processes on one host), and under
 //!   the `postgres` feature, `PostgresStore` (one table, judged by the database clock; fail-closed
-//!   timeouts; on its own pool or the application's). For both SQL stores a first execution is
-//!   two statements, a replay one.
+//!   timeouts; on its own pool or the application's). A replay is one statement on both, a read
+//!   that takes no lock; a first execution is two on PostgreSQL and three on SQLite (acquire reads
+//!   first, then upserts: in an embedded database a statement is a call, not a round trip).
 //! - Steps that commit with their record (features `sqlite`, `postgres`): `Step::run_in_transaction`
 //!   runs the action in a transaction of the SQL store's database and marks the record done in
 //!   that same transaction, so the action's writes through it happen exactly once; the store

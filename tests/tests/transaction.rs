@@ -79,8 +79,9 @@ async fn business_rows_and_the_done_record_commit_together_and_replay() {
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the later calls replayed");
     assert_eq!(record_state(&store).await, "done");
-    // Acquire and complete for the first call, one acquire for each replay.
-    assert_eq!(store.statements(), 4);
+    // Acquire (its read, then its upsert) and complete for the first call, acquire's read alone
+    // for each replay.
+    assert_eq!(store.statements(), 5);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -153,8 +154,9 @@ async fn a_key_taken_over_before_the_commit_rolls_the_loser_back() {
         .unwrap();
     let loser_store = SqliteStore::from_pool(pool, "idempotent_records").await.unwrap();
 
-    // The loser's acquire passes the gate; its `begin` is held there.
-    gate.pass.store(1, Ordering::SeqCst);
+    // The loser's acquire (its read, then its upsert: two hand-outs) passes the gate; its `begin`
+    // is held there.
+    gate.pass.store(2, Ordering::SeqCst);
     gate.armed.store(true, Ordering::SeqCst);
     let loser_ctx = RunContext::new(loser_store.clone(), "order-9");
     let loser = tokio::spawn(async move {

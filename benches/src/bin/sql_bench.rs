@@ -12,11 +12,13 @@
 //! - first execution (a fresh payload) and replay (a payload already done) through
 //!   `RunContext::step(..).run(..)` with a trivial action on our store, and the store's
 //!   `acquire` + `complete` without the executor (diagnostic rows, as are the next three);
-//! - a replay answered by a read statement on our table (what a read-first acquire would cost),
-//!   a no-op upsert `RETURNING` on the floor's table (the shape of our acquire on a replay: a
-//!   write statement), and the first-execution floor with its writes queued on one lock of the
-//!   process instead of in SQLite's busy handler;
-//! - the floor, on a table of the same shape as ours, through the same driver (sqlx) with the
+//! - on PostgreSQL, acquire's row read alone by a `SELECT` on our table (what a replay costs
+//!   without the acquire statement's upsert; `SqliteStore::acquire` reads first already, so its
+//!   replay row is that read), a no-op upsert `RETURNING` on the floor's table (a write statement
+//!   that changes nothing), and on SQLite the first-execution floor with its writes queued on one
+//!   lock of the process instead of in SQLite's busy handler;
+//! - the floor, on a table made from our store's (its definition, under another name: the same
+//!   columns, constraints and indexes), through the same driver (sqlx) with the
 //!   store's connection and pool settings (for SQLite: WAL, `synchronous = FULL`, 8 connections,
 //!   5 s busy timeout, no ping before a statement), each statement in autocommit and by primary
 //!   key: for a first execution `INSERT … ON CONFLICT DO NOTHING` + `UPDATE … WHERE key = ?`, for
@@ -66,7 +68,7 @@ use idempotent_core::{
 };
 use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{AssertSqlSafe, Row};
+use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr};
 use tracing::subscriber::Interest;
 use tracing::{Metadata, Subscriber};
 use tracing_subscriber::layer::{Context, SubscriberExt};
@@ -79,19 +81,211 @@ const COUNT_CALLS: u64 = 200;
 /// pool copies.
 const MAX_CONNECTIONS: u32 = 8;
 const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
-/// The floor's table: the columns, types and constraints of ours (`sqlite.rs`, schema version 1).
-const FLOOR_TABLE: &str = "CREATE TABLE IF NOT EXISTS floor_records (
-    key BLOB PRIMARY KEY NOT NULL CHECK (length(key) = 32),
-    fingerprint BLOB NOT NULL,
-    state TEXT NOT NULL CHECK (state IN ('running', 'released', 'done')),
-    token TEXT NOT NULL,
-    fence INTEGER NOT NULL,
-    attempt INTEGER NOT NULL,
-    recovered INTEGER NOT NULL,
-    lease_until INTEGER NOT NULL,
-    expires_at INTEGER NOT NULL,
-    result BLOB
-)";
+/// The columns the bench writes in a record's row, ours and the floor's alike: those of our
+/// store's table (schema version 3: `store/sqlite.rs`, `store/postgres.rs`), in its order. The
+/// floor's table itself is made from our store's (see [`SqliteTarget::open`] and
+/// [`PostgresTarget::open`]), so its columns, types, constraints and indexes follow the store's.
+const RECORD_COLUMNS: &str = "key, fingerprint, state, token, fence, attempt, recovered, lease_until, expires_at, \
+                              result, step, run_id, tenant, created_at, updated_at";
+/// The token, lease and retention of the floor's rows.
+const FLOOR_TOKEN: &str = "0123456789abcdef0123456789abcdef";
+const LEASE_US: i64 = 60_000_000;
+const KEEP_US: i64 = 86_400_000_000;
+
+/// The floor's statements on a table of our columns, in SQL both databases read (`$n`
+/// placeholders, `false` for a boolean), with the table's name in them.
+struct FloorSql {
+    /// A first execution's claim: `INSERT … ON CONFLICT (key) DO NOTHING` of a running row.
+    claim: SqlStr,
+    /// A first execution's outcome: `UPDATE … WHERE key = $1`, as our complete writes it.
+    done: SqlStr,
+    /// The replay floor: `SELECT … WHERE key = $1`.
+    select: SqlStr,
+    /// A diagnostic: an upsert that changes nothing and returns the row.
+    upsert: SqlStr,
+}
+
+impl FloorSql {
+    fn new(table: &str) -> FloorSql {
+        let sql = |s: String| AssertSqlSafe(s).into_sql_str();
+        FloorSql {
+            claim: sql(format!(
+                "INSERT INTO {table} ({RECORD_COLUMNS}) VALUES ($1, $2, 'running', $3, $4, 1, false, $5, $6, NULL, \
+                 'floor', NULL, NULL, $4, $4) ON CONFLICT (key) DO NOTHING"
+            )),
+            done: sql(format!(
+                "UPDATE {table} SET state = 'done', result = $2, expires_at = $3, updated_at = $4 WHERE key = $1"
+            )),
+            select: sql(format!("SELECT fingerprint, state, result FROM {table} WHERE key = $1")),
+            upsert: sql(format!(
+                "INSERT INTO {table} ({RECORD_COLUMNS}) VALUES ($1, $2, 'running', $3, 0, 1, false, 0, 0, NULL, '', \
+                 NULL, NULL, 0, 0) ON CONFLICT (key) DO UPDATE SET state = {table}.state RETURNING fingerprint, \
+                 state, result"
+            )),
+        }
+    }
+}
+
+/// What the prefill statements say differently in the two databases.
+struct Dialect {
+    /// 32 random bytes, and 32 random hex characters.
+    random_bytes: &'static str,
+    random_hex: &'static str,
+    /// A numbered peer effect id from `c.n`.
+    peer_id: &'static str,
+    /// How a write transaction begins.
+    begin: &'static str,
+    /// Rows `c(n)` for n in `from..=to` (SQL expressions): what goes before the `INSERT`, and its
+    /// `FROM` item.
+    series: fn(&str, &str) -> (String, String),
+}
+
+const SQLITE: Dialect = Dialect {
+    random_bytes: "randomblob(32)",
+    random_hex: "lower(hex(randomblob(16)))",
+    peer_id: "printf('00000000-0000-7000-8000-%012x', c.n)",
+    begin: "BEGIN IMMEDIATE",
+    series: |from, to| {
+        (format!("WITH RECURSIVE c(n) AS (SELECT {from} UNION ALL SELECT n + 1 FROM c WHERE n < {to})\n"), "c".into())
+    },
+};
+
+const POSTGRES: Dialect = Dialect {
+    random_bytes: "decode(md5(random()::text) || md5(random()::text), 'hex')",
+    random_hex: "md5(random()::text)",
+    peer_id: "('00000000-0000-7000-8000-' || lpad(to_hex(c.n), 12, '0'))::uuid",
+    begin: "BEGIN",
+    series: |from, to| (String::new(), format!("generate_series({from}::bigint, {to}::bigint) AS c(n)")),
+};
+
+impl Dialect {
+    /// Prefills `table` (ours or the floor's) with `$1` realistic done rows of schema version 3
+    /// (random key, fingerprint and token, the stored result; fence and times `$2`, lease `$3`,
+    /// expiry `$4`, result `$5`), in one statement.
+    fn prefill_records(&self, table: &str) -> String {
+        let (with, from) = (self.series)("1", "$1");
+        let rb = self.random_bytes;
+        format!(
+            "{with}INSERT INTO {table} ({RECORD_COLUMNS})\n\
+             SELECT {rb}, {rb}, 'done', {hex}, $2, 1, false, $3, $4, $5, 'prefill', NULL, NULL, $2, $2 FROM {from}",
+            hex = self.random_hex,
+        )
+    }
+
+    /// Copies the peer's row `$3` of `table` (by `template_col`) as effects numbered `$1..=$2`,
+    /// with new ids and logical keys.
+    fn prefill_peer(&self, table: &str, cols: &[String], template_col: &str) -> String {
+        let (with, from) = (self.series)("$1", "$2");
+        let exprs: Vec<String> = cols
+            .iter()
+            .map(|c| match c.as_str() {
+                "id" | "effect_id" => self.peer_id.to_owned(),
+                "logical_key" => self.random_hex.to_owned(),
+                other => format!("t.\"{other}\""),
+            })
+            .collect();
+        let cols: Vec<String> = cols.iter().map(|c| format!("\"{c}\"")).collect();
+        format!(
+            "{with}INSERT INTO {table} ({}) SELECT {} FROM {from}, {table} t WHERE t.{template_col} = $3",
+            cols.join(", "),
+            exprs.join(", ")
+        )
+    }
+}
+
+/// A first execution on the floor: the claim, then the outcome, on `$pool`, each under the
+/// mutex `$gate` (an `Option`) if given. A macro rather than a function generic over sqlx's
+/// `Database`, whose bounds for each bound type would outweigh the body; the same for the next.
+macro_rules! floor_first {
+    ($sql:expr, $pool:expr, $key:expr, $stored:expr, $gate:expr) => {{
+        let (sql, key, now): (&FloorSql, &[u8; 32], i64) = ($sql, $key, now_us());
+        let held = match $gate {
+            Some(g) => Some(g.lock().await),
+            None => None,
+        };
+        let claimed = sqlx::query(sql.claim.clone())
+            .bind(&key[..])
+            .bind(&[7u8; 32][..])
+            .bind(FLOOR_TOKEN)
+            .bind(now)
+            .bind(now + LEASE_US)
+            .bind(now + KEEP_US)
+            .execute($pool)
+            .await
+            .expect("floor INSERT");
+        assert_eq!(claimed.rows_affected(), 1, "a fresh floor key was taken");
+        drop(held);
+        let held = match $gate {
+            Some(g) => Some(g.lock().await),
+            None => None,
+        };
+        let done = sqlx::query(sql.done.clone())
+            .bind(&key[..])
+            .bind($stored)
+            .bind(now + KEEP_US)
+            .bind(now)
+            .execute($pool)
+            .await
+            .expect("floor UPDATE");
+        drop(held);
+        assert_eq!(done.rows_affected(), 1);
+    }};
+}
+
+/// The replay floor (`select`) or the no-op upsert (`upsert`) on `$pool`: the done row of `$key`.
+macro_rules! floor_read {
+    (select, $sql:expr, $pool:expr, $key:expr) => {
+        floor_read!(@row sqlx::query($sql.select.clone()).bind(&$key[..]), $pool, "floor SELECT")
+    };
+    (upsert, $sql:expr, $pool:expr, $key:expr) => {
+        floor_read!(@row sqlx::query($sql.upsert.clone()).bind(&$key[..]).bind(&[7u8; 32][..]).bind(FLOOR_TOKEN),
+            $pool, "floor upsert")
+    };
+    (@row $query:expr, $pool:expr, $what:literal) => {{
+        let row = $query.fetch_one($pool).await.expect($what);
+        let result: Option<Vec<u8>> = row.get(2);
+        black_box((row.get::<&[u8], _>(0), row.get::<&str, _>(1)));
+        assert!(result.is_some(), "the floor's replay row is done");
+    }};
+}
+
+/// Prefills `$table` on `$pool` with `$add` done rows ([`Dialect::prefill_records`]).
+macro_rules! prefill_records {
+    ($dialect:expr, $pool:expr, $table:expr, $add:expr, $stored:expr) => {{
+        let now = now_us();
+        sqlx::query(AssertSqlSafe($dialect.prefill_records($table)))
+            .bind($add as i64)
+            .bind(now)
+            .bind(now + LEASE_US)
+            .bind(now + KEEP_US)
+            .bind($stored)
+            .execute($pool)
+            .await
+            .expect("prefill");
+    }};
+}
+
+/// Prefills the peer's `effects` and `effect_events` on `$pool` (in one transaction) with `$add`
+/// copies of its effect `$template` numbered from `$from`; `$columns` lists the columns of
+/// `$table` and `$schema` is what goes before a table's name.
+macro_rules! prefill_peer {
+    ($dialect:expr, $pool:expr, $schema:expr, $template:expr, $from:expr, $add:expr, |$t:ident| $columns:expr) => {{
+        let mut tx = $pool.begin_with($dialect.begin).await.unwrap();
+        for (table, template_col) in [("effects", "id"), ("effect_events", "effect_id")] {
+            let $t = table;
+            let cols: Vec<String> = $columns.await;
+            let sql = $dialect.prefill_peer(&format!("{}{table}", $schema), &cols, template_col);
+            sqlx::query(AssertSqlSafe(sql))
+                .bind($from as i64)
+                .bind(($from + $add - 1) as i64)
+                .bind(&$template)
+                .execute(&mut *tx)
+                .await
+                .expect("prefill the peer");
+        }
+        tx.commit().await.unwrap();
+    }};
+}
 /// The records table of our store (the builder's default name).
 const OUR_TABLE: &str = "idempotent_records";
 
@@ -134,7 +328,7 @@ impl Path {
             Path::PeerFirst => "peer: agent-effects first execution",
             Path::OursReplay => "replay (ours)",
             Path::StoreReplay => "diag: store acquire (replay), no executor",
-            Path::ReadFirstReplay => "diag: read-first replay on our table (proposed)",
+            Path::ReadFirstReplay => "diag: read-only replay: acquire's row, read alone",
             Path::FloorReplay => "floor: SELECT by key",
             Path::FloorUpsert => "diag: floor no-op upsert RETURNING by key",
             Path::PeerReplay => "peer: agent-effects replay",
@@ -255,11 +449,12 @@ trait Target: Send + Sync + 'static {
     /// The replay floor: read a done row by key.
     fn floor_replay(&self, key: &[u8; 32]) -> impl Future<Output = ()> + Send;
     /// A diagnostic next to the replay floor: what our acquire's replay would cost as a read
-    /// statement (`SELECT` of the record by key on our store's table, answered as acquire answers a
-    /// done record), through a pool with the store's settings on its file. `None` where not written.
+    /// statement alone (`SELECT` of acquire's row by key on our store's table, through the
+    /// store's pool, answered as acquire answers a done record). `None` where acquire's replay is
+    /// that read already (SQLite).
     fn read_first_replay(&self, key: &Key, fp: &Fingerprint) -> Option<impl Future<Output = ()> + Send>;
     /// A diagnostic next to the replay floor: an upsert of a done row that changes nothing and
-    /// returns it (the shape of our acquire on a replay: a write statement, so the write lock).
+    /// returns it (a write statement: on SQLite, the file's write lock).
     fn floor_upsert(&self, key: &[u8; 32]) -> impl Future<Output = ()> + Send;
     /// Writes realistic done rows straight into a side's tables, in one statement, until it holds
     /// `total` records; returns how many it wrote.
@@ -328,7 +523,7 @@ fn with_hooks(options: SqlitePoolOptions, hooks: &Arc<Hooks>) -> SqlitePoolOptio
 }
 
 /// A pool with the connection and pool settings `SqliteStoreBuilder::open` uses (sqlite.rs), and
-/// the hooks: the floor's, and the read-first replay row's on our store's file.
+/// the hooks: the floor's.
 async fn store_like_pool(path: &FsPath, hooks: &Arc<Hooks>) -> SqlitePool {
     with_hooks(
         SqlitePoolOptions::new()
@@ -360,8 +555,7 @@ struct SqliteTarget {
     ours: SqliteStore,
     floor: SqlitePool,
     floor_hooks: Arc<Hooks>,
-    /// A pool with the store's settings on our store's file, for the read-first replay row.
-    ours_reader: SqlitePool,
+    floor_sql: FloorSql,
     peer: Option<(agent_effects::Runtime<agent_effects_sqlite::SqliteStore>, Arc<Hooks>)>,
     /// Per side, a pool of two connections of the bench's own on that file: prefill, probes,
     /// storage (one connection holds a read snapshot while the other checkpoints).
@@ -384,9 +578,16 @@ impl SqliteTarget {
             .expect("open the SqliteStore under test");
 
         let floor_hooks = Arc::new(Hooks::default());
-        let ours_reader = store_like_pool(&file(Side::Ours), &Arc::new(Hooks::default())).await;
         let floor = store_like_pool(&file(Side::Floor), &floor_hooks).await;
-        sqlx::raw_sql(FLOOR_TABLE).execute(&floor).await.expect("create the floor's table");
+        // The floor's table is ours as the store created it, under another name.
+        let create: String = sqlx::query_scalar("SELECT sql FROM sqlite_schema WHERE type = 'table' AND name = ?1")
+            .bind(OUR_TABLE)
+            .fetch_one(ours.pool())
+            .await
+            .expect("read our table's definition");
+        let create = create.replacen(&format!("\"{OUR_TABLE}\""), "floor_records", 1);
+        assert!(create.contains("floor_records"), "our table's definition names it: {create}");
+        sqlx::raw_sql(AssertSqlSafe(create)).execute(&floor).await.expect("create the floor's table");
 
         // The peer: the settings of `agent_effects_sqlite::SqliteStore::open` (its lib.rs), with the
         // hooks added through `from_pool`, which runs its migrations.
@@ -428,7 +629,7 @@ impl SqliteTarget {
             ours,
             floor,
             floor_hooks,
-            ours_reader,
+            floor_sql: FloorSql::new("floor_records"),
             peer,
             admin,
             peer_prefilled: AtomicU64::new(0),
@@ -475,43 +676,6 @@ impl SqliteTarget {
         assert_eq!(row.get::<i64, _>(0), 0, "the TRUNCATE checkpoint of {} was blocked", side.label());
     }
 
-    /// The first-execution floor's two statements, each under `gate` if given.
-    async fn floor_writes(&self, key: &[u8; 32], stored: &[u8], gate: Option<&tokio::sync::Mutex<()>>) {
-        let now = now_us();
-        let held = match gate {
-            Some(g) => Some(g.lock().await),
-            None => None,
-        };
-        let claimed = sqlx::query(
-            "INSERT INTO floor_records (key, fingerprint, state, token, fence, attempt, recovered, lease_until, \
-             expires_at, result) VALUES (?1, ?2, 'running', ?3, ?4, 1, 0, ?5, ?6, NULL) ON CONFLICT(key) DO NOTHING",
-        )
-        .bind(&key[..])
-        .bind(&[7u8; 32][..])
-        .bind("0123456789abcdef0123456789abcdef")
-        .bind(now)
-        .bind(now + 60_000_000)
-        .bind(now + 86_400_000_000)
-        .execute(&self.floor)
-        .await
-        .expect("floor INSERT");
-        assert_eq!(claimed.rows_affected(), 1, "a fresh floor key was taken");
-        drop(held);
-        let held = match gate {
-            Some(g) => Some(g.lock().await),
-            None => None,
-        };
-        let done = sqlx::query("UPDATE floor_records SET state = 'done', result = ?2, expires_at = ?3 WHERE key = ?1")
-            .bind(&key[..])
-            .bind(stored)
-            .bind(now + 86_400_000_000)
-            .execute(&self.floor)
-            .await
-            .expect("floor UPDATE");
-        drop(held);
-        assert_eq!(done.rows_affected(), 1);
-    }
-
     async fn columns(&self, side: Side, table: &str) -> Vec<String> {
         sqlx::query_scalar("SELECT name FROM pragma_table_info(?1) ORDER BY cid")
             .bind(table)
@@ -533,7 +697,7 @@ impl Target for SqliteTarget {
     type PeerStore = agent_effects_sqlite::SqliteStore;
     type Probe = SqliteProbe;
     const SINGLE_WRITER: bool = true;
-    const READ_FIRST: bool = true;
+    const READ_FIRST: bool = false;
 
     async fn describe(&self) -> String {
         let version: String =
@@ -559,59 +723,24 @@ impl Target for SqliteTarget {
     }
 
     async fn floor_first(&self, key: &[u8; 32], stored: &[u8]) {
-        self.floor_writes(key, stored, None).await
+        floor_first!(&self.floor_sql, &self.floor, key, stored, None::<&tokio::sync::Mutex<()>>)
     }
 
     fn floor_first_gated(&self, key: &[u8; 32], stored: &[u8]) -> Option<impl Future<Output = ()> + Send> {
-        Some(self.floor_writes(key, stored, Some(&self.write_gate)))
+        Some(async move { floor_first!(&self.floor_sql, &self.floor, key, stored, Some(&self.write_gate)) })
     }
 
     async fn floor_replay(&self, key: &[u8; 32]) {
-        let row = sqlx::query("SELECT fingerprint, state, result FROM floor_records WHERE key = ?1")
-            .bind(&key[..])
-            .fetch_one(&self.floor)
-            .await
-            .expect("floor SELECT");
-        let result: Option<Vec<u8>> = row.get(2);
-        black_box((row.get::<&[u8], _>(0), row.get::<&str, _>(1)));
-        assert!(result.is_some(), "the floor's replay row is done");
+        floor_read!(select, self.floor_sql, &self.floor, key)
     }
 
-    fn read_first_replay(&self, key: &Key, fp: &Fingerprint) -> Option<impl Future<Output = ()> + Send> {
-        let (key, fp) = (*key, *fp);
-        Some(async move {
-            let row = sqlx::query(
-                "SELECT token, fingerprint, state, fence, attempt, recovered, \
-                 lease_until - CAST(unixepoch('subsec') * 1000000 AS INTEGER), result FROM idempotent_records \
-                 WHERE key = ?1 AND expires_at > CAST(unixepoch('subsec') * 1000000 AS INTEGER)",
-            )
-            .bind(&key.as_bytes()[..])
-            .fetch_optional(&self.ours_reader)
-            .await
-            .expect("read-first SELECT");
-            let row = row.expect("a replay record is there");
-            let (token, fingerprint, state): (String, Vec<u8>, String) = (row.get(0), row.get(1), row.get(2));
-            assert!(state == "done" && fingerprint == fp.as_bytes(), "the record is done and ours");
-            let result: Option<Vec<u8>> = row.get(7);
-            black_box((token, Acquire::Replay(Bytes::from(result.expect("a done record has a result")))));
-        })
+    fn read_first_replay(&self, _: &Key, _: &Fingerprint) -> Option<impl Future<Output = ()> + Send> {
+        // `SqliteStore::acquire` reads first: its replay is that read.
+        None::<std::future::Ready<()>>
     }
 
     async fn floor_upsert(&self, key: &[u8; 32]) {
-        let row = sqlx::query(
-            "INSERT INTO floor_records (key, fingerprint, state, token, fence, attempt, recovered, lease_until, \
-             expires_at, result) VALUES (?1, ?2, 'running', ?3, 0, 1, 0, 0, 0, NULL) \
-             ON CONFLICT(key) DO UPDATE SET state = floor_records.state RETURNING fingerprint, state, result",
-        )
-        .bind(&key[..])
-        .bind(&[7u8; 32][..])
-        .bind("0123456789abcdef0123456789abcdef")
-        .fetch_one(&self.floor)
-        .await
-        .expect("floor upsert");
-        let result: Option<Vec<u8>> = row.get(2);
-        black_box((row.get::<&[u8], _>(0), row.get::<&str, _>(1)));
-        assert!(result.is_some(), "the floor's replay row is done");
+        floor_read!(upsert, self.floor_sql, &self.floor, key)
     }
 
     async fn prefill(&self, side: Side, total: u64, stored: &[u8]) -> u64 {
@@ -622,26 +751,7 @@ impl Target for SqliteTarget {
         let add = total - have;
         let admin = self.admin(side);
         match side {
-            Side::Ours | Side::Floor => {
-                let now = now_us();
-                let sql = format!(
-                    "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c WHERE n < ?1)\n\
-                     INSERT INTO \"{}\" (key, fingerprint, state, token, fence, attempt, recovered, lease_until, \
-                     expires_at, result)\n\
-                     SELECT randomblob(32), randomblob(32), 'done', lower(hex(randomblob(16))), ?2, 1, 0, ?3, ?4, ?5 \
-                     FROM c",
-                    Self::tables(side)[0]
-                );
-                sqlx::query(AssertSqlSafe(sql))
-                    .bind(add as i64)
-                    .bind(now)
-                    .bind(now + 60_000_000)
-                    .bind(now + 86_400_000_000)
-                    .bind(stored)
-                    .execute(admin)
-                    .await
-                    .expect("prefill");
-            }
+            Side::Ours | Side::Floor => prefill_records!(SQLITE, admin, Self::tables(side)[0], add, stored),
             Side::Peer => {
                 // Copies of one real done effect (and its audit events) under new ids and keys.
                 // Ids are numbered UUIDs below the runtime's v7 ones, in order, as time-ordered
@@ -652,35 +762,7 @@ impl Target for SqliteTarget {
                         .await
                         .expect("a committed peer effect to copy");
                 let from = self.peer_prefilled.fetch_add(add, Ordering::Relaxed) + 1;
-                let id = "printf('00000000-0000-7000-8000-%012x', c.n)";
-                let copy = |table: &str, cols: &[String], template_col: &str| {
-                    let exprs: Vec<String> = cols
-                        .iter()
-                        .map(|c| match c.as_str() {
-                            "id" | "effect_id" => id.to_owned(),
-                            "logical_key" => "lower(hex(randomblob(16)))".to_owned(),
-                            other => format!("t.\"{other}\""),
-                        })
-                        .collect();
-                    format!(
-                        "WITH RECURSIVE c(n) AS (SELECT ?1 UNION ALL SELECT n + 1 FROM c WHERE n < ?2)\n\
-                         INSERT INTO {table} ({}) SELECT {} FROM c, {table} t WHERE t.{template_col} = ?3",
-                        cols.join(", "),
-                        exprs.join(", ")
-                    )
-                };
-                let mut tx = admin.begin_with("BEGIN IMMEDIATE").await.unwrap();
-                for (table, template_col) in [("effects", "id"), ("effect_events", "effect_id")] {
-                    let cols = self.columns(side, table).await;
-                    sqlx::query(AssertSqlSafe(copy(table, &cols, template_col)))
-                        .bind(from as i64)
-                        .bind((from + add - 1) as i64)
-                        .bind(&template)
-                        .execute(&mut *tx)
-                        .await
-                        .expect("prefill the peer");
-                }
-                tx.commit().await.unwrap();
+                prefill_peer!(SQLITE, admin, "", template, from, add, |table| self.columns(side, table));
             }
         }
         // Into the database file, so that the timed rows do not pay for copying the prefill.
@@ -755,22 +837,6 @@ const PG_TIMEOUT: Duration = Duration::from_secs(10);
 const PG_OURS: &str = "sql_bench_ours";
 const PG_FLOOR: &str = "sql_bench_floor";
 const PG_PEER_SCHEMA: &str = "sql_bench_peer";
-/// The floor's table: the columns, types, constraints and index of ours (`postgres.rs`, schema
-/// version 1).
-const PG_FLOOR_TABLE: &str = "CREATE TABLE sql_bench_floor (
-    key bytea PRIMARY KEY NOT NULL CHECK (length(key) = 32),
-    fingerprint bytea NOT NULL,
-    state text NOT NULL CHECK (state IN ('running', 'released', 'done')),
-    token text NOT NULL,
-    fence bigint NOT NULL,
-    attempt bigint NOT NULL,
-    recovered boolean NOT NULL,
-    lease_until bigint NOT NULL,
-    expires_at bigint NOT NULL,
-    result bytea
-);
-CREATE INDEX sql_bench_floor_expires_at ON sql_bench_floor (expires_at)";
-
 /// PostgreSQL: our store in table `sql_bench_ours`, the floor in `sql_bench_floor` through the
 /// store's own pool (`PostgresStore::pool`), the peer in schema `sql_bench_peer`, all in the
 /// database of the URL; dropped before and after a run.
@@ -790,6 +856,9 @@ struct PostgresTarget {
     admin: PgPool,
     /// Peer effects prefilled so far (their ids are numbered).
     peer_prefilled: AtomicU64,
+    floor_sql: FloorSql,
+    /// acquire's row of a key on our table, read alone (the read-only replay row).
+    read_ours: SqlStr,
 }
 
 /// The cluster's WAL insert position and next transaction id at the start of a probe.
@@ -813,7 +882,9 @@ impl PostgresTarget {
             .connect()
             .await
             .expect("open the PostgresStore under test");
-        sqlx::raw_sql(PG_FLOOR_TABLE).execute(ours.pool()).await.expect("create the floor's table");
+        // The floor's table is ours as the store created it: columns, defaults, constraints, indexes.
+        let create = format!("CREATE TABLE \"{PG_FLOOR}\" (LIKE \"{PG_OURS}\" INCLUDING ALL)");
+        sqlx::raw_sql(AssertSqlSafe(create)).execute(ours.pool()).await.expect("create the floor's table");
         let peer = if peer {
             // `PostgresOptions::connect`: its own pool (of `PG_CONNECTIONS`), its migrations, in a
             // schema of the bench's.
@@ -827,7 +898,20 @@ impl PostgresTarget {
         } else {
             None
         };
-        PostgresTarget { ours, peer, admin, peer_prefilled: AtomicU64::new(0) }
+        let read_ours = AssertSqlSafe(format!(
+            "SELECT token, fingerprint, state, fence, attempt, recovered, lease_until - {now} AS left_us, result \
+             FROM \"{PG_OURS}\" WHERE key = $1 AND expires_at > {now}",
+            now = "(extract(epoch FROM statement_timestamp()) * 1000000)::bigint"
+        ))
+        .into_sql_str();
+        PostgresTarget {
+            ours,
+            peer,
+            admin,
+            peer_prefilled: AtomicU64::new(0),
+            floor_sql: FloorSql::new(PG_FLOOR),
+            read_ours,
+        }
     }
 
     /// Drops the bench's tables and schema, and our table's line in `idempotent_schema` (and that
@@ -880,7 +964,7 @@ impl Target for PostgresTarget {
     type PeerStore = agent_effects_postgres::PostgresStore;
     type Probe = PgProbe;
     const SINGLE_WRITER: bool = false;
-    const READ_FIRST: bool = false;
+    const READ_FIRST: bool = true;
 
     async fn describe(&self) -> String {
         let row = sqlx::query(
@@ -912,31 +996,7 @@ impl Target for PostgresTarget {
     }
 
     async fn floor_first(&self, key: &[u8; 32], stored: &[u8]) {
-        let now = now_us();
-        let claimed = sqlx::query(
-            "INSERT INTO sql_bench_floor (key, fingerprint, state, token, fence, attempt, recovered, lease_until, \
-             expires_at, result) VALUES ($1, $2, 'running', $3, $4, 1, false, $5, $6, NULL) \
-             ON CONFLICT (key) DO NOTHING",
-        )
-        .bind(&key[..])
-        .bind(&[7u8; 32][..])
-        .bind("0123456789abcdef0123456789abcdef")
-        .bind(now)
-        .bind(now + 60_000_000)
-        .bind(now + 86_400_000_000)
-        .execute(self.ours.pool())
-        .await
-        .expect("floor INSERT");
-        assert_eq!(claimed.rows_affected(), 1, "a fresh floor key was taken");
-        let done =
-            sqlx::query("UPDATE sql_bench_floor SET state = 'done', result = $2, expires_at = $3 WHERE key = $1")
-                .bind(&key[..])
-                .bind(stored)
-                .bind(now + 86_400_000_000)
-                .execute(self.ours.pool())
-                .await
-                .expect("floor UPDATE");
-        assert_eq!(done.rows_affected(), 1);
+        floor_first!(&self.floor_sql, self.ours.pool(), key, stored, None::<&tokio::sync::Mutex<()>>)
     }
 
     fn floor_first_gated(&self, _: &[u8; 32], _: &[u8]) -> Option<impl Future<Output = ()> + Send> {
@@ -944,36 +1004,30 @@ impl Target for PostgresTarget {
     }
 
     async fn floor_replay(&self, key: &[u8; 32]) {
-        let row = sqlx::query("SELECT fingerprint, state, result FROM sql_bench_floor WHERE key = $1")
-            .bind(&key[..])
-            .fetch_one(self.ours.pool())
-            .await
-            .expect("floor SELECT");
-        let result: Option<Vec<u8>> = row.get(2);
-        black_box((row.get::<&[u8], _>(0), row.get::<&str, _>(1)));
-        assert!(result.is_some(), "the floor's replay row is done");
+        floor_read!(select, self.floor_sql, self.ours.pool(), key)
     }
 
-    fn read_first_replay(&self, _: &Key, _: &Fingerprint) -> Option<impl Future<Output = ()> + Send> {
-        // `PostgresStore::acquire` reads first already (its replay is one pure read).
-        None::<std::future::Ready<()>>
+    fn read_first_replay(&self, key: &Key, fp: &Fingerprint) -> Option<impl Future<Output = ()> + Send> {
+        let (key, fp) = (*key, *fp);
+        Some(async move {
+            let row = sqlx::query(self.read_ours.clone())
+                .bind(&key.as_bytes()[..])
+                .fetch_optional(self.ours.pool())
+                .await
+                .expect("read-only SELECT of our record")
+                .expect("a replay record is there");
+            let (token, fingerprint, state): (String, Vec<u8>, String) = (row.get(0), row.get(1), row.get(2));
+            let (fence, attempt, recovered, left): (i64, i64, bool, i64) =
+                (row.get(3), row.get(4), row.get(5), row.get(6));
+            assert!(state == "done" && fingerprint == fp.as_bytes(), "the record is done and ours");
+            let result: Option<Vec<u8>> = row.get(7);
+            black_box((token, fence, attempt, recovered, left));
+            black_box(Acquire::Replay(Bytes::from(result.expect("a done record has a result"))));
+        })
     }
 
     async fn floor_upsert(&self, key: &[u8; 32]) {
-        let row = sqlx::query(
-            "INSERT INTO sql_bench_floor (key, fingerprint, state, token, fence, attempt, recovered, lease_until, \
-             expires_at, result) VALUES ($1, $2, 'running', $3, 0, 1, false, 0, 0, NULL) \
-             ON CONFLICT (key) DO UPDATE SET state = sql_bench_floor.state RETURNING fingerprint, state, result",
-        )
-        .bind(&key[..])
-        .bind(&[7u8; 32][..])
-        .bind("0123456789abcdef0123456789abcdef")
-        .fetch_one(self.ours.pool())
-        .await
-        .expect("floor upsert");
-        let result: Option<Vec<u8>> = row.get(2);
-        black_box((row.get::<&[u8], _>(0), row.get::<&str, _>(1)));
-        assert!(result.is_some(), "the floor's replay row is done");
+        floor_read!(upsert, self.floor_sql, self.ours.pool(), key)
     }
 
     async fn prefill(&self, side: Side, total: u64, stored: &[u8]) -> u64 {
@@ -984,24 +1038,7 @@ impl Target for PostgresTarget {
         let add = total - have;
         match side {
             Side::Ours | Side::Floor => {
-                let now = now_us();
-                let sql = format!(
-                    "INSERT INTO {} (key, fingerprint, state, token, fence, attempt, recovered, lease_until, \
-                     expires_at, result)\n\
-                     SELECT decode(md5(random()::text) || md5(random()::text), 'hex'), \
-                     decode(md5(random()::text) || md5(random()::text), 'hex'), 'done', md5(random()::text), $2, 1, \
-                     false, $3, $4, $5 FROM generate_series(1, $1)",
-                    Self::tables(side)[0]
-                );
-                sqlx::query(AssertSqlSafe(sql))
-                    .bind(add as i64)
-                    .bind(now)
-                    .bind(now + 60_000_000)
-                    .bind(now + 86_400_000_000)
-                    .bind(stored)
-                    .execute(&self.admin)
-                    .await
-                    .expect("prefill");
+                prefill_records!(POSTGRES, &self.admin, Self::tables(side)[0], add, stored)
             }
             Side::Peer => {
                 // Copies of one real done effect (and its audit events) under new ids and keys:
@@ -1013,33 +1050,8 @@ impl Target for PostgresTarget {
                 .await
                 .expect("a committed peer effect to copy");
                 let from = self.peer_prefilled.fetch_add(add, Ordering::Relaxed) + 1;
-                let id = "('00000000-0000-7000-8000-' || lpad(to_hex(c.n), 12, '0'))::uuid";
-                let mut tx = self.admin.begin().await.unwrap();
-                for (table, template_col) in [("effects", "id"), ("effect_events", "effect_id")] {
-                    let cols = self.columns(table).await;
-                    let exprs: Vec<String> = cols
-                        .iter()
-                        .map(|c| match c.as_str() {
-                            "id" | "effect_id" => id.to_owned(),
-                            "logical_key" => "md5(random()::text)".to_owned(),
-                            other => format!("t.\"{other}\""),
-                        })
-                        .collect();
-                    let sql = format!(
-                        "INSERT INTO sql_bench_peer.{table} ({}) SELECT {} FROM generate_series($1::bigint, \
-                         $2::bigint) AS c(n), sql_bench_peer.{table} t WHERE t.{template_col} = $3",
-                        cols.iter().map(|c| format!("\"{c}\"")).collect::<Vec<_>>().join(", "),
-                        exprs.join(", ")
-                    );
-                    sqlx::query(AssertSqlSafe(sql))
-                        .bind(from as i64)
-                        .bind((from + add - 1) as i64)
-                        .bind(template)
-                        .execute(&mut *tx)
-                        .await
-                        .expect("prefill the peer");
-                }
-                tx.commit().await.unwrap();
+                let schema = format!("{PG_PEER_SCHEMA}.");
+                prefill_peer!(POSTGRES, self.admin, schema, template, from, add, |table| self.columns(table));
             }
         }
         for table in Self::tables(side) {

@@ -114,6 +114,17 @@ pub(crate) struct Found {
 }
 
 impl Found {
+    /// Whether a live row that another attempt's acquisition left decides an acquire with
+    /// `fingerprint` by itself, with no write: another payload's (mismatch), done (replay),
+    /// needing attention, or running on a lease that has not run out (in flight). Otherwise (a
+    /// released row, or a lease that ran out) the key is free, and only the atomic upsert may
+    /// take it.
+    pub(crate) fn decides(&self, fingerprint: &Fingerprint) -> bool {
+        self.fingerprint != fingerprint.as_bytes()
+            || matches!(self.state.as_str(), "done" | "needs_attention")
+            || (self.state == "running" && self.left_us > 0)
+    }
+
     /// Tells the outcome of an acquire by `token` with `fingerprint` from the row it returned:
     /// ours, the key was taken; another's, the row says replay, in flight, needs attention or
     /// mismatch.

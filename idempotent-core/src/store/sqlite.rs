@@ -37,24 +37,37 @@
 //! needs attention, and ignores the uncertain mark of a released one; one on version 2 refuses
 //! the table (its column check fails) until it is upgraded.
 //!
-//! There is no index besides the primary key: the acquire statement sets every column (to its
-//! own value when nothing changes), and SQLite rewrites the entries of every index on a column
-//! it sets, so an index on `expires_at` (for the purge) or on `run_id` (for scans by run) would
-//! make every replay write to the WAL and sync. The purge sweeps by `rowid` instead, and a scan
-//! by run filters in key order.
+//! There is no index besides the primary key: the acquire upsert sets every column (to its own
+//! value when nothing changes), and SQLite rewrites the entries of every index on a column it
+//! sets, so an index on `expires_at` (for the purge) or on `run_id` (for scans by run) would make
+//! every upsert that finds the key taken write to the WAL and sync. The purge sweeps by `rowid`
+//! instead, and a scan by run filters in key order.
 //!
 //! # Statements
 //!
-//! Every call of the [`Store`] trait is one statement in autocommit, so one atomic write
-//! transaction with its own connection from the pool, given back before the answer is:
+//! Every call of the [`Store`] trait is one statement in autocommit (acquire: one or two), so one
+//! atomic transaction with its own connection from the pool, given back before the answer is:
 //!
-//! - acquire: `INSERT … ON CONFLICT(key) DO UPDATE SET <each column> = CASE WHEN <free> THEN
-//!   <new value> ELSE <old value> END RETURNING …`. The row comes back whatever happened, and the
-//!   returned token tells the outcome: ours, the key was taken; another's, the row says replay,
-//!   in flight or mismatch. So a replay is one statement too. Where nothing changes, SQLite finds
-//!   the row's bytes equal and writes no page: a replay takes the write lock for a moment but
-//!   writes nothing to the WAL (this is why there is no index on `expires_at`: the update would
-//!   rewrite the index entry on every replay).
+//! - acquire reads first: `SELECT … WHERE key = ? AND expires_at > now`, a read transaction that
+//!   takes no write lock. A row of another payload, or done, needing attention, or running on a
+//!   lease that has not run out, is the answer (mismatch, replay, needs attention, in flight), as
+//!   it stood at the read's snapshot: a replay is this one read. Anything else (the key is
+//!   absent, expired, released, or its lease ran out) and acquire runs the one atomic write
+//!   statement that takes the key: `INSERT … ON CONFLICT(key) DO UPDATE SET <each column> = CASE
+//!   WHEN <free> THEN <new value> ELSE <old value> END RETURNING …`, which judges "free" again on
+//!   the row as it is under the write lock. The row comes back whatever happened, and the returned
+//!   token tells the outcome: ours, the key was taken; another's (a caller took it between the
+//!   read and the upsert), the row says replay, in flight or mismatch. Where nothing changes,
+//!   SQLite finds the row's bytes equal and writes no page.
+//!
+//!   Why the read: a write statement takes the file's one write lock (and the WAL-index locks)
+//!   even when it changes nothing, so with the upsert alone replays queue behind each other and
+//!   behind every first execution; `BENCHMARKS.md` measured that at 0.4–0.5× a plain `SELECT`
+//!   and the read-first replay at 0.84–1.03×. The price is one more statement on a first
+//!   execution (read, upsert, complete: 3), which in an embedded database is a function call
+//!   of ≈ 50 µs of CPU, not a network round trip, next to the two synced commits (≈ 600 µs) that
+//!   bound a first execution. No single statement can do both: SQLite takes the write lock when
+//!   a write statement starts, whatever it then writes.
 //! - complete, release, renew: `UPDATE … WHERE key = ? AND token = ? AND state IN (…) AND
 //!   expires_at > now`; a repeat by the token that completed (or released) matches its own done
 //!   (released) row and changes nothing, so it is acknowledged. Release writes `recovered =
@@ -71,8 +84,9 @@
 //!   labels and times in its one statement above (a row that lives on keeps its labels and
 //!   `created_at`); every other transition that changes the row sets `updated_at`.
 //!
-//! [`SqliteStore::statements`] counts them: a first execution is 2 (acquire, complete), a replay
-//! 1 (`tests/tests/sqlite_store.rs` asserts both, and that replays leave the WAL as it was).
+//! [`SqliteStore::statements`] counts them: a first execution is 3 (acquire's read and upsert,
+//! complete), a replay 1 (`tests/tests/sqlite_store.rs` asserts both, and that replays leave the
+//! WAL as it was).
 //!
 //! # Transactions
 //!
@@ -197,6 +211,9 @@ struct Inner {
 }
 
 struct Statements {
+    /// acquire's first statement: the live row of key `?1`, if any (its token left out: it is
+    /// never the fresh token of the acquire reading it).
+    acquire_read: SqlStr,
     acquire: SqlStr,
     complete: SqlStr,
     release: SqlStr,
@@ -252,6 +269,11 @@ impl Statements {
              RETURNING token, fingerprint, state, fence, attempt, recovered, lease_until - {NOW_US}, result",
             cols = v3_columns().join(", "),
         );
+        // The columns of acquire's `RETURNING`; `decides` tells whether the row is the answer.
+        let acquire_read = format!(
+            "SELECT '', fingerprint, state, fence, attempt, recovered, lease_until - {NOW_US}, result FROM {t}\n\
+             WHERE key = ?1 AND expires_at > {NOW_US}"
+        );
         let owned = format!("key = ?1 AND token = ?2 AND expires_at > {NOW_US}");
         // A repeat by the same token (its row already in the state it asks for) changes nothing.
         let touched = format!("updated_at = CASE WHEN state = 'running' THEN {NOW_US} ELSE updated_at END");
@@ -288,6 +310,7 @@ impl Statements {
         let purge_delete = format!("DELETE FROM {t} WHERE rowid > ?1 AND rowid <= ?2 AND expires_at <= {NOW_US}");
         let sql = |s: String| AssertSqlSafe(Arc::<str>::from(s)).into_sql_str();
         Statements {
+            acquire_read: sql(acquire_read),
             acquire: sql(acquire),
             complete: sql(complete),
             release: sql(release),
@@ -697,6 +720,20 @@ impl SqliteStore {
     ) -> Result<Acquire, Error> {
         let token = Token::unique();
         let inner = &self.inner;
+        // Read first: a replay (or another answer the row decides) takes no write lock.
+        inner.statements.fetch_add(1, Ordering::Relaxed);
+        let row = sqlx::query(inner.sql.acquire_read.clone())
+            .bind(&key.as_bytes()[..])
+            .fetch_optional(&inner.pool)
+            .await
+            .map_err(|e| self.error("acquire", e))?;
+        if let Some(row) = row {
+            let found = read_found(key, &row)?;
+            if found.decides(fp) {
+                // Another attempt's row (the token is fresh): never `Acquired`.
+                return found.judge(key, fp, &token);
+            }
+        }
         inner.statements.fetch_add(1, Ordering::Relaxed);
         let row = sqlx::query(inner.sql.acquire.clone())
             .bind(&key.as_bytes()[..])
@@ -755,9 +792,14 @@ fn transition_of(done: sqlx::sqlite::SqliteQueryResult) -> Transition {
 
 /// Tells the outcome of acquire from the row it returned.
 fn read_acquire(key: &Key, fp: &Fingerprint, token: &Token, row: &SqliteRow) -> Result<Acquire, Error> {
+    read_found(key, row)?.judge(key, fp, token)
+}
+
+/// The row of acquire's read or upsert, or [`Error::Corrupt`] for a column of the wrong type.
+fn read_found(key: &Key, row: &SqliteRow) -> Result<Found, Error> {
     let get_err =
         |e: sqlx::Error| Error::Corrupt { key: key.short(), detail: format!("a column has the wrong type: {e}") };
-    let found = Found {
+    Ok(Found {
         token: row.try_get(0).map_err(get_err)?,
         fingerprint: row.try_get(1).map_err(get_err)?,
         state: row.try_get(2).map_err(get_err)?,
@@ -766,8 +808,7 @@ fn read_acquire(key: &Key, fp: &Fingerprint, token: &Token, row: &SqliteRow) -> 
         recovered: row.try_get::<i64, _>(5).map_err(get_err)? != 0,
         left_us: row.try_get(6).map_err(get_err)?,
         result: row.try_get(7).map_err(get_err)?,
-    };
-    found.judge(key, fp, token)
+    })
 }
 
 fn store_error(describe: &str, op: &'static str, busy_timeout: Duration, e: sqlx::Error) -> Error {
