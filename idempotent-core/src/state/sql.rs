@@ -238,28 +238,12 @@ mod sqlite {
     }
 
     async fn migrate(store: &SqliteStore, table: &str) -> Result<(), Error> {
-        let err = |e: sqlx::Error| store.state_error("migrate", e);
-        let mut conn = store.pool().acquire().await.map_err(err)?;
-        sqlx::raw_sql("BEGIN IMMEDIATE").execute(&mut *conn).await.map_err(err)?;
-        let outcome = migrate_in(store, &mut conn, table).await;
-        let end = if outcome.is_ok() { "COMMIT" } else { "ROLLBACK" };
-        let ended = sqlx::raw_sql(end).execute(&mut *conn).await.map_err(err);
-        outcome.and(ended.map(drop))
+        store.in_migration(async |conn| migrate_in(store, conn, table).await).await
     }
 
     async fn migrate_in(store: &SqliteStore, conn: &mut sqlx::SqliteConnection, table: &str) -> Result<(), Error> {
         let err = |e: sqlx::Error| store.state_error("migrate", e);
-        sqlx::raw_sql(
-            "CREATE TABLE IF NOT EXISTS idempotent_schema (name TEXT PRIMARY KEY NOT NULL, version INTEGER NOT NULL)",
-        )
-        .execute(&mut *conn)
-        .await
-        .map_err(err)?;
-        let version: Option<i64> = sqlx::query_scalar("SELECT version FROM idempotent_schema WHERE name = ?1")
-            .bind(table)
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(err)?;
+        let version = crate::store::sqlite::registered_version(conn, table).await.map_err(err)?;
         let exists: bool = sqlx::query_scalar("SELECT count(*) > 0 FROM sqlite_master WHERE name = ?1")
             .bind(table)
             .fetch_one(&mut *conn)
@@ -308,9 +292,6 @@ mod postgres {
     use super::*;
     use crate::store::PostgresStore;
 
-    /// The advisory lock the migrations hold (the records' table takes the same one).
-    const MIGRATE_LOCK: i64 = 0x6964_656d_706f_7465;
-
     /// The table is missing (`undefined_table`), or is not the one this crate creates
     /// (`undefined_column`; then `migrate_state` says so).
     fn missing(e: &sqlx::Error) -> bool {
@@ -319,19 +300,8 @@ mod postgres {
 
     async fn migrate(store: &PostgresStore, table: &str) -> Result<(), Error> {
         let err = |e: sqlx::Error| store.state_error("migrate", e);
-        let mut tx = store.pool().begin().await.map_err(err)?;
-        sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(MIGRATE_LOCK).execute(&mut *tx).await.map_err(err)?;
-        sqlx::raw_sql(
-            "CREATE TABLE IF NOT EXISTS idempotent_schema (name text PRIMARY KEY NOT NULL, version integer NOT NULL)",
-        )
-        .execute(&mut *tx)
-        .await
-        .map_err(err)?;
-        let version: Option<i32> = sqlx::query_scalar("SELECT version FROM idempotent_schema WHERE name = $1")
-            .bind(table)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(err)?;
+        let mut tx = crate::store::postgres::begin_migration(store.pool()).await.map_err(err)?;
+        let version = crate::store::postgres::registered_version(&mut tx, table).await.map_err(err)?;
         let exists: bool =
             sqlx::query_scalar("SELECT to_regclass(format('%I.%I', current_schema(), $1::text)) IS NOT NULL")
                 .bind(table)

@@ -593,19 +593,8 @@ impl PostgresStore {
         let db = &self.inner.describe;
         // One transaction under an advisory lock, so that processes opening the store at once do
         // not both create the tables.
-        let mut tx = self.inner.pool.begin().await.map_err(err)?;
-        sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(MIGRATE_LOCK).execute(&mut *tx).await.map_err(err)?;
-        sqlx::raw_sql(
-            "CREATE TABLE IF NOT EXISTS idempotent_schema (name text PRIMARY KEY NOT NULL, version integer NOT NULL)",
-        )
-        .execute(&mut *tx)
-        .await
-        .map_err(err)?;
-        let version: Option<i32> = sqlx::query_scalar("SELECT version FROM idempotent_schema WHERE name = $1")
-            .bind(table)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(err)?;
+        let mut tx = begin_migration(&self.inner.pool).await.map_err(err)?;
+        let version = registered_version(&mut tx, table).await.map_err(err)?;
         let columns: Vec<(String, String)> = sqlx::query_as(
             "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
              WHERE a.attrelid = to_regclass(format('%I.%I', current_schema(), $1::text)) AND a.attnum > 0 \
@@ -1213,6 +1202,28 @@ impl fmt::Debug for PostgresStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresStore").field("store", &self.inner.describe).finish_non_exhaustive()
     }
+}
+
+/// A transaction holding the migrations' advisory lock, so that processes opening the store at
+/// once do not both create a table.
+pub(crate) async fn begin_migration(pool: &PgPool) -> Result<sqlx::Transaction<'static, Postgres>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(MIGRATE_LOCK).execute(&mut *tx).await?;
+    Ok(tx)
+}
+
+/// Creates the schema registry `idempotent_schema` if it is missing, and answers the version it
+/// holds for `table` (`None`: this crate did not create that table).
+pub(crate) async fn registered_version(conn: &mut sqlx::PgConnection, table: &str) -> Result<Option<i32>, sqlx::Error> {
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS idempotent_schema (name text PRIMARY KEY NOT NULL, version integer NOT NULL)",
+    )
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query_scalar("SELECT version FROM idempotent_schema WHERE name = $1")
+        .bind(table)
+        .fetch_optional(&mut *conn)
+        .await
 }
 
 #[cfg(test)]

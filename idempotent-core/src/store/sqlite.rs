@@ -531,11 +531,19 @@ impl SqliteStore {
     }
 
     async fn migrate_table(&self, table: &str) -> Result<(), Error> {
+        self.in_migration(async |conn| self.migrate_in(conn, table).await).await
+    }
+
+    /// Runs `work` in one immediate transaction (committed if it succeeds, rolled back if not),
+    /// so that processes opening the file at once do not both create a table.
+    pub(crate) async fn in_migration(
+        &self,
+        work: impl AsyncFnOnce(&mut sqlx::SqliteConnection) -> Result<(), Error>,
+    ) -> Result<(), Error> {
         let err = |e: sqlx::Error| self.error("migrate", e);
-        // One immediate transaction, so that processes opening the file at once do not both create it.
         let mut conn = self.inner.pool.acquire().await.map_err(err)?;
         sqlx::raw_sql("BEGIN IMMEDIATE").execute(&mut *conn).await.map_err(err)?;
-        let outcome = self.migrate_in(&mut conn, table).await;
+        let outcome = work(&mut conn).await;
         let end = if outcome.is_ok() { "COMMIT" } else { "ROLLBACK" };
         let ended = sqlx::raw_sql(end).execute(&mut *conn).await.map_err(err);
         outcome.and(ended.map(drop))
@@ -543,17 +551,7 @@ impl SqliteStore {
 
     async fn migrate_in(&self, conn: &mut sqlx::SqliteConnection, table: &str) -> Result<(), Error> {
         let err = |e: sqlx::Error| self.error("migrate", e);
-        sqlx::raw_sql(
-            "CREATE TABLE IF NOT EXISTS idempotent_schema (name TEXT PRIMARY KEY NOT NULL, version INTEGER NOT NULL)",
-        )
-        .execute(&mut *conn)
-        .await
-        .map_err(err)?;
-        let version: Option<i64> = sqlx::query_scalar("SELECT version FROM idempotent_schema WHERE name = ?1")
-            .bind(table)
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(err)?;
+        let version = registered_version(conn, table).await.map_err(err)?;
         let columns: Vec<String> = sqlx::query_scalar("SELECT name FROM pragma_table_info(?1) ORDER BY cid")
             .bind(table)
             .fetch_all(&mut *conn)
@@ -1020,6 +1018,23 @@ impl fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SqliteStore").field("store", &self.inner.describe).finish_non_exhaustive()
     }
+}
+
+/// Creates the schema registry `idempotent_schema` if it is missing, and answers the version it
+/// holds for `table` (`None`: this crate did not create that table).
+pub(crate) async fn registered_version(
+    conn: &mut sqlx::SqliteConnection,
+    table: &str,
+) -> Result<Option<i64>, sqlx::Error> {
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS idempotent_schema (name TEXT PRIMARY KEY NOT NULL, version INTEGER NOT NULL)",
+    )
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query_scalar("SELECT version FROM idempotent_schema WHERE name = ?1")
+        .bind(table)
+        .fetch_optional(&mut *conn)
+        .await
 }
 
 #[cfg(test)]
