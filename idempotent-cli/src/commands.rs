@@ -11,8 +11,9 @@ use idempotent_core::{Fingerprint, Key, SharedStore};
 use serde_json::{Value, json};
 
 use crate::args::{List, Purge, Release, Resolve, Select, Which};
+use crate::duration::short;
 use crate::outcome::{Code, Failure};
-use crate::render::{human, record_detail, record_json, record_table, table};
+use crate::render::{record_detail, record_json, record_table, table};
 use crate::which;
 
 /// What a command prints, for people and for scripts, and how it exits.
@@ -159,7 +160,7 @@ pub(crate) async fn resolve(store: &SharedStore, args: &Resolve) -> Result<Repor
                 Failure::usage(format!("--done is not JSON ({e}): give the step's result as JSON, e.g. '\"re_123\"'"))
             })?;
             let outcome = encode_ok(&value).map_err(|e| Failure::usage(format!("--done cannot be stored: {e}")))?;
-            let what = format!("done with the result {value}, kept for {}", human(args.retention));
+            let what = format!("done with the result {value}, kept for {}", short(args.retention));
             (Resolution::Done { outcome, retention: args.retention }, what)
         }
         None => (Resolution::NotDone, "not done: the next call runs the action".to_owned()),
@@ -196,14 +197,16 @@ pub(crate) async fn purge(store: &SharedStore, args: &Purge) -> Result<Report, F
             "purge needs --run, --step or --older-than (and may narrow them with --state, --tenant)",
         ));
     }
-    let records = every(store, &filter(select)).await?;
-    let running = records.iter().filter(|r| r.state == RecordState::Running).count();
-    let mut by_state: BTreeMap<&str, usize> = BTreeMap::new();
-    for r in &records {
-        *by_state.entry(r.state.as_str()).or_default() += 1;
-    }
-    let counts: Vec<String> = by_state.iter().map(|(s, n)| format!("{n} {s}")).collect();
+    let filter = filter(select);
     if !args.yes {
+        // Only the plan reads the records first; the purge itself scans as it deletes.
+        let records = every(store, &filter).await?;
+        let running = records.iter().filter(|r| r.state == RecordState::Running).count();
+        let mut by_state: BTreeMap<&str, usize> = BTreeMap::new();
+        for r in &records {
+            *by_state.entry(r.state.as_str()).or_default() += 1;
+        }
+        let counts: Vec<String> = by_state.iter().map(|(s, n)| format!("{n} {s}")).collect();
         let plan = format!(
             "Would remove {} records ({}); {running} running ones are left alone. A removed done record runs again on its next call.\n",
             records.len() - running,
@@ -214,7 +217,7 @@ pub(crate) async fn purge(store: &SharedStore, args: &Purge) -> Result<Report, F
             json!({ "would_remove": records.len() - running, "running": running, "by_state": by_state }),
         ));
     }
-    let purged = delete_all(store.as_ref(), &filter(select)).await?;
+    let purged = delete_all(store.as_ref(), &filter).await?;
     let (removed, left_running, gone) = (purged.removed, purged.running, purged.gone);
     let text = format!(
         "Removed {removed} records; {left_running} running left alone{}.\n",

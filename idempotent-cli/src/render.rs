@@ -1,6 +1,6 @@
 //! How records are printed: aligned tables for people, JSON for scripts.
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use idempotent_core::store::RecordInfo;
 use serde_json::{Value, json};
@@ -102,9 +102,4 @@ pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
         out.push_str(&line(&mut row.iter().map(String::as_str)));
     }
     out
-}
-
-/// A duration for a message.
-pub(crate) fn human(d: Duration) -> String {
-    short(d)
 }

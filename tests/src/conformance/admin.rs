@@ -37,7 +37,7 @@ async fn info(store: &SharedStore, key: &Key) -> RecordInfo {
 
 /// Within a few seconds of `now` (store clocks and ours are both wall clocks here).
 fn near(t: SystemTime, now: SystemTime) -> bool {
-    let gap = t.duration_since(now).or_else(|e| Ok::<_, ()>(e.duration())).unwrap();
+    let gap = t.duration_since(now).unwrap_or_else(|e| e.duration());
     gap < Duration::from_secs(5)
 }
 
