@@ -347,7 +347,7 @@ async fn garbage_rows_are_corrupt_errors_not_replays() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_first_execution_is_two_statements_and_a_replay_one_that_writes_nothing() {
+async fn a_first_execution_is_two_statements_and_a_replay_one_that_writes_nothing_read_first_or_not() {
     let server = PgServer::start();
     let store = PostgresStore::connect(server.url()).await.unwrap();
     let ctx = RunContext::new(store.clone(), "run-1");
@@ -364,8 +364,69 @@ async fn a_first_execution_is_two_statements_and_a_replay_one_that_writes_nothin
         let n: u32 = ctx.step("count").run(&1, |_| async { Ok::<_, Error>(8) }).await.unwrap();
         assert_eq!((n, store.statements() - before), (7, 1), "a replay: the acquire alone");
     }
-    // No new row version (ctid, xmin) and no row lock (xmax): the replays only read.
+    // No new row version (ctid, xmin) and no row lock (xmax): the replays only read, whether
+    // acquire ran its upsert first (the first replays) or its read (the later ones).
     assert_eq!(row_version(&mut conn, &k).await, row, "replays wrote the row");
+
+    // A first execution after replays in a row: acquire's read finds nothing, then its upsert.
+    let before = store.statements();
+    let n: u32 = ctx.step("count").run(&2, |_| async { Ok::<_, Error>(10) }).await.unwrap();
+    assert_eq!((n, store.statements() - before), (10, 3), "read, upsert, complete");
+    // First executions in a row switch back to the upsert first (16 switch it from any state).
+    for i in 3..19 {
+        ctx.step("count").run(&i, |_| async { Ok::<_, Error>(i) }).await.unwrap();
+    }
+    let before = store.statements();
+    ctx.step("count").run(&100, |_| async { Ok::<_, Error>(100) }).await.unwrap();
+    assert_eq!(store.statements() - before, 2, "upsert first again after first executions in a row");
+}
+
+/// A completion within the lease changes no indexed column (it keeps the expiry acquire wrote),
+/// so PostgreSQL updates the row in place: a HOT update, no new index entries. A completion with
+/// another retention than the acquisition's is kept for that retention from now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_within_the_lease_is_a_hot_update() {
+    let server = PgServer::start();
+    let store = PostgresStore::connect(server.url()).await.unwrap();
+    let mut conn = server.connection().await;
+    let expiry = async |conn: &mut PgConnection, k: &Key| -> (i64, i64) {
+        sqlx::query_as("SELECT expires_at, lease_until FROM idempotent_records WHERE key = $1")
+            .bind(&k.as_bytes()[..])
+            .fetch_one(conn)
+            .await
+            .unwrap()
+    };
+    let k = key(40);
+    let grant = acquired(&store, &k, LEASE).await;
+    let (expires, lease_until) = expiry(&mut conn, &k).await;
+    assert_eq!(expires - lease_until, KEEP.as_micros() as i64, "acquire keeps the retention past the lease");
+
+    // In one transaction of the store's, so that its own statistics show how the row was updated.
+    let mut tx = store.begin().await.unwrap();
+    let done = store.complete_in(&mut tx, &k, &grant.token, Bytes::from_static(b"ok"), KEEP).await.unwrap();
+    assert_eq!(done, Transition::Ok);
+    let (updated, hot): (i64, i64) = sqlx::query_as(
+        "SELECT pg_stat_get_xact_tuples_updated('idempotent_records'::regclass), \
+         pg_stat_get_xact_tuples_hot_updated('idempotent_records'::regclass)",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!((updated, hot), (1, 1), "the completion was not a HOT update");
+    assert_eq!(expiry(&mut conn, &k).await.0, expires, "the completion moved expires_at");
+
+    // Another retention at completion than at acquisition: that retention, from now.
+    let k = key(41);
+    let grant = acquired(&store, &k, LEASE).await;
+    let short = Duration::from_secs(1);
+    store.complete(&k, &grant.token, Bytes::from_static(b"ok"), short).await.unwrap();
+    let now: i64 = sqlx::query_scalar("SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    let expires = expiry(&mut conn, &k).await.0;
+    assert!(expires <= now + short.as_micros() as i64, "kept {} µs, not the 1 s retention", expires - now);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -171,27 +171,48 @@ async fn expired_records_are_purged_in_bounded_batches() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_first_execution_is_three_statements_and_a_replay_one_read_that_writes_nothing() {
+async fn a_first_execution_is_two_statements_a_replay_one_and_replays_in_a_row_take_no_write_lock() {
     let dir = TempDir::new().unwrap();
     let path = dir.path().join("count.db");
     let store = SqliteStore::open(&path).await.unwrap();
     let ctx = RunContext::new(store.clone(), "run-1");
     let before = store.statements();
     let n: u32 = ctx.step("count").run(&1, |_| async { Ok::<_, Error>(7) }).await.unwrap();
-    // Three, not the two of PostgresStore: acquire reads first, so that a replay is one read
-    // statement that takes no write lock, and only then upserts. Embedded, a statement is a
-    // function call, not a network round trip; the first execution is bound by its two synced
-    // commits (BENCHMARKS.md, "SQL stores").
-    assert_eq!((n, store.statements() - before), (7, 3), "first execution: acquire's read and upsert, complete");
+    // A new store runs acquire's upsert first: it takes the key and answers in one statement.
+    assert_eq!((n, store.statements() - before), (7, 2), "first execution: acquire's upsert, complete");
 
     let wal = dir.path().join("count.db-wal");
     let wal_size = std::fs::metadata(&wal).unwrap().len();
     for _ in 0..50 {
         let before = store.statements();
         let n: u32 = ctx.step("count").run(&1, |_| async { Ok::<_, Error>(8) }).await.unwrap();
-        assert_eq!((n, store.statements() - before), (7, 1), "a replay: acquire's read alone");
+        // The first replays are the upsert (which finds the row done and writes nothing), the
+        // later ones acquire's read: one statement either way.
+        assert_eq!((n, store.statements() - before), (7, 1), "a replay is one statement");
     }
     assert_eq!(std::fs::metadata(&wal).unwrap().len(), wal_size, "replays wrote to the WAL");
+
+    // After replays in a row acquire reads first, which takes no write lock: a replay answers
+    // while another connection holds the file's write lock (the upsert would wait for it).
+    let mut writer = raw(&path).await;
+    sqlx::raw_sql("BEGIN IMMEDIATE").execute(&mut writer).await.unwrap();
+    let replay = ctx.step("count").run(&1, |_| async { Ok::<_, Error>(9) });
+    let n: u32 =
+        tokio::time::timeout(Duration::from_secs(20), replay).await.expect("the replay waited for the lock").unwrap();
+    assert_eq!(n, 7);
+    sqlx::raw_sql("COMMIT").execute(&mut writer).await.unwrap();
+
+    // A first execution after them: the read finds nothing, then the upsert and the complete.
+    let before = store.statements();
+    let n: u32 = ctx.step("count").run(&2, |_| async { Ok::<_, Error>(10) }).await.unwrap();
+    assert_eq!((n, store.statements() - before), (10, 3), "read, upsert, complete");
+    // First executions in a row switch back to the upsert first (16 switch it from any state).
+    for i in 3..19 {
+        ctx.step("count").run(&i, |_| async { Ok::<_, Error>(i) }).await.unwrap();
+    }
+    let before = store.statements();
+    ctx.step("count").run(&100, |_| async { Ok::<_, Error>(100) }).await.unwrap();
+    assert_eq!(store.statements() - before, 2, "upsert first again after first executions in a row");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

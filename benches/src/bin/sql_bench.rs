@@ -882,8 +882,16 @@ impl PostgresTarget {
             .connect()
             .await
             .expect("open the PostgresStore under test");
-        // The floor's table is ours as the store created it: columns, defaults, constraints, indexes.
-        let create = format!("CREATE TABLE \"{PG_FLOOR}\" (LIKE \"{PG_OURS}\" INCLUDING ALL)");
+        // The floor's table is ours as the store created it: columns, defaults, constraints,
+        // indexes, and its storage parameters (`fillfactor`), which `LIKE` does not copy.
+        let options: Option<Vec<String>> =
+            sqlx::query_scalar("SELECT reloptions FROM pg_class WHERE oid = to_regclass($1)")
+                .bind(PG_OURS)
+                .fetch_one(ours.pool())
+                .await
+                .expect("read our table's storage parameters");
+        let with = options.map(|o| format!(" WITH ({})", o.join(", "))).unwrap_or_default();
+        let create = format!("CREATE TABLE \"{PG_FLOOR}\" (LIKE \"{PG_OURS}\" INCLUDING ALL){with}");
         sqlx::raw_sql(AssertSqlSafe(create)).execute(ours.pool()).await.expect("create the floor's table");
         let peer = if peer {
             // `PostgresOptions::connect`: its own pool (of `PG_CONNECTIONS`), its migrations, in a

@@ -69,6 +69,14 @@
 //!   failure, under a database whose default isolation is stricter than `READ COMMITTED`, is
 //!   run again the same way). An answer from the snapshot is true as of the statement's start:
 //!   a done record stays done until it expires, and expiry is judged at that same time.
+//!
+//!   Even answering a replay without a lock, that statement sets up its `INSERT … ON CONFLICT`
+//!   node on every run (25–35 µs of server CPU, `BENCHMARKS.md`), which a plain `SELECT` does
+//!   not. So after a run of answers the existing row decided (replays, mostly), acquire reads
+//!   first: `SELECT … WHERE key = $1 AND expires_at > now` (the text `SqliteStore` runs too),
+//!   and only when that row does not decide the answer, the statement above. Which one goes first
+//!   is learnt from the store's recent answers (see `AcquireOrder` in `store/sql.rs`); both judge
+//!   the same row by the same rules, and only the upsert takes a key.
 //! - complete, release, renew: `UPDATE … WHERE key = $1 AND token = $2 AND state IN (…) AND
 //!   expires_at > now`; a repeat by the token that completed (or released) matches its own done
 //!   (released) row and changes nothing, so it is acknowledged. Release writes `recovered =
@@ -99,8 +107,9 @@
 //! and `created_at`); every other transition that changes the row sets `updated_at`.
 //!
 //! [`PostgresStore::statements`] counts them: a first execution is 2 (acquire, complete), a replay
-//! 1 (`tests/tests/postgres_store.rs` asserts both, and that replays leave the row version as it
-//! was: no new version, no lock).
+//! 1; a first execution right after a run of replays 3 (acquire's read, its upsert, complete)
+//! (`tests/tests/postgres_store.rs` asserts all three, and that replays leave the row version as
+//! it was: no new version, no lock).
 //!
 //! # Timeouts and failures
 //!
@@ -137,7 +146,16 @@
 //!
 //! # Purging
 //!
-//! A row expires `max(lease, retention)` after its acquisition, `retention` after its completion.
+//! A row expires `retention` after its lease's end (acquire writes `expires_at = lease_until +
+//! retention`, and a renewal moves both), and `retention` after its completion, or, when it
+//! completed within its lease with the retention it was acquired with, `retention` after the
+//! lease's end: complete then keeps the `expires_at` acquire wrote, which is between `retention`
+//! and `retention` + one lease from now (a done record may be kept up to one lease longer than
+//! its retention). So complete changes no indexed column, and PostgreSQL updates the row in place
+//! (a HOT update: no new entry in the primary key, `expires_at` or `run_id` index, less WAL); the
+//! table is created with `fillfactor = 90`, so that the page holding a new row has room for its
+//! updated version. (`max(lease, retention)` from the acquisition, as `SqliteStore` and the other
+//! stores keep a running row, would have complete move `expires_at`: a new entry in every index.)
 //! A row that needs attention never expires, so no purge deletes it; once resolved, it expires
 //! after the resolution's retention (as done) or [`KEEP_RESOLVED_RELEASE`](crate::record::KEEP_RESOLVED_RELEASE) (as not done).
 //! An expired row counts as absent at once (acquire takes it over, the fence still grows); it is
@@ -169,8 +187,8 @@ use tokio::time::Instant;
 
 use super::admin::{Cursor, Deleted, Filter, Page, RecordInfo};
 use super::sql::{
-    AcquireCall, AdminSql, Arg, CommitsWith, Found, NEVER_US, OwnedLabels, ScanArg, TransactionalStore, V3_COLUMNS,
-    deleted, micros, page, read_record, resolved_row, upgrade_v2_sql,
+    AcquireCall, AcquireOrder, AdminSql, Arg, CommitsWith, Found, NEVER_US, OwnedLabels, ScanArg, TransactionalStore,
+    V3_COLUMNS, acquire_read_sql, deleted, micros, page, read_record, resolved_row, upgrade_v2_sql,
 };
 use super::{BoxFuture, Store};
 use crate::error::{BoxError, Error};
@@ -269,10 +287,14 @@ struct Inner {
     sql: Statements,
     acquisitions: AtomicU64,
     statements: AtomicU64,
+    /// Whether acquire reads first.
+    order: AcquireOrder,
     purging: AtomicBool,
 }
 
 struct Statements {
+    /// acquire's read, when it reads first ([`AcquireOrder`]).
+    acquire_read: SqlStr,
     acquire: SqlStr,
     complete: SqlStr,
     release: SqlStr,
@@ -334,9 +356,13 @@ impl Statements {
         let owned = format!("key = $1 AND token = $2 AND expires_at > {NOW_US}");
         // A repeat by the same token (its row already in the state it asks for) changes nothing.
         let touched = format!("updated_at = CASE WHEN state = 'running' THEN {NOW_US} ELSE updated_at END");
+        // Acquire wrote `expires_at = lease_until + retention`; a completion within the lease with
+        // that retention keeps it (at least the retention from now, at most a lease more), so
+        // that it changes no indexed column and the update is HOT.
+        let keeps_expiry = format!("(lease_until >= {NOW_US} AND expires_at - lease_until = $4)");
         let complete = format!(
             "UPDATE {t} SET result = CASE WHEN state = 'done' THEN result ELSE $3 END,\n\
-             expires_at = CASE WHEN state = 'done' THEN expires_at ELSE {NOW_US} + $4 END,\n\
+             expires_at = CASE WHEN state = 'done' OR {keeps_expiry} THEN expires_at ELSE {NOW_US} + $4 END,\n\
              updated_at = CASE WHEN state = 'done' THEN updated_at ELSE {NOW_US} END,\n\
              state = 'done'\n\
              WHERE {owned} AND state IN ('running', 'done')"
@@ -360,9 +386,10 @@ impl Statements {
              {NOW_US}\n\
              WHERE key = $1 AND state = 'needs_attention'"
         );
+        // The lease moves, and the expiry with it, so that it stays the retention past the lease.
         let renew = format!(
-            "UPDATE {t} SET lease_until = {NOW_US} + $3, expires_at = greatest(expires_at, {NOW_US} + $3), \
-             updated_at = {NOW_US}\n\
+            "UPDATE {t} SET lease_until = {NOW_US} + $3,\n\
+             expires_at = greatest(expires_at + ({NOW_US} + $3 - lease_until), {NOW_US} + $3), updated_at = {NOW_US}\n\
              WHERE {owned} AND state = 'running'"
         );
         let purge = format!(
@@ -373,6 +400,7 @@ impl Statements {
         );
         let sql = |s: String| AssertSqlSafe(Arc::<str>::from(s)).into_sql_str();
         Statements {
+            acquire_read: sql(acquire_read_sql(table, NOW_US)),
             acquire: sql(acquire),
             complete: sql(complete),
             release: sql(release),
@@ -477,6 +505,7 @@ impl PostgresStoreBuilder {
                 sql: Statements::new(&self.table),
                 acquisitions: AtomicU64::new(0),
                 statements: AtomicU64::new(0),
+                order: AcquireOrder::default(),
                 purging: AtomicBool::new(false),
             }),
         };
@@ -663,7 +692,7 @@ impl PostgresStore {
                      lease_until bigint NOT NULL,\n\
                      expires_at bigint NOT NULL,\n\
                      result bytea{v3}\n\
-                     );\n\
+                     ) WITH (fillfactor = 90);\n\
                      CREATE INDEX \"{table}_expires_at\" ON \"{table}\" (expires_at);\n\
                      {run_index}",
                     run_index = run_index_sql(table),
@@ -848,13 +877,26 @@ impl PostgresStore {
         labels: &OwnedLabels,
     ) -> Result<Acquire, Failed> {
         let inner = &self.inner;
+        if inner.order.read_first() {
+            let q = sqlx::query(inner.sql.acquire_read.clone()).bind(&key.as_bytes()[..]);
+            // A read takes nothing, so its failure leaves nothing to release.
+            let rows = self.fetch("acquire", q).await.map_err(|f| Failed { effect: Effect::NotSent, ..f })?;
+            if let Some(row) = rows.first() {
+                let found = read_found(key, row).map_err(|error| Failed { error, effect: Effect::NotSent })?;
+                if found.decides(fp) {
+                    inner.order.learn(true);
+                    // Another attempt's row (the token is fresh): never `Acquired`.
+                    return found.judge(key, fp, token).map_err(|error| Failed { error, effect: Effect::NotSent });
+                }
+            }
+        }
         for _ in 0..ACQUIRE_TRIES {
             let q = sqlx::query(inner.sql.acquire.clone())
                 .bind(&key.as_bytes()[..])
                 .bind(&fp.as_bytes()[..])
                 .bind(token.as_str())
                 .bind(micros(lease))
-                .bind(micros(lease.max(retention)))
+                .bind(micros(lease.saturating_add(retention)))
                 .bind(labels.step.clone())
                 .bind(labels.run.clone())
                 .bind(labels.tenant.clone());
@@ -867,8 +909,9 @@ impl PostgresStore {
             match rows.first() {
                 // A row of ours that cannot be read was taken all the same.
                 Some(row) => {
-                    return read_acquire(key, fp, token, row)
-                        .map_err(|error| Failed { error, effect: Effect::Unknown });
+                    let answer = read_acquire(key, fp, token, row);
+                    inner.order.learn(!matches!(answer, Ok(Acquire::Acquired(_))));
+                    return answer.map_err(|error| Failed { error, effect: Effect::Unknown });
                 }
                 // Changed between the statement's read and its upsert; nothing was written.
                 None => continue,
@@ -962,9 +1005,14 @@ fn bind_transition<'q>(
 
 /// Tells the outcome of acquire from the row it returned.
 fn read_acquire(key: &Key, fp: &Fingerprint, token: &Token, row: &PgRow) -> Result<Acquire, Error> {
+    read_found(key, row)?.judge(key, fp, token)
+}
+
+/// The row acquire's read or its upsert returned.
+fn read_found(key: &Key, row: &PgRow) -> Result<Found, Error> {
     let get_err =
         |e: sqlx::Error| Error::Corrupt { key: key.short(), detail: format!("a column has the wrong type: {e}") };
-    let found = Found {
+    Ok(Found {
         token: row.try_get(0).map_err(get_err)?,
         fingerprint: row.try_get(1).map_err(get_err)?,
         state: row.try_get(2).map_err(get_err)?,
@@ -973,8 +1021,7 @@ fn read_acquire(key: &Key, fp: &Fingerprint, token: &Token, row: &PgRow) -> Resu
         recovered: row.try_get(5).map_err(get_err)?,
         left_us: row.try_get(6).map_err(get_err)?,
         result: row.try_get(7).map_err(get_err)?,
-    };
-    found.judge(key, fp, token)
+    })
 }
 
 /// A serialization failure or a deadlock: the statement was rolled back and may run again.

@@ -48,26 +48,25 @@
 //! Every call of the [`Store`] trait is one statement in autocommit (acquire: one or two), so one
 //! atomic transaction with its own connection from the pool, given back before the answer is:
 //!
-//! - acquire reads first: `SELECT … WHERE key = ? AND expires_at > now`, a read transaction that
-//!   takes no write lock. A row of another payload, or done, needing attention, or running on a
-//!   lease that has not run out, is the answer (mismatch, replay, needs attention, in flight), as
-//!   it stood at the read's snapshot: a replay is this one read. Anything else (the key is
-//!   absent, expired, released, or its lease ran out) and acquire runs the one atomic write
-//!   statement that takes the key: `INSERT … ON CONFLICT(key) DO UPDATE SET <each column> = CASE
-//!   WHEN <free> THEN <new value> ELSE <old value> END RETURNING …`, which judges "free" again on
-//!   the row as it is under the write lock. The row comes back whatever happened, and the returned
-//!   token tells the outcome: ours, the key was taken; another's (a caller took it between the
-//!   read and the upsert), the row says replay, in flight or mismatch. Where nothing changes,
-//!   SQLite finds the row's bytes equal and writes no page.
+//! - acquire: the one atomic write statement that takes the key: `INSERT … ON CONFLICT(key) DO
+//!   UPDATE SET <each column> = CASE WHEN <free> THEN <new value> ELSE <old value> END RETURNING
+//!   …`, which judges "free" on the row as it is under the write lock. The row comes back whatever
+//!   happened, and the returned token tells the outcome: ours, the key was taken; another's, the
+//!   row says replay, in flight, needs attention or mismatch. Where nothing changes, SQLite finds
+//!   the row's bytes equal and writes no page.
 //!
-//!   Why the read: a write statement takes the file's one write lock (and the WAL-index locks)
-//!   even when it changes nothing, so with the upsert alone replays queue behind each other and
-//!   behind every first execution; `BENCHMARKS.md` measured that at 0.4–0.5× a plain `SELECT`
-//!   and the read-first replay at 0.84–1.03×. The price is one more statement on a first
-//!   execution (read, upsert, complete: 3), which in an embedded database is a function call
-//!   of ≈ 50 µs of CPU, not a network round trip, next to the two synced commits (≈ 600 µs) that
-//!   bound a first execution. No single statement can do both: SQLite takes the write lock when
-//!   a write statement starts, whatever it then writes.
+//!   But a write statement takes the file's one write lock (and the WAL-index locks) even when it
+//!   changes nothing, so with the upsert alone replays queue behind each other and behind every
+//!   first execution (`BENCHMARKS.md` measured that at 0.4–0.5× a plain `SELECT`). So after a run
+//!   of answers the existing row decided (replays, mostly), acquire reads first: `SELECT … WHERE
+//!   key = ?1 AND expires_at > now`, a read transaction that takes no write lock. A row of another
+//!   payload, or done, needing attention, or running on a lease that has not run out, is the
+//!   answer, as it stood at the read's snapshot: a replay is this one read. Anything else (the key
+//!   is absent, expired, released, or its lease ran out) and the upsert runs. Which one goes first
+//!   is learnt from the store's recent answers (`AcquireOrder` in `store/sql.rs`, shared with
+//!   `PostgresStore`): a store whose calls are mostly first executions runs 2 statements for
+//!   each, and one serving retries 1 read for each replay. No single statement can do both:
+//!   SQLite takes the write lock when a write statement starts, whatever it then writes.
 //! - complete, release, renew: `UPDATE … WHERE key = ? AND token = ? AND state IN (…) AND
 //!   expires_at > now`; a repeat by the token that completed (or released) matches its own done
 //!   (released) row and changes nothing, so it is acknowledged. Release writes `recovered =
@@ -84,9 +83,10 @@
 //!   labels and times in its one statement above (a row that lives on keeps its labels and
 //!   `created_at`); every other transition that changes the row sets `updated_at`.
 //!
-//! [`SqliteStore::statements`] counts them: a first execution is 3 (acquire's read and upsert,
-//! complete), a replay 1 (`tests/tests/sqlite_store.rs` asserts both, and that replays leave the
-//! WAL as it was).
+//! [`SqliteStore::statements`] counts them: a first execution is 2 (acquire's upsert, complete),
+//! a replay 1; a first execution right after a run of replays 3 (acquire's read, its upsert,
+//! complete) (`tests/tests/sqlite_store.rs` asserts all three, that replays leave the WAL as it
+//! was, and that a replay read first answers while another connection holds the write lock).
 //!
 //! # Transactions
 //!
@@ -142,8 +142,8 @@ use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr};
 
 use super::admin::{Cursor, Deleted, Filter, Page, RecordInfo};
 use super::sql::{
-    AcquireCall, AdminSql, Arg, CommitsWith, Found, NEVER_US, OwnedLabels, ScanArg, TransactionalStore, V3_COLUMNS,
-    deleted, micros, page, read_record, resolved_row, upgrade_v2_sql,
+    AcquireCall, AcquireOrder, AdminSql, Arg, CommitsWith, Found, NEVER_US, OwnedLabels, ScanArg, TransactionalStore,
+    V3_COLUMNS, acquire_read_sql, deleted, micros, page, read_record, resolved_row, upgrade_v2_sql,
 };
 use super::{BoxFuture, Store};
 use crate::error::{BoxError, Error};
@@ -205,14 +205,15 @@ struct Inner {
     sql: Statements,
     acquisitions: AtomicU64,
     statements: AtomicU64,
+    /// Whether acquire reads first.
+    order: AcquireOrder,
     purging: AtomicBool,
     /// The last rowid the sweep examined (0: start a new pass).
     purge_cursor: AtomicI64,
 }
 
 struct Statements {
-    /// acquire's first statement: the live row of key `?1`, if any (its token left out: it is
-    /// never the fresh token of the acquire reading it).
+    /// acquire's read, when it reads first ([`AcquireOrder`]).
     acquire_read: SqlStr,
     acquire: SqlStr,
     complete: SqlStr,
@@ -270,10 +271,7 @@ impl Statements {
             cols = v3_columns().join(", "),
         );
         // The columns of acquire's `RETURNING`; `decides` tells whether the row is the answer.
-        let acquire_read = format!(
-            "SELECT '', fingerprint, state, fence, attempt, recovered, lease_until - {NOW_US}, result FROM {t}\n\
-             WHERE key = ?1 AND expires_at > {NOW_US}"
-        );
+        let acquire_read = acquire_read_sql(table, NOW_US);
         let owned = format!("key = ?1 AND token = ?2 AND expires_at > {NOW_US}");
         // A repeat by the same token (its row already in the state it asks for) changes nothing.
         let touched = format!("updated_at = CASE WHEN state = 'running' THEN {NOW_US} ELSE updated_at END");
@@ -498,6 +496,7 @@ impl SqliteStore {
                 busy_timeout,
                 acquisitions: AtomicU64::new(0),
                 statements: AtomicU64::new(0),
+                order: AcquireOrder::default(),
                 purging: AtomicBool::new(false),
                 purge_cursor: AtomicI64::new(0),
             }),
@@ -718,18 +717,21 @@ impl SqliteStore {
     ) -> Result<Acquire, Error> {
         let token = Token::unique();
         let inner = &self.inner;
-        // Read first: a replay (or another answer the row decides) takes no write lock.
-        inner.statements.fetch_add(1, Ordering::Relaxed);
-        let row = sqlx::query(inner.sql.acquire_read.clone())
-            .bind(&key.as_bytes()[..])
-            .fetch_optional(&inner.pool)
-            .await
-            .map_err(|e| self.error("acquire", e))?;
-        if let Some(row) = row {
-            let found = read_found(key, &row)?;
-            if found.decides(fp) {
-                // Another attempt's row (the token is fresh): never `Acquired`.
-                return found.judge(key, fp, &token);
+        if inner.order.read_first() {
+            // A replay (or another answer the row decides) is this read, and takes no write lock.
+            inner.statements.fetch_add(1, Ordering::Relaxed);
+            let row = sqlx::query(inner.sql.acquire_read.clone())
+                .bind(&key.as_bytes()[..])
+                .fetch_optional(&inner.pool)
+                .await
+                .map_err(|e| self.error("acquire", e))?;
+            if let Some(row) = row {
+                let found = read_found(key, &row)?;
+                if found.decides(fp) {
+                    inner.order.learn(true);
+                    // Another attempt's row (the token is fresh): never `Acquired`.
+                    return found.judge(key, fp, &token);
+                }
             }
         }
         inner.statements.fetch_add(1, Ordering::Relaxed);
@@ -746,7 +748,9 @@ impl SqliteStore {
             .await
             .map_err(|e| self.error("acquire", e))?;
         let answer = read_acquire(key, fp, &token, &row)?;
-        if matches!(answer, Acquire::Acquired(_)) {
+        let taken = matches!(answer, Acquire::Acquired(_));
+        inner.order.learn(!taken);
+        if taken {
             self.maybe_purge();
         }
         Ok(answer)
