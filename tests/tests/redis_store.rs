@@ -58,7 +58,8 @@ async fn sixty_four_callers_on_four_handles_run_once() {
 }
 
 /// First execution: 2 commands (acquire, complete). Replay: 1. Counted by the server, and
-/// neither a replay nor a first acquisition runs a script.
+/// neither a replay nor a first acquisition runs a script. After a run of replays a replay is a
+/// plain `GET`, and a first execution the `GET` and the two.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_execution_costs_two_commands_and_replay_one() {
     let server = RedisServer::start();
@@ -76,6 +77,25 @@ async fn first_execution_costs_two_commands_and_replay_one() {
         let monitor = server.monitor();
         let _: u8 = ctx.step("s").run(&1, |_| async { Ok::<_, Error>(9) }).await.unwrap();
         assert_eq!(monitor.client_commands(), replay, "replay, SET NX GET {set_get}");
+
+        // After replays in a row the store reads first: a replay is one plain GET, and a first
+        // execution then costs the GET more (until first executions in a row switch it back).
+        for _ in 0..16 {
+            let _: u8 = ctx.step("s").run(&1, |_| async { Ok::<_, Error>(9) }).await.unwrap();
+        }
+        let monitor = server.monitor();
+        let _: u8 = ctx.step("s").run(&1, |_| async { Ok::<_, Error>(9) }).await.unwrap();
+        assert_eq!(monitor.client_commands(), ["get"], "replay read first, SET NX GET {set_get}");
+        let monitor = server.monitor();
+        let _: u8 = ctx.step("s").heartbeat(false).run(&2, |_| async { Ok::<_, Error>(2) }).await.unwrap();
+        let read_first: Vec<&str> = std::iter::once("get").chain(first.iter().copied()).collect();
+        assert_eq!(monitor.client_commands(), read_first, "first execution read first, SET NX GET {set_get}");
+        for i in 3..19 {
+            let _: u8 = ctx.step("s").heartbeat(false).run(&i, |_| async move { Ok::<_, Error>(i) }).await.unwrap();
+        }
+        let monitor = server.monitor();
+        let _: u8 = ctx.step("s").heartbeat(false).run(&100, |_| async { Ok::<_, Error>(100) }).await.unwrap();
+        assert_eq!(monitor.client_commands(), first, "write first again, SET NX GET {set_get}");
     }
 }
 

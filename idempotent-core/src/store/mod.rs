@@ -18,6 +18,8 @@ use crate::error::Error;
 use crate::key::{Fingerprint, Key};
 use crate::record::{Abandon, Acquire, Labels, Resolution, Resolved, Token, Transition};
 
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
+mod acquire_order;
 pub mod admin;
 pub mod memory;
 mod open;
@@ -32,6 +34,8 @@ pub mod sqlite;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{Preflight, Problem, RedisStore, RedisStoreBuilder, Risk};
+#[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
+pub(crate) use acquire_order::AcquireOrder;
 pub use admin::{Cursor, Deleted, Filter, MAX_PAGE, Page, Purged, RecordInfo, RecordState, delete_all};
 pub use memory::MemoryStore;
 pub use open::open;

@@ -75,7 +75,7 @@
 //!   not. So after a run of answers the existing row decided (replays, mostly), acquire reads
 //!   first: `SELECT … WHERE key = $1 AND expires_at > now` (the text `SqliteStore` runs too),
 //!   and only when that row does not decide the answer, the statement above. Which one goes first
-//!   is learnt from the store's recent answers (see `AcquireOrder` in `store/sql.rs`); both judge
+//!   is learnt from the store's recent answers (see `AcquireOrder` in `store/acquire_order.rs`); both judge
 //!   the same row by the same rules, and only the upsert takes a key.
 //! - complete, release, renew: `UPDATE … WHERE key = $1 AND token = $2 AND state IN (…) AND
 //!   expires_at > now`; a repeat by the token that completed (or released) matches its own done
@@ -187,10 +187,10 @@ use tokio::time::Instant;
 
 use super::admin::{Cursor, Deleted, Filter, Page, RecordInfo};
 use super::sql::{
-    AcquireCall, AcquireOrder, AdminSql, Arg, CommitsWith, Found, NEVER_US, OwnedLabels, ScanArg, TransactionalStore,
-    V3_COLUMNS, acquire_read_sql, deleted, micros, page, read_record, resolved_row, upgrade_v2_sql,
+    AcquireCall, AdminSql, Arg, CommitsWith, Found, NEVER_US, OwnedLabels, ScanArg, TransactionalStore, V3_COLUMNS,
+    acquire_read_sql, deleted, micros, page, read_record, resolved_row, upgrade_v2_sql,
 };
-use super::{BoxFuture, Store};
+use super::{AcquireOrder, BoxFuture, Store};
 use crate::error::{BoxError, Error};
 use crate::key::{Fingerprint, Key};
 use crate::record::{Abandon, Acquire, Labels, Resolution, Resolved, Token, Transition};

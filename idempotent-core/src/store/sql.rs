@@ -157,52 +157,7 @@ impl Found {
     }
 }
 
-/// Which statement a SQL store's acquire runs first, learnt from the answers of its recent
-/// acquires.
-///
-/// An acquire can start in two ways, each cheapest for one kind of answer:
-///
-/// - **upsert first**: the one atomic statement that takes the key and returns the row whatever
-///   happened. A first execution is that statement and the complete (2); a replay is that
-///   statement alone (1), but pays for a write statement that writes nothing: on SQLite it
-///   takes the file's one write lock, so replays queue behind each other; on PostgreSQL the
-///   `INSERT … ON CONFLICT` node is set up (25–35 µs of server CPU) for a row it does not insert.
-/// - **read first**: a plain `SELECT` of the live row, then the upsert only when the row does not
-///   decide the answer ([`Found::decides`]). A replay is one pure read, as cheap as the database's
-///   own `SELECT`; a first execution is 3 statements (read, upsert, complete).
-///
-/// A saturating counter, like a branch predictor's, picks between them: every answer the
-/// existing row decided (replay, in flight, mismatch, needs attention) moves it up by one, every
-/// key taken down by one, and acquires read first while it is in its upper half. It starts at the
-/// bottom (upsert first), so a store whose calls are mostly first executions runs 2 statements
-/// each and one serving a burst of retries switches to reads after [`Self::HALF`] replays in a
-/// row; a wrong guess costs one statement more (a first execution after replays) or the upsert's
-/// setup (a replay after first executions), never a wrong answer: both ways judge the same row by
-/// the same rules, and only the upsert takes a key.
-#[derive(Debug, Default)]
-pub(crate) struct AcquireOrder(std::sync::atomic::AtomicU8);
-
-impl AcquireOrder {
-    /// Consecutive answers of one kind that switch the order from the other end of the counter.
-    pub(crate) const HALF: u8 = 8;
-    /// The counter's top: `2 × HALF − 1`.
-    const TOP: u8 = 2 * Self::HALF - 1;
-
-    /// Whether the next acquire reads first.
-    pub(crate) fn read_first(&self) -> bool {
-        self.0.load(Ordering::Relaxed) >= Self::HALF
-    }
-
-    /// Learns from an acquire's answer: `decided` when the existing row was the answer, not a
-    /// key taken.
-    pub(crate) fn learn(&self, decided: bool) {
-        let step = |n: u8| if decided { (n < Self::TOP).then(|| n + 1) } else { n.checked_sub(1) };
-        // Saturated: nothing to write, so a steady workload leaves the cache line shared.
-        let _ = self.0.fetch_update(Ordering::Relaxed, Ordering::Relaxed, step);
-    }
-}
-
-/// Acquire's read ([`AcquireOrder`], read first), in both dialects: the live row of key `$1`, if
+/// Acquire's read ([`AcquireOrder`](super::AcquireOrder), read first), in both dialects: the live row of key `$1`, if
 /// any, in the columns of the upsert's answer ([`Found`]), its token left out (it is never the
 /// fresh token of the acquire reading it); `now` is the dialect's clock.
 pub(crate) fn acquire_read_sql(table: &str, now: &str) -> String {
@@ -542,36 +497,4 @@ impl Info {
 /// µs since the Unix epoch as a wall-clock time (before the epoch reads as the epoch).
 fn wall(us: i64) -> SystemTime {
     UNIX_EPOCH + Duration::from_micros(us.max(0).unsigned_abs())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::AcquireOrder;
-
-    #[test]
-    fn acquire_order_switches_after_half_a_counter_of_one_answer_and_saturates() {
-        let order = AcquireOrder::default();
-        assert!(!order.read_first(), "a new store runs the upsert first");
-        for n in 1..AcquireOrder::HALF {
-            order.learn(true);
-            assert!(!order.read_first(), "switched after {n} replays");
-        }
-        order.learn(true);
-        assert!(order.read_first(), "reads first after {} replays in a row", AcquireOrder::HALF);
-        // Saturated at the top: many more replays, then as many first executions as switch back.
-        for _ in 0..100 {
-            order.learn(true);
-        }
-        for _ in 0..AcquireOrder::HALF {
-            assert!(order.read_first());
-            order.learn(false);
-        }
-        assert!(!order.read_first(), "upsert first again after {} keys taken", AcquireOrder::HALF);
-        // And saturated at the bottom.
-        for _ in 0..100 {
-            order.learn(false);
-        }
-        order.learn(true);
-        assert!(!order.read_first());
-    }
 }

@@ -63,7 +63,7 @@
 //!   payload, or done, needing attention, or running on a lease that has not run out, is the
 //!   answer, as it stood at the read's snapshot: a replay is this one read. Anything else (the key
 //!   is absent, expired, released, or its lease ran out) and the upsert runs. Which one goes first
-//!   is learnt from the store's recent answers (`AcquireOrder` in `store/sql.rs`, shared with
+//!   is learnt from the store's recent answers (`AcquireOrder` in `store/acquire_order.rs`, shared with
 //!   `PostgresStore`): a store whose calls are mostly first executions runs 2 statements for
 //!   each, and one serving retries 1 read for each replay. No single statement can do both:
 //!   SQLite takes the write lock when a write statement starts, whatever it then writes.
@@ -142,10 +142,10 @@ use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr};
 
 use super::admin::{Cursor, Deleted, Filter, Page, RecordInfo};
 use super::sql::{
-    AcquireCall, AcquireOrder, AdminSql, Arg, CommitsWith, Found, NEVER_US, OwnedLabels, ScanArg, TransactionalStore,
-    V3_COLUMNS, acquire_read_sql, deleted, micros, page, read_record, resolved_row, upgrade_v2_sql,
+    AcquireCall, AdminSql, Arg, CommitsWith, Found, NEVER_US, OwnedLabels, ScanArg, TransactionalStore, V3_COLUMNS,
+    acquire_read_sql, deleted, micros, page, read_record, resolved_row, upgrade_v2_sql,
 };
-use super::{BoxFuture, Store};
+use super::{AcquireOrder, BoxFuture, Store};
 use crate::error::{BoxError, Error};
 use crate::key::{Fingerprint, Key};
 use crate::record::{Abandon, Acquire, Labels, Resolution, Resolved, Token, Transition};

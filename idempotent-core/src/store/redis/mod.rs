@@ -24,7 +24,7 @@ use self::layout::{
     TOKEN,
 };
 use super::admin::{Cursor, Deleted, Filter, Page, RecordInfo};
-use super::{BoxFuture, Store};
+use super::{AcquireOrder, BoxFuture, Store};
 use crate::attempt::Attempt;
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
@@ -203,6 +203,8 @@ struct Inner {
     /// Whether acquire tries a plain `SET NX GET` first (see [`RedisStoreBuilder::set_get_acquire`]);
     /// turned off for good when the server refuses that form of `SET` (before Redis 7.0).
     set_get: AtomicBool,
+    /// Whether acquire sends a plain `GET` first ([`AcquireOrder`]).
+    order: AcquireOrder,
     clock: ServerClock,
     /// The `WAIT` behind every write a caller acts on (see
     /// [`RedisStoreBuilder::wait_for_replicas`]); `None`: no waiting.
@@ -276,6 +278,7 @@ impl RedisStore {
                 scripts: Scripts::new(),
                 describe,
                 set_get: AtomicBool::new(set_get),
+                order: AcquireOrder::default(),
                 clock: ServerClock::default(),
                 wait,
             }),
@@ -341,8 +344,9 @@ impl RedisStore {
         Error::Corrupt { key: key.short(), detail: detail.into() }
     }
 
-    /// Acquire's work for `token`: one `SET NX GET`, then the acquire script only for a record
-    /// it cannot judge (or for every acquire when the plain path is off or has no clock).
+    /// Acquire's work for `token`: one `SET NX GET` (after a `GET` when the store reads first),
+    /// then the acquire script only for a record they cannot judge (or for every acquire when the
+    /// plain path is off or has no clock).
     async fn take(
         &self,
         key: &Key,
@@ -354,7 +358,25 @@ impl RedisStore {
     ) -> Result<Acquire, Error> {
         let fp = crate::key::hex_array(fingerprint.as_bytes());
         let ttl = lease.max(retention);
-        if self.inner.set_get.load(Ordering::Relaxed)
+        // After a run of replays, a plain `GET` first: a done record (or another payload's, or one
+        // that needs attention) is the answer, for less than `SET NX GET` costs the server. A
+        // record it cannot judge (a lease under this payload) goes to the script; no record, to
+        // the `SET NX GET`.
+        let mut absent = true;
+        if self.inner.order.read_first() {
+            let mut cmd = deadpool_redis::redis::Cmd::with_capacity(2, 4 + self.inner.prefix.len() + 64);
+            cmd.arg("GET").arg(Arg::Key(&self.inner.prefix, key));
+            match self.send("acquire", key, &cmd, None).await? {
+                Value::Nil => {}
+                Value::BulkString(record) => match self.read_record(key, record, &fp, token)? {
+                    Some(answer) => return Ok(answer),
+                    None => absent = false,
+                },
+                other => return Err(Self::corrupt(key, format!("unexpected GET reply {other:?}"))),
+            }
+        }
+        if absent
+            && self.inner.set_get.load(Ordering::Relaxed)
             && let Some(fence) = self.estimated_server_micros()
         {
             let record = Arg::New { fp: &fp, token, threshold: ttl - lease, fence, labels };
@@ -549,6 +571,9 @@ impl Store for RedisStore {
             arg::check_labels(&labels)?;
             let token = Token::unique();
             let res = self.take(key, fingerprint, &token, millis(lease), millis(retention), &labels).await;
+            if let Ok(answer) = &res {
+                self.inner.order.learn(!matches!(answer, Acquire::Acquired(_)));
+            }
             if let Err(e) = &res
                 && e.is_store_failure()
             {
