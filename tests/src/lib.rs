@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use idempotent_core::redis;
 
+pub mod acquire_order;
 pub mod conformance;
 pub mod contention;
 pub mod history;

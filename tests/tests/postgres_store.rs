@@ -12,7 +12,7 @@ use futures_util::future::join_all;
 use idempotent_core::record::{Abandon, Acquire, Grant, Labels, Resolution, Resolved, Transition};
 use idempotent_core::store::{Cursor, Filter, RecordState, TransactionalStore};
 use idempotent_core::{Error, Fingerprint, Key, PostgresStore, RunContext, SharedStore, Store};
-use idempotent_tests::{PgServer, contention};
+use idempotent_tests::{PgServer, acquire_order, contention};
 use sqlx::PgConnection;
 
 const FP: Fingerprint = Fingerprint::from_bytes([1; 32]);
@@ -368,17 +368,8 @@ async fn a_first_execution_is_two_statements_and_a_replay_one_that_writes_nothin
     // acquire ran its upsert first (the first replays) or its read (the later ones).
     assert_eq!(row_version(&mut conn, &k).await, row, "replays wrote the row");
 
-    // A first execution after replays in a row: acquire's read finds nothing, then its upsert.
-    let before = store.statements();
-    let n: u32 = ctx.step("count").run(&2, |_| async { Ok::<_, Error>(10) }).await.unwrap();
-    assert_eq!((n, store.statements() - before), (10, 3), "read, upsert, complete");
-    // First executions in a row switch back to the upsert first (16 switch it from any state).
-    for i in 3..19 {
-        ctx.step("count").run(&i, |_| async { Ok::<_, Error>(i) }).await.unwrap();
-    }
-    let before = store.statements();
-    ctx.step("count").run(&100, |_| async { Ok::<_, Error>(100) }).await.unwrap();
-    assert_eq!(store.statements() - before, 2, "upsert first again after first executions in a row");
+    // A first execution after them: the read finds nothing, then the upsert and the complete.
+    acquire_order::first_executions_switch_back_to_the_write(&ctx, "count", || store.statements(), (3, 2)).await;
 }
 
 /// A completion within the lease changes no indexed column (it keeps the expiry acquire wrote),

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use idempotent_core::record::{Abandon, Acquire, Labels, Resolution, Resolved, Transition};
 use idempotent_core::store::{Cursor, Filter, RecordState};
 use idempotent_core::{Error, Fingerprint, Key, RunContext, SharedStore, SqliteStore, Store};
-use idempotent_tests::contention;
+use idempotent_tests::{acquire_order, contention};
 use sqlx::{Connection, SqliteConnection};
 use tempfile::TempDir;
 
@@ -203,16 +203,7 @@ async fn a_first_execution_is_two_statements_a_replay_one_and_replays_in_a_row_t
     sqlx::raw_sql("COMMIT").execute(&mut writer).await.unwrap();
 
     // A first execution after them: the read finds nothing, then the upsert and the complete.
-    let before = store.statements();
-    let n: u32 = ctx.step("count").run(&2, |_| async { Ok::<_, Error>(10) }).await.unwrap();
-    assert_eq!((n, store.statements() - before), (10, 3), "read, upsert, complete");
-    // First executions in a row switch back to the upsert first (16 switch it from any state).
-    for i in 3..19 {
-        ctx.step("count").run(&i, |_| async { Ok::<_, Error>(i) }).await.unwrap();
-    }
-    let before = store.statements();
-    ctx.step("count").run(&100, |_| async { Ok::<_, Error>(100) }).await.unwrap();
-    assert_eq!(store.statements() - before, 2, "upsert first again after first executions in a row");
+    acquire_order::first_executions_switch_back_to_the_write(&ctx, "count", || store.statements(), (3, 2)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

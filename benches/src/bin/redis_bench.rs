@@ -16,6 +16,9 @@
 //! - with `--wait` (a replica started with `REPLICAOF`, attached to the server for the whole run):
 //!   first execution and replay on a second store built with `wait_for_replicas(1, 100 ms)`, and
 //!   the floor with `WAIT 1 100` pipelined behind each of its two `SET`s;
+//! - the peer: the `idempotent` crate 0.3.0's `ValkeyStore` (its one multiplexed connection, as
+//!   its constructor makes it), driven as its docs show (claim, run, complete; or the stored
+//!   response), on the same payloads, results and rotation of replay keys;
 //! - the commands each call sent, counted by `MONITOR` in a short pass of each row after the
 //!   timed rounds (`INFO commandstats` counts a script's commands as if a client had sent them,
 //!   and cannot tell our acquire's `SET` from the `SET` inside the complete script), and the
@@ -34,11 +37,17 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use idempotent_benches::{
-    REDIS_TIMEOUT, RawRedis, Refund, RefundResult, Rounds, RunOptions, Sample, closed_loop, fmt_rate, process_cpu,
+    REDIS_TIMEOUT, RawRedis, Refund, RefundResult, RefundView, Rounds, RunOptions, Sample, closed_loop, fmt_rate,
+    process_cpu,
 };
 use idempotent_core::record::{Acquire, Transition};
 use idempotent_core::redis::{self, Script, Value};
 use idempotent_core::{DEFAULT_LEASE, DEFAULT_RETENTION, Error, Fingerprint, Key, RedisStore, RunContext, Store};
+use idempotent_peer::entry::ExistingEntry;
+use idempotent_peer::fingerprint::{DefaultFingerprintStrategy, FingerprintStrategy};
+use idempotent_peer::store::valkey::ValkeyStore;
+use idempotent_peer::store::{IdempotencyStore, InsertResult};
+use idempotent_peer::{CachedResponse, IdempotencyEntry, IdempotencyKey, Metadata};
 use idempotent_tests::{Monitored, RedisServer};
 
 /// Keys pre-filled for the replay rows.
@@ -57,19 +66,23 @@ enum Path {
     OursFirstWait,
     OursReplayWait,
     FloorSetSetWait,
+    PeerFirst,
+    PeerReplay,
 }
 
 impl Path {
-    const ALL: [Path; 12] = [
+    const ALL: [Path; 14] = [
         Path::OursFirst { heartbeat: true },
         Path::OursFirst { heartbeat: false },
         Path::StoreFirst,
         Path::FloorSetSet,
         Path::FloorEvalEval,
+        Path::PeerFirst,
         Path::OursReplay,
         Path::StoreReplay,
         Path::FloorGet,
         Path::FloorEvalGet,
+        Path::PeerReplay,
         Path::OursFirstWait,
         Path::FloorSetSetWait,
         Path::OursReplayWait,
@@ -94,6 +107,8 @@ impl Path {
             Path::OursFirstWait => "first execution (ours, WAIT 1 replica)",
             Path::OursReplayWait => "replay (ours, WAIT 1 replica)",
             Path::FloorSetSetWait => "floor: (SET NX + WAIT 1) + (SET + WAIT 1), 2 round trips",
+            Path::PeerFirst => "peer: idempotent 0.3.0 first execution",
+            Path::PeerReplay => "peer: idempotent 0.3.0 replay",
         }
     }
 }
@@ -117,6 +132,40 @@ struct Env {
     claim: Vec<u8>,
     /// The stored result, as the executor stores it.
     stored: Vec<u8>,
+    peer: Peer,
+}
+
+/// The peer, `idempotent` 0.3.0's `ValkeyStore`, driven as its documentation shows: claim the
+/// key, run the action, complete with the response; or decode the stored response.
+struct Peer {
+    store: ValkeyStore,
+}
+
+impl Peer {
+    /// A call of `step` with `payload`: its body is the payload's JSON (and its fingerprint the
+    /// crate's default strategy over it), its key the run, the step and the payload's sequence
+    /// number (the crate takes keys from the caller; ours derives them from the payload).
+    async fn run(&self, step: &str, payload: &RefundView<'_>, action: impl FnOnce() -> RefundResult) -> RefundResult {
+        let body = serde_json::to_vec(payload).expect("payload JSON");
+        let fp = DefaultFingerprintStrategy.compute(step, &body);
+        let key = IdempotencyKey::new(format!("bench-run:{step}:{}", payload.seq)).expect("peer key");
+        // 0.3.0 has one TTL for the claim and the stored response: the retention.
+        let entry = IdempotencyEntry::new(fp, DEFAULT_RETENTION);
+        match self.store.try_insert(&key, entry.clone()).await.expect("peer claim") {
+            InsertResult::Claimed { fencing_token } => {
+                let result = action();
+                let body = Bytes::from(serde_json::to_vec(&result).expect("result JSON"));
+                let response = CachedResponse { status_code: 200, metadata: Metadata::default(), body };
+                self.store.complete(&key, entry.complete(response), fencing_token).await.expect("peer complete");
+                result
+            }
+            InsertResult::Exists(ExistingEntry::Completed(done)) => {
+                assert!(done.fingerprint_matches(fp), "peer: another payload under the key");
+                serde_json::from_slice(&done.response().body).expect("peer: stored result")
+            }
+            InsertResult::Exists(ExistingEntry::Processing(_)) => panic!("peer: the key is in flight"),
+        }
+    }
 }
 
 fn replay_index(task: usize, i: u64) -> u64 {
@@ -236,6 +285,15 @@ async fn run(env: &Arc<Env>, path: Path, concurrency: usize, duration: Duration)
                         .expect("EVALSHA");
                     black_box(v);
                 }
+                Path::PeerFirst => {
+                    let payload = env.payload.with_seq(env.seq.fetch_add(1, Ordering::Relaxed));
+                    black_box(env.peer.run("issue_refund", &payload, RefundResult::sample).await);
+                }
+                Path::PeerReplay => {
+                    let payload = env.payload.with_seq(replay_index(task, i));
+                    let replay = || panic!("peer: a replay ran its action");
+                    black_box(env.peer.run("replayed_refund", &payload, replay).await);
+                }
                 Path::FloorGet => {
                     let v: Value = redis::cmd("GET")
                         .arg(&env.floor_keys[replay_index(task, i) as usize])
@@ -334,6 +392,8 @@ fn main() {
             s.warm_up().await.expect("warm up the waiting store");
         }
         let raw = RawRedis::connect(&server.url(), pool).await;
+        let peer_client = redis::Client::open(server.url()).expect("the peer's client");
+        let peer = Peer { store: ValkeyStore::with_prefix(peer_client, Some("peer")).await.expect("the peer's store") };
         let ctx = RunContext::new(store.clone(), "bench-run");
         let replay_keys =
             (0..REPLAY_KEYS).map(|n| ctx.step("replayed_refund").key_for(&Refund::new(n)).unwrap()).collect();
@@ -352,6 +412,7 @@ fn main() {
             get_script: Script::new("return redis.call('GET', KEYS[1])"),
             claim: vec![b'c'; 120],
             stored,
+            peer,
         });
         for n in 0..REPLAY_KEYS {
             let r: RefundResult = env
@@ -363,6 +424,8 @@ fn main() {
                 .await
                 .unwrap();
             black_box(r);
+            let payload = env.payload.with_seq(n);
+            black_box(env.peer.run("replayed_refund", &payload, RefundResult::sample).await);
             let _: () = redis::cmd("SET")
                 .arg(&env.floor_keys[n as usize])
                 .arg(&env.stored)
@@ -480,10 +543,10 @@ fn main() {
             let (lo, hi) = row.rounds.rate_range();
             let calls = row.rounds.calls() as f64;
             let (raw, eval) = match row.path {
-                ours @ (Path::OursFirst { .. } | Path::OursFirstWait | Path::FloorSetSetWait) => {
+                ours @ (Path::OursFirst { .. } | Path::OursFirstWait | Path::FloorSetSetWait | Path::PeerFirst) => {
                     (ratio(concurrency, ours, Path::FloorSetSet), ratio(concurrency, ours, Path::FloorEvalEval))
                 }
-                ours @ (Path::OursReplay | Path::StoreReplay | Path::OursReplayWait) => {
+                ours @ (Path::OursReplay | Path::StoreReplay | Path::OursReplayWait | Path::PeerReplay) => {
                     (ratio(concurrency, ours, Path::FloorGet), ratio(concurrency, ours, Path::FloorEvalGet))
                 }
                 Path::StoreFirst => (
