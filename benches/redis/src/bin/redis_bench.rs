@@ -1,7 +1,7 @@
 //! `RedisStore` through the executor against the floor Redis itself sets, in one run.
 //!
 //! ```text
-//! cargo run --release -p idempotent-benches --bin redis_bench [-- --secs 1 --rounds 3 --pool 4 --wait]
+//! cargo run --release --manifest-path benches/redis/Cargo.toml --bin redis_bench [-- --secs 1 --rounds 3 --pool 4 --wait]
 //! ```
 //!
 //! Spawns its own `redis-server` (through the test harness), then measures at concurrency 1 and
