@@ -153,9 +153,9 @@ async fn a_key_taken_over_before_the_commit_rolls_the_loser_back() {
         .unwrap();
     let loser_store = SqliteStore::from_pool(pool, "idempotent_records").await.unwrap();
 
-    // The loser's acquire (its read, then its upsert: two hand-outs) passes the gate; its `begin`
-    // is held there.
-    gate.pass.store(2, Ordering::SeqCst);
+    // The loser's acquire (its upsert, as a new store writes first: one hand-out) passes the
+    // gate; its `begin` is held there.
+    gate.pass.store(1, Ordering::SeqCst);
     gate.armed.store(true, Ordering::SeqCst);
     let loser_ctx = RunContext::new(loser_store.clone(), "order-9");
     let loser = tokio::spawn(async move {

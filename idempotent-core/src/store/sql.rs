@@ -157,9 +157,10 @@ impl Found {
     }
 }
 
-/// Acquire's read ([`AcquireOrder`](super::AcquireOrder), read first), in both dialects: the live row of key `$1`, if
-/// any, in the columns of the upsert's answer ([`Found`]), its token left out (it is never the
-/// fresh token of the acquire reading it); `now` is the dialect's clock.
+/// Acquire's read (when it reads first: [`AcquireOrder`](super::AcquireOrder)), in both
+/// dialects: the live row of key `$1`, if any, in the columns of the upsert's answer ([`Found`]),
+/// its token left out (it is never the fresh token of the acquire reading it); `now` is the
+/// dialect's clock.
 pub(crate) fn acquire_read_sql(table: &str, now: &str) -> String {
     format!(
         "SELECT '', fingerprint, state, fence, attempt, recovered, lease_until - {now}, result FROM \"{table}\"\n\
