@@ -25,6 +25,8 @@
 
 use std::sync::atomic::{AtomicU8, Ordering};
 
+use crate::record::Acquire;
+
 /// The learnt order of a store's acquires (see the [module documentation](self)).
 #[derive(Debug, Default)]
 pub(crate) struct AcquireOrder(AtomicU8);
@@ -40,9 +42,14 @@ impl AcquireOrder {
         self.0.load(Ordering::Relaxed) >= Self::HALF
     }
 
-    /// Learns from an acquire's answer: `decided` when the existing row was the answer, not a
-    /// key taken.
-    pub(crate) fn learn(&self, decided: bool) {
+    /// Learns from an acquire's answer: a key taken moves the counter down, any answer the
+    /// existing record decided (replay, in flight, mismatch, needs attention) up.
+    pub(crate) fn learn(&self, answer: &Acquire) {
+        self.record(!matches!(answer, Acquire::Acquired(_)));
+    }
+
+    /// Moves the counter by one: up when `decided`, down otherwise.
+    fn record(&self, decided: bool) {
         let step = |n: u8| if decided { (n < Self::TOP).then(|| n + 1) } else { n.checked_sub(1) };
         // Saturated: nothing to write, so a steady workload leaves the cache line shared.
         let _ = self.0.fetch_update(Ordering::Relaxed, Ordering::Relaxed, step);
@@ -58,25 +65,25 @@ mod tests {
         let order = AcquireOrder::default();
         assert!(!order.read_first(), "a new store runs the upsert first");
         for n in 1..AcquireOrder::HALF {
-            order.learn(true);
+            order.record(true);
             assert!(!order.read_first(), "switched after {n} replays");
         }
-        order.learn(true);
+        order.record(true);
         assert!(order.read_first(), "reads first after {} replays in a row", AcquireOrder::HALF);
         // Saturated at the top: many more replays, then as many first executions as switch back.
         for _ in 0..100 {
-            order.learn(true);
+            order.record(true);
         }
         for _ in 0..AcquireOrder::HALF {
             assert!(order.read_first());
-            order.learn(false);
+            order.record(false);
         }
         assert!(!order.read_first(), "upsert first again after {} keys taken", AcquireOrder::HALF);
         // And saturated at the bottom.
         for _ in 0..100 {
-            order.learn(false);
+            order.record(false);
         }
-        order.learn(true);
+        order.record(true);
         assert!(!order.read_first());
     }
 }

@@ -884,7 +884,6 @@ impl PostgresStore {
             if let Some(row) = rows.first() {
                 let found = read_found(key, row).map_err(|error| Failed { error, effect: Effect::NotSent })?;
                 if found.decides(fp) {
-                    inner.order.learn(true);
                     // Another attempt's row (the token is fresh): never `Acquired`.
                     return found.judge(key, fp, token).map_err(|error| Failed { error, effect: Effect::NotSent });
                 }
@@ -909,9 +908,8 @@ impl PostgresStore {
             match rows.first() {
                 // A row of ours that cannot be read was taken all the same.
                 Some(row) => {
-                    let answer = read_acquire(key, fp, token, row);
-                    inner.order.learn(!matches!(answer, Ok(Acquire::Acquired(_))));
-                    return answer.map_err(|error| Failed { error, effect: Effect::Unknown });
+                    return read_acquire(key, fp, token, row)
+                        .map_err(|error| Failed { error, effect: Effect::Unknown });
                 }
                 // Changed between the statement's read and its upsert; nothing was written.
                 None => continue,
@@ -1060,6 +1058,7 @@ impl Store for PostgresStore {
             let token = Token::unique();
             match store.take(&key, &fingerprint, &token, lease, retention, &labels).await {
                 Ok(answer) => {
+                    store.inner.order.learn(&answer);
                     if let Acquire::Acquired(grant) = &answer {
                         if flag.load(Ordering::Acquire) {
                             // Nobody will run under this grant: give the key back rather than

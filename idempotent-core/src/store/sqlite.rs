@@ -728,7 +728,6 @@ impl SqliteStore {
             if let Some(row) = row {
                 let found = read_found(key, &row)?;
                 if found.decides(fp) {
-                    inner.order.learn(true);
                     // Another attempt's row (the token is fresh): never `Acquired`.
                     return found.judge(key, fp, &token);
                 }
@@ -748,9 +747,7 @@ impl SqliteStore {
             .await
             .map_err(|e| self.error("acquire", e))?;
         let answer = read_acquire(key, fp, &token, &row)?;
-        let taken = matches!(answer, Acquire::Acquired(_));
-        inner.order.learn(!taken);
-        if taken {
+        if matches!(answer, Acquire::Acquired(_)) {
             self.maybe_purge();
         }
         Ok(answer)
@@ -844,6 +841,9 @@ impl Store for SqliteStore {
         let flag = abandoned.clone();
         let work = async move {
             let answer = store.acquire_now(&key, &fingerprint, lease, retention, &labels).await;
+            if let Ok(answer) = &answer {
+                store.inner.order.learn(answer);
+            }
             if let Ok(Acquire::Acquired(grant)) = &answer
                 && flag.load(Ordering::Acquire)
             {

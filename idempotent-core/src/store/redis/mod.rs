@@ -572,7 +572,7 @@ impl Store for RedisStore {
             let token = Token::unique();
             let res = self.take(key, fingerprint, &token, millis(lease), millis(retention), &labels).await;
             if let Ok(answer) = &res {
-                self.inner.order.learn(!matches!(answer, Acquire::Acquired(_)));
+                self.inner.order.learn(answer);
             }
             if let Err(e) = &res
                 && e.is_store_failure()
