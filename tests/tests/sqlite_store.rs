@@ -281,8 +281,9 @@ async fn a_dropped_acquire_gives_back_the_key_it_took() {
     let gave_up = tokio::time::timeout(Duration::from_millis(100), store.acquire(&key(1), &FP, LEASE, KEEP)).await;
     assert!(gave_up.is_err(), "the acquire answered while the file was locked: {gave_up:?}");
     sqlx::raw_sql("ROLLBACK").execute(&mut holder).await.unwrap();
-    // The statement goes on and takes the key; then the key is released, not held for the lease.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    // The statement goes on and takes the key; then the key is released, not held for the lease
+    // (the bound is far above the two commits it waits for, for a disk slow to sync).
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
         let state: Option<String> = sqlx::query_scalar("SELECT state FROM idempotent_records WHERE key = ?1")
             .bind(&key(1).as_bytes()[..])
