@@ -59,15 +59,18 @@ async fn sixty_four_callers_on_four_handles_run_once() {
 
 /// First execution: 2 commands (acquire, complete). Replay: 1. Counted by the server, and
 /// neither a replay nor a first acquisition runs a script. After a run of replays a replay is a
-/// plain `GET`, and a first execution the `GET` and the two.
+/// plain `GET`, and a first execution the `GET` and the two. Scripts are called as functions
+/// (`FCALL`), or by `EVALSHA` with functions off.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_execution_costs_two_commands_and_replay_one() {
     let server = RedisServer::start();
     // The plain SET turned off, as on a server before Redis 7.0: each is one script.
-    for (set_get, first, replay) in
-        [(true, &["set", "evalsha"][..], &["set"][..]), (false, &["evalsha", "evalsha"][..], &["evalsha"][..])]
-    {
-        let s = RedisStore::builder(server.url()).set_get_acquire(set_get).build().unwrap();
+    for (set_get, functions, first, replay) in [
+        (true, true, &["set", "fcall"][..], &["set"][..]),
+        (false, true, &["fcall", "fcall"][..], &["fcall"][..]),
+        (true, false, &["set", "evalsha"][..], &["set"][..]),
+    ] {
+        let s = RedisStore::builder(server.url()).set_get_acquire(set_get).functions(functions).build().unwrap();
         // Open the connections, load the scripts and measure the clock first, so that none counts.
         s.warm_up().await.unwrap();
         let ctx = RunContext::new(s, unique("run"));
@@ -153,6 +156,7 @@ async fn outage_fails_closed_within_the_timeout_then_recovers() {
     assert_eq!(recovered.as_deref(), Some("before"));
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the completed step ran again after the restart");
     server.cmd(&["SCRIPT", "FLUSH"]);
+    server.cmd(&["FUNCTION", "FLUSH"]);
     assert_eq!(call("after-flush").await.unwrap(), "after-flush");
     assert_eq!(call("after-flush").await.unwrap(), "after-flush");
     assert_eq!(runs.load(Ordering::SeqCst), 2);
@@ -210,12 +214,27 @@ async fn preflight_without_config_fails_until_the_risks_are_accepted() {
     assert!(report.accept_risk(Risk::Eviction).accept_risk(Risk::NoPersistence).ensure().is_ok());
 }
 
-/// Every script is its source behind the layout prelude, and the server knows it under the hash
-/// redis-rs computed: `warm_up` loaded each, and `SCRIPT LOAD` of the same text agrees.
+/// `warm_up` loads the library, one function per script; with functions off, every script is
+/// its source behind the layout prelude, and the server knows it under the hash redis-rs
+/// computed: `warm_up` loaded each, and `SCRIPT LOAD` of the same text agrees.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scripts_load_under_the_hash_the_store_sends() {
     let server = RedisServer::start();
     store(&server).warm_up().await.unwrap();
+    let listed = format!("{:?}", server.cmd(&["FUNCTION", "LIST", "LIBRARYNAME", source::library_name()]));
+    for function in
+        ["acquire", "complete", "release", "renew", "abandon", "resolve", "read", "release_fenced", "delete"]
+    {
+        let name = format!("{}_{function}", source::library_name());
+        assert!(listed.contains(&format!("\"{name}\"")), "{name} is not in {listed}");
+    }
+    assert!(listed.contains("no-writes"), "read is flagged no-writes: {listed}");
+    assert_eq!(
+        server.cmd(&["SCRIPT", "EXISTS", Script::new(source::COMPLETE).get_hash()]),
+        Value::Array(vec![Value::Int(0)])
+    );
+
+    RedisStore::builder(server.url()).functions(false).build().unwrap().warm_up().await.unwrap();
     for script in source::ALL {
         let hash = Script::new(script).get_hash().to_owned();
         assert_eq!(server.cmd(&["SCRIPT", "EXISTS", &hash]), Value::Array(vec![Value::Int(1)]));
@@ -518,6 +537,46 @@ async fn needs_attention_has_no_ttl_until_resolved() {
     assert_eq!(s.acquire(&key, &fp, minute, minute).await.unwrap(), Acquire::Replay(Bytes::from_static(b"settled")));
 }
 
+/// A server that refuses functions (here an ACL user without `FCALL` and `FUNCTION`, as on
+/// managed servers that disable them; before Redis 7.0 the commands are unknown) gets the
+/// scripts by `EVALSHA`: the first call notices the refusal, and every later one is `EVALSHA`.
+/// Results and the action's single run are as with functions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_refusing_functions_gets_evalsha() {
+    let server = RedisServer::start();
+    server.cmd(&["ACL", "SETUSER", "nofn", "on", ">s3cret", "~*", "&*", "+@all", "-fcall", "-fcall_ro", "-function"]);
+    let url = format!("redis://nofn:s3cret@127.0.0.1:{}", server.port());
+    for warm in [false, true] {
+        let s = store_at(url.clone());
+        if warm {
+            s.warm_up().await.unwrap();
+        }
+        let ctx = RunContext::new(s, unique("run"));
+        let runs = Arc::new(AtomicU32::new(0));
+        for expected in [1u8, 1] {
+            let runs = runs.clone();
+            let got: u8 = ctx
+                .step("s")
+                .run(&1, |_| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, Error>(1)
+                })
+                .await
+                .unwrap();
+            assert_eq!(got, expected, "warm_up {warm}");
+        }
+        assert_eq!(runs.load(Ordering::SeqCst), 1, "warm_up {warm}");
+        let monitor = server.monitor();
+        let _: u8 = ctx.step("s").heartbeat(false).run(&2, |_| async { Ok::<_, Error>(2) }).await.unwrap();
+        assert_eq!(monitor.client_commands(), ["set", "evalsha"], "warm_up {warm}");
+    }
+    assert_eq!(
+        server.cmd(&["FUNCTION", "LIST", "LIBRARYNAME", source::library_name()]),
+        Value::Array(vec![]),
+        "the library was loaded by a user who may not"
+    );
+}
+
 /// A needs-attention record (written by hand, so that its attempt and fence are known) is
 /// answered alike by `SET NX GET`, which reads it in Rust without a script, and by the acquire
 /// script, for the record's own token too; nothing changes it.
@@ -538,7 +597,7 @@ async fn needs_attention_reads_alike_on_both_acquire_paths() {
 
     let minute = Duration::from_secs(60);
     let waiting = Acquire::NeedsAttention { attempt, fence };
-    for (how, s, sent) in [("SET NX GET", &plain, "set"), ("script", &scripts, "evalsha")] {
+    for (how, s, sent) in [("SET NX GET", &plain, "set"), ("script", &scripts, "fcall")] {
         let monitor = server.monitor();
         assert_eq!(s.acquire(&key, &fp, minute, minute).await.unwrap(), waiting, "{how}");
         assert_eq!(s.acquire(&key, &other_fp, minute, minute).await.unwrap(), Acquire::Mismatch, "{how}");
@@ -625,7 +684,7 @@ async fn repeated_transitions_write_the_record_again_unchanged() {
         let monitor = server.monitor();
         assert_eq!(end(&store).await, Transition::Ok, "{ending}: the repeat is acknowledged");
         let seen = monitor.finish();
-        assert_eq!(seen.client, ["evalsha"], "{ending}");
+        assert_eq!(seen.client, ["fcall"], "{ending}");
         assert!(seen.script.iter().any(|c| c == "set"), "{ending}: the repeat writes the record again: {seen:?}");
         assert_eq!(record_of(&server, &redis_key), before, "{ending}: unchanged");
         let after = pttl(&server, &redis_key);

@@ -3,7 +3,7 @@
 //!
 //! Faults come from a TCP proxy between the store and `redis-server` (latency, resets, blackholes,
 //! dropped replies) and from the server process itself (SIGSTOP/SIGCONT, kill -9 and restart,
-//! SCRIPT FLUSH, memory limits). Print the reports with `-- --nocapture`.
+//! SCRIPT FLUSH and FUNCTION FLUSH, memory limits). Print the reports with `-- --nocapture`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -322,6 +322,7 @@ async fn noscript_after_script_flush_mid_run() {
     for (i, key) in keys.iter().enumerate() {
         if i % 2 == 0 {
             s.server.cmd(&["SCRIPT", "FLUSH"]);
+            s.server.cmd(&["FUNCTION", "FLUSH"]);
         }
         assert!(matches!(call(&s.ctx, &s.hist, key, Cfg::default(), None, false).await, Outcome::Ok(_)));
     }
@@ -503,6 +504,7 @@ async fn nemesis_mixed_faults_with_8_workers() {
                     3 => Fault::Blackhole,
                     4 => {
                         server.cmd(&["SCRIPT", "FLUSH"]);
+                        server.cmd(&["FUNCTION", "FLUSH"]);
                         Fault::Pass
                     }
                     _ => Fault::Pass,

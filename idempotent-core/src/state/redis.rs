@@ -11,15 +11,16 @@
 use std::sync::LazyLock;
 
 use bytes::Bytes;
-use deadpool_redis::redis::{self, Script, Value};
+use deadpool_redis::redis::{self, Value};
 
 use super::{Commit, CommitToken, Loaded, REDIS_COMMIT_HISTORY, Scope, StateStore, Version};
 use crate::error::Error;
 use crate::key::Key;
+use crate::store::redis::script::Lua;
 use crate::store::{BoxFuture, RedisStore, Store};
 
 /// `commit.lua`.
-static COMMIT: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("commit.lua")));
+static COMMIT: LazyLock<Lua> = LazyLock::new(|| Lua::script_only(include_str!("commit.lua")));
 
 impl RedisStore {
     /// The Redis key that holds the state of `scope`.
@@ -86,7 +87,7 @@ impl StateStore for RedisStore {
         Box::pin(async move {
             let script = &*COMMIT;
             let mut cmd = redis::Cmd::with_capacity(8, 200 + value.len());
-            cmd.arg("EVALSHA").arg(script.get_hash()).arg(1).arg(self.state_key(scope));
+            cmd.arg("EVALSHA").arg(script.hash()).arg(1).arg(self.state_key(scope));
             cmd.arg(expected.get()).arg(token.to_hex()).arg(&value[..]).arg(REDIS_COMMIT_HISTORY);
             let key = Key::from_bytes(*scope.digest());
             let reply = self.state_call("state commit", &key, &cmd, Some(script), true).await?;

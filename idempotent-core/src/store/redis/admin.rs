@@ -249,7 +249,7 @@ impl RedisStore {
         let mut pipe = redis::Pipeline::with_capacity(keys.len() + 1);
         pipe.cmd("SCRIPT").arg("LOAD").arg(super::source::READ);
         for key in keys {
-            pipe.cmd("EVALSHA").arg(script.get_hash()).arg(1).arg(Arg::Key(&self.inner.prefix, key));
+            pipe.cmd("EVALSHA").arg(script.hash()).arg(1).arg(Arg::Key(&self.inner.prefix, key));
         }
         let replies = self.on_node("scan", node, &pipe).await?;
         if replies.len() != keys.len() + 1 {

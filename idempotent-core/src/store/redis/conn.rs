@@ -1,5 +1,5 @@
 //! Connections and transport: the pool, the connections kept checked out of it, the command
-//! timeout, script invocation (`EVALSHA`, reloaded on `NOSCRIPT`), the `WAIT` pipelined behind
+//! timeout, script calls (`FCALL` or `EVALSHA`, the script given again where the server lacks it), the `WAIT` pipelined behind
 //! a write, and the mapping of driver errors to the crate's.
 
 use std::future::Future;
@@ -9,10 +9,11 @@ use std::time::Duration;
 
 #[cfg(feature = "cluster")]
 use deadpool_redis::cluster;
-use deadpool_redis::redis::{self, Script, Value};
+use deadpool_redis::redis::{self, Value};
 
 use super::RedisStore;
 use super::arg::Arg;
+use super::script::Lua;
 use crate::error::{BoxError, Error};
 use crate::key::Key;
 use crate::store::{BoxFuture, Store};
@@ -158,51 +159,73 @@ fn is_connection_error(e: &redis::RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
 }
 
-/// `EVALSHA`, loading the script first when the server does not know it (a restart, a
-/// `SCRIPT FLUSH`, a new cluster node). Written here rather than through redis-rs's
-/// `Script::invoke_async`, which also reloads on `NOSCRIPT`, so that [`RedisStore::invoke`] can
-/// presize the command and write each argument straight into it.
-async fn eval(conn: &mut Conn, script: &Script, cmd: &redis::Cmd) -> redis::RedisResult<Value> {
+/// How many times a call is sent again for what the server lacked: the library and the script
+/// (an unknown function, then a refusal of functions, then `NOSCRIPT` of the `EVALSHA`).
+const RECOVERIES: usize = 3;
+
+/// A script call (`FCALL` or `EVALSHA`), giving the server what it lacks first when it does not
+/// know the script (a restart, a flush, a new cluster node: [`Lua::recover`]). Written here
+/// rather than through redis-rs's `Script::invoke_async`, which reloads on `NOSCRIPT` too, so
+/// that [`RedisStore::invoke`] can presize the command and write each argument straight into it.
+async fn eval(conn: &mut Conn, script: &Lua, cmd: &redis::Cmd) -> redis::RedisResult<Value> {
     match cmd.query_async(conn).await {
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            // Boxed, like the pool checkout in `conn`: a rare path kept out of every call's future.
-            Box::pin(async {
-                script.load_async(conn).await?;
-                cmd.query_async(conn).await
-            })
-            .await
-        }
+        // Boxed, like the pool checkout in `conn`: a rare path kept out of every call's future.
+        Err(e) => Box::pin(eval_again(conn, script, cmd, e)).await,
         res => res,
     }
 }
 
-/// `cmd` (an `EVALSHA` of `script`, or a plain command) and `wait` in one pipeline, on one
-/// connection, so that the `WAIT` covers the write (on a cluster the pipeline goes to the node of
-/// `cmd`'s key, and is redirected whole). The script is loaded and the pipeline sent again when
-/// the server does not know it.
+async fn eval_again(
+    conn: &mut Conn,
+    script: &Lua,
+    cmd: &redis::Cmd,
+    mut err: redis::RedisError,
+) -> redis::RedisResult<Value> {
+    let mut cmd = cmd.clone();
+    for _ in 0..RECOVERIES {
+        match script.recover(conn, &cmd, &err).await? {
+            Some(again) => cmd = again,
+            None => return Err(err),
+        }
+        match cmd.query_async(conn).await {
+            Err(e) => err = e,
+            res => return res,
+        }
+    }
+    Err(err)
+}
+
+/// `cmd` (a script call, or a plain command) and `wait` in one pipeline, on one connection, so
+/// that the `WAIT` covers the write (on a cluster the pipeline goes to the node of `cmd`'s key,
+/// and is redirected whole). When the server does not know the script, it is given it and the
+/// pipeline is sent again.
 async fn exchange_waited(
     conn: &mut Conn,
-    script: Option<&Script>,
+    script: Option<&Lua>,
     cmd: &redis::Cmd,
     wait: &Wait,
 ) -> redis::RedisResult<(Value, Value)> {
-    let mut pipe = redis::Pipeline::with_capacity(2);
-    pipe.add_command(cmd.clone()).add_command(wait.cmd());
-    let mut loaded = false;
+    let mut cmd = cmd.clone();
+    let mut recoveries = 0;
     loop {
+        let mut pipe = redis::Pipeline::with_capacity(2);
+        pipe.add_command(cmd.clone()).add_command(wait.cmd());
         let mut replies = redis::aio::ConnectionLike::req_packed_commands(conn, &pipe, 0, 2).await?.into_iter();
         let (Some(reply), Some(acked)) = (replies.next(), replies.next()) else {
             return Err(redis::RedisError::from((redis::ErrorKind::Parse, "a pipeline of two got fewer replies")));
         };
-        match reply.extract_error() {
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) && !loaded => {
-                if let Some(script) = script {
-                    Box::pin(script.load_async(conn)).await?;
+        match (reply.extract_error(), script) {
+            (Err(e), Some(script)) if recoveries < RECOVERIES => {
+                match Box::pin(script.recover(conn, &cmd, &e)).await? {
+                    Some(again) => {
+                        cmd = again;
+                        recoveries += 1;
+                    }
+                    None => return Err(e),
                 }
-                loaded = true;
             }
-            Err(e) => return Err(e),
-            Ok(reply) => return Ok((reply, acked.extract_error()?)),
+            (Err(e), _) => return Err(e),
+            (Ok(reply), _) => return Ok((reply, acked.extract_error()?)),
         }
     }
 }
@@ -270,24 +293,25 @@ impl RedisStore {
         .await
     }
 
-    /// `EVALSHA` of `script` on the record of `key`, with `args`.
+    /// A call of `script` (`FCALL` or `EVALSHA`) on the record of `key`, with `args`.
     pub(super) async fn invoke(
         &self,
         op: &'static str,
-        script: &Script,
+        script: &Lua,
         key: &Key,
         args: &[Arg<'_>],
     ) -> Result<Value, Error> {
-        self.send(op, key, &self.evalsha(script, key, args), Some(script)).await
+        self.send(op, key, &self.script_call(script, key, args), Some(script)).await
     }
 
-    /// `EVALSHA` of `script` on the record of `key`, presized and with each argument written
-    /// straight into it.
-    fn evalsha(&self, script: &Script, key: &Key, args: &[Arg<'_>]) -> redis::Cmd {
-        let hash = script.get_hash();
-        let len = 7 + hash.len() + 1 + self.inner.prefix.len() + 64 + args.iter().map(Arg::len).sum::<usize>();
+    /// The call of `script` (`FCALL` or `EVALSHA`: [`Lua::call`]) on the record of `key`,
+    /// presized and with each argument written straight into it.
+    fn script_call(&self, script: &Lua, key: &Key, args: &[Arg<'_>]) -> redis::Cmd {
+        let (command, name) = script.call();
+        let len =
+            command.len() + name.len() + 1 + self.inner.prefix.len() + 64 + args.iter().map(Arg::len).sum::<usize>();
         let mut cmd = redis::Cmd::with_capacity(4 + args.len(), len);
-        cmd.arg("EVALSHA").arg(hash).arg(1).arg(Arg::Key(&self.inner.prefix, key));
+        cmd.arg(command).arg(name).arg(1).arg(Arg::Key(&self.inner.prefix, key));
         for a in args {
             cmd.arg(a);
         }
@@ -300,22 +324,22 @@ impl RedisStore {
     pub(super) async fn invoke_written(
         &self,
         op: &'static str,
-        script: &Script,
+        script: &Lua,
         key: &Key,
         args: &[Arg<'_>],
     ) -> Result<Written, Error> {
-        let cmd = self.evalsha(script, key, args);
+        let cmd = self.script_call(script, key, args);
         self.exchange(op, key, &cmd, Some(script), self.inner.wait.as_ref()).await
     }
 
-    /// Sends `cmd` (an `EVALSHA` of `script`, or a plain command) on a pooled connection, within
+    /// Sends `cmd` (a call of `script`, or a plain command) on a pooled connection, within
     /// the command timeout.
     pub(super) async fn send(
         &self,
         op: &'static str,
         key: &Key,
         cmd: &redis::Cmd,
-        script: Option<&Script>,
+        script: Option<&Lua>,
     ) -> Result<Value, Error> {
         self.exchange(op, key, cmd, script, None).await.map(|w| w.reply)
     }
@@ -332,7 +356,7 @@ impl RedisStore {
         op: &'static str,
         key: &Key,
         cmd: &redis::Cmd,
-        script: Option<&Script>,
+        script: Option<&Lua>,
         wait: Option<&Wait>,
     ) -> Result<Written, Error> {
         // Boxed so that the futures of every store call stay small: they are moved into their
@@ -383,7 +407,7 @@ impl RedisStore {
 
     /// For the state store (`crate::state`): `cmd` on the one Redis key it names, through the
     /// store's connections, command timeout, retry on a dead connection and error mapping;
-    /// `script` is reloaded on `NOSCRIPT` when `cmd` is its `EVALSHA`. A `written` call is
+    /// `script` is given to the server again when it lacks it (`NOSCRIPT`). A `written` call is
     /// followed by the store's `WAIT`, and fails when too few replicas acknowledged it. `key`
     /// names the state in errors.
     pub(crate) async fn state_call(
@@ -391,7 +415,7 @@ impl RedisStore {
         op: &'static str,
         key: &Key,
         cmd: &redis::Cmd,
-        script: Option<&Script>,
+        script: Option<&Lua>,
         written: bool,
     ) -> Result<Value, Error> {
         let wait = if written { self.inner.wait.as_ref() } else { None };
@@ -402,7 +426,7 @@ impl RedisStore {
 
     /// Opens every connection the store keeps and loads `scripts` (see
     /// [`warm_up`](RedisStore::warm_up)).
-    pub(super) async fn open_all(&self, scripts: &[&Script]) -> Result<(), Error> {
+    pub(super) async fn open_all(&self, scripts: &[&Lua]) -> Result<(), Error> {
         let conns = &self.inner.conns;
         for slot in 0..conns.slots.len() {
             if lock(&conns.slots[slot]).is_none() {
@@ -412,7 +436,7 @@ impl RedisStore {
         for script in scripts {
             self.timed("warm_up", async {
                 let mut conn = self.conn("warm_up").await?;
-                let res = script.load_async(&mut conn).await.map(|_| Value::Nil);
+                let res = script.load(&mut conn).await.map(|()| Value::Nil);
                 self.checked_reply("warm_up", res)
             })
             .await?;

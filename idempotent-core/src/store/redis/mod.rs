@@ -14,7 +14,7 @@ use std::time::Duration;
 use bytes::Bytes;
 #[cfg(feature = "cluster")]
 use deadpool_redis::cluster;
-use deadpool_redis::redis::{Script, Value};
+use deadpool_redis::redis::Value;
 
 use self::arg::{Arg, millis};
 use self::clock::ServerClock;
@@ -23,6 +23,7 @@ use self::layout::{
     ATTEMPT, DONE, FENCE, FINGERPRINT, LEASE, MAX_FENCE, NEEDS_ATTENTION, NEW, RECOVERED, RELEASED, RUNNING, STATE,
     TOKEN,
 };
+use self::script::Scripts;
 use super::admin::{Cursor, Deleted, Filter, Page, RecordInfo};
 use super::{AcquireOrder, BoxFuture, Store};
 use crate::attempt::Attempt;
@@ -38,13 +39,14 @@ mod conn;
 #[doc(hidden)]
 pub mod layout;
 mod preflight;
+pub(crate) mod script;
 
 pub use self::builder::RedisStoreBuilder;
 pub use self::preflight::{Preflight, Problem, Risk};
 
 /// The scripts' sources, each behind the layout prelude (`layout.lua`), so that every script
-/// reads the record through the same names. Public only so that the tests crate can run them by
-/// hand; not API.
+/// reads the record through the same names, and their parts, from which `script` makes the
+/// library. Public only so that the tests crate can run them by hand; not API.
 #[doc(hidden)]
 pub mod source {
     macro_rules! with_layout {
@@ -52,6 +54,8 @@ pub mod source {
             concat!(include_str!("layout.lua"), include_str!($script))
         };
     }
+    /// `layout.lua`, the prelude.
+    pub const LAYOUT: &str = include_str!("layout.lua");
     /// `acquire.lua`.
     pub const ACQUIRE: &str = with_layout!("acquire.lua");
     /// `complete.lua`.
@@ -72,48 +76,25 @@ pub mod source {
     pub const DELETE: &str = with_layout!("delete.lua");
     /// Every script.
     pub const ALL: [&str; 9] = [ACQUIRE, COMPLETE, RELEASE, RENEW, ABANDON, RESOLVE, READ, RELEASE_FENCED, DELETE];
-}
-
-struct Scripts {
-    acquire: Script,
-    complete: Script,
-    release: Script,
-    renew: Script,
-    abandon: Script,
-    resolve: Script,
-    read: Script,
-    release_fenced: Script,
-    delete: Script,
-}
-
-impl Scripts {
-    fn new() -> Self {
-        Scripts {
-            acquire: Script::new(source::ACQUIRE),
-            complete: Script::new(source::COMPLETE),
-            release: Script::new(source::RELEASE),
-            renew: Script::new(source::RENEW),
-            abandon: Script::new(source::ABANDON),
-            resolve: Script::new(source::RESOLVE),
-            read: Script::new(source::READ),
-            release_fenced: Script::new(source::RELEASE_FENCED),
-            delete: Script::new(source::DELETE),
-        }
-    }
-
-    fn all(&self) -> [&Script; 9] {
-        [
-            &self.acquire,
-            &self.complete,
-            &self.release,
-            &self.renew,
-            &self.abandon,
-            &self.resolve,
-            &self.read,
-            &self.release_fenced,
-            &self.delete,
-        ]
-    }
+    /// `acquire.lua` without the prelude.
+    pub const ACQUIRE_BODY: &str = include_str!("acquire.lua");
+    /// `complete.lua` without the prelude.
+    pub const COMPLETE_BODY: &str = include_str!("complete.lua");
+    /// `release.lua` without the prelude.
+    pub const RELEASE_BODY: &str = include_str!("release.lua");
+    /// `renew.lua` without the prelude.
+    pub const RENEW_BODY: &str = include_str!("renew.lua");
+    /// `abandon.lua` without the prelude.
+    pub const ABANDON_BODY: &str = include_str!("abandon.lua");
+    /// `resolve.lua` without the prelude.
+    pub const RESOLVE_BODY: &str = include_str!("resolve.lua");
+    /// `read.lua` without the prelude.
+    pub const READ_BODY: &str = include_str!("read.lua");
+    /// `release_fenced.lua` without the prelude.
+    pub const RELEASE_FENCED_BODY: &str = include_str!("release_fenced.lua");
+    /// `delete.lua` without the prelude.
+    pub const DELETE_BODY: &str = include_str!("delete.lua");
+    pub use super::script::{library_name, library_text};
 }
 
 /// A [`Store`] on Redis: one string key per operation, one command per transition.
@@ -194,6 +175,22 @@ pub struct RedisStore {
     inner: Arc<Inner>,
 }
 
+/// How the store sends its calls: the builder's settings for it.
+#[derive(Debug, Clone, Copy)]
+struct Sending {
+    /// [`RedisStoreBuilder::set_get_acquire`].
+    set_get: bool,
+    /// [`RedisStoreBuilder::functions`].
+    functions: bool,
+    /// [`RedisStoreBuilder::wait_for_replicas`].
+    wait: Option<Wait>,
+}
+
+impl Sending {
+    /// The builder's defaults.
+    const DEFAULT: Sending = Sending { set_get: true, functions: true, wait: None };
+}
+
 struct Inner {
     conns: Connections,
     prefix: String,
@@ -241,7 +238,14 @@ impl RedisStore {
     /// `deadpool_redis::Manager::new_with_config`.
     pub fn from_pool(pool: deadpool_redis::Pool, prefix: impl Into<String>, timeout: Duration) -> RedisStore {
         let size = (pool.status().max_size / 2).max(1);
-        RedisStore::from_parts(Pool::Single(pool), prefix.into(), timeout, "redis (pool)".to_owned(), size, true, None)
+        RedisStore::from_parts(
+            Pool::Single(pool),
+            prefix.into(),
+            timeout,
+            "redis (pool)".to_owned(),
+            size,
+            Sending::DEFAULT,
+        )
     }
 
     /// A store on an existing deadpool cluster pool (half of its connections kept, as in
@@ -255,8 +259,7 @@ impl RedisStore {
             timeout,
             "redis cluster (pool)".to_owned(),
             size,
-            true,
-            None,
+            Sending::DEFAULT,
         )
     }
 
@@ -267,15 +270,15 @@ impl RedisStore {
         timeout: Duration,
         describe: String,
         size: usize,
-        set_get: bool,
-        wait: Option<Wait>,
+        sending: Sending,
     ) -> RedisStore {
+        let Sending { set_get, functions, wait } = sending;
         RedisStore {
             inner: Arc::new(Inner {
                 conns: Connections::new(pool, size),
                 prefix,
                 timeout,
-                scripts: Scripts::new(),
+                scripts: Scripts::new(functions),
                 describe,
                 set_get: AtomicBool::new(set_get),
                 order: AcquireOrder::default(),

@@ -1,0 +1,244 @@
+//! The store's Lua scripts and how they are called: as functions of one library (`FUNCTION
+//! LOAD`, `FCALL`; Redis 7.0+, Valkey) where the server takes it, else by `EVALSHA`.
+//!
+//! Every script reads the record through the layout prelude (`layout.lua`): some forty constants
+//! and five helper functions. Sent by `EVALSHA`, the prelude runs on every call, and making its
+//! helpers (closures over the constants) costs Redis more than a `GET` does (`redis-benchmark`
+//! of the repeated `complete`: 3.4–4.5 µs per `EVALSHA`, 2.3–2.4 µs per `FCALL` of the same
+//! body; BENCHMARKS.md). In a library the prelude runs once, when the library is loaded, and
+//! each function is only its own body.
+//!
+//! The library is named after a digest of its text (`idempotent_<12 hex>`), and so are its
+//! functions, so that two versions of this crate on one server each call their own. A server
+//! that does not know the function (a restart without persistence, a `FUNCTION FLUSH`, a new
+//! cluster node) gets the library loaded (`FUNCTION LOAD REPLACE`, on every master of a cluster)
+//! and the call again, as a script is reloaded on `NOSCRIPT`. A server that refuses functions
+//! (before Redis 7.0: an unknown command; an ACL without `FCALL` or `FUNCTION`: `NOPERM`) turns
+//! them off for the store, which then sends `EVALSHA`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock};
+
+use deadpool_redis::redis::{self, Script, ServerErrorKind};
+use sha2::{Digest, Sha256};
+
+use super::source;
+
+/// The library: its name and the text `FUNCTION LOAD` takes.
+struct Library {
+    name: String,
+    text: String,
+}
+
+/// Each record script by the name of its function (after the library's name and `_`), with
+/// whether it writes (a read-only function is flagged `no-writes`, so that a server over its
+/// memory limit still runs it).
+const FUNCTIONS: [(&str, &str, bool); 9] = [
+    ("acquire", source::ACQUIRE_BODY, true),
+    ("complete", source::COMPLETE_BODY, true),
+    ("release", source::RELEASE_BODY, true),
+    ("renew", source::RENEW_BODY, true),
+    ("abandon", source::ABANDON_BODY, true),
+    ("resolve", source::RESOLVE_BODY, true),
+    ("read", source::READ_BODY, false),
+    ("release_fenced", source::RELEASE_FENCED_BODY, true),
+    ("delete", source::DELETE_BODY, true),
+];
+
+static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
+    let mut body = String::from(source::LAYOUT);
+    for (function, script, writes) in FUNCTIONS {
+        // The script's `KEYS` and `ARGV` become the function's parameters of those names.
+        let flags = if writes { "" } else { ", flags = {'no-writes'}" };
+        body.push_str(&format!(
+            "\nredis.register_function{{function_name = '{{LIB}}_{function}', callback = function(KEYS, ARGV)\n\
+             {script}\nend{flags}}}\n"
+        ));
+    }
+    let digest = Sha256::digest(body.as_bytes());
+    let name = format!("idempotent_{}", &crate::key::hex(&digest)[..12]);
+    let text = format!("#!lua name={name}\n{}", body.replace("{LIB}", &name));
+    Library { name, text }
+});
+
+/// The library's text, as the store loads it (for tests that load it by hand).
+pub fn library_text() -> &'static str {
+    &LIBRARY.text
+}
+
+/// The library's name.
+pub fn library_name() -> &'static str {
+    &LIBRARY.name
+}
+
+/// One script of a store: its `EVALSHA` form, and where the store calls functions, the name of
+/// its function and the store's switch.
+pub(crate) struct Lua {
+    script: Script,
+    function: Option<(String, Arc<AtomicBool>)>,
+}
+
+impl Lua {
+    /// A script only ever sent by `EVALSHA` (the state store's commit).
+    pub(crate) fn script_only(source: &str) -> Lua {
+        Lua { script: Script::new(source), function: None }
+    }
+
+    /// The record script `name` (one of [`FUNCTIONS`]) with its `EVALSHA` form `source`, called
+    /// as a function while `functions` is on.
+    fn record(name: &str, source: &str, functions: &Arc<AtomicBool>) -> Lua {
+        let function = format!("{}_{name}", LIBRARY.name);
+        Lua { script: Script::new(source), function: Some((function, functions.clone())) }
+    }
+
+    /// The command and its first argument that call the script: `FCALL` and the function's
+    /// name, or `EVALSHA` and the script's hash. The key count and the keys follow.
+    pub(crate) fn call(&self) -> (&'static str, &str) {
+        match &self.function {
+            Some((name, on)) if on.load(Ordering::Relaxed) => ("FCALL", name),
+            _ => ("EVALSHA", self.script.get_hash()),
+        }
+    }
+
+    /// The script's `EVALSHA` hash.
+    pub(crate) fn hash(&self) -> &str {
+        self.script.get_hash()
+    }
+
+    /// After `err` answered `cmd` (a call of this script): the command to send instead, once
+    /// the server was given what it lacked, or `None` when `err` is not about the script.
+    /// `NOSCRIPT` loads the script; an unknown function loads the library; a server that
+    /// refuses functions turns them off, and the call goes again as `EVALSHA`.
+    pub(crate) async fn recover<C>(
+        &self,
+        conn: &mut C,
+        cmd: &redis::Cmd,
+        err: &redis::RedisError,
+    ) -> redis::RedisResult<Option<redis::Cmd>>
+    where
+        C: redis::aio::ConnectionLike + Send,
+    {
+        if err.kind() == redis::ErrorKind::Server(ServerErrorKind::NoScript) {
+            self.script.load_async(conn).await?;
+            return Ok(Some(cmd.clone()));
+        }
+        let Some((_, on)) = &self.function else { return Ok(None) };
+        if !is_fcall(cmd) {
+            return Ok(None);
+        }
+        if is_unknown_function(err) {
+            let load = redis::cmd("FUNCTION").arg("LOAD").arg("REPLACE").arg(&LIBRARY.text).clone();
+            match load.query_async::<redis::Value>(conn).await {
+                Ok(_) => return Ok(Some(cmd.clone())),
+                Err(e) if refuses_functions(&e) => {}
+                Err(e) => return Err(e),
+            }
+        } else if !refuses_functions(err) {
+            return Ok(None);
+        }
+        on.store(false, Ordering::Relaxed);
+        tracing::info!(error = %err, "idempotent.redis: the server refuses Redis functions; the store calls its scripts by EVALSHA");
+        Ok(Some(self.as_evalsha(cmd)))
+    }
+
+    /// `cmd`, an `FCALL` of this script, as the `EVALSHA` of it.
+    fn as_evalsha(&self, cmd: &redis::Cmd) -> redis::Cmd {
+        let mut out = redis::Cmd::new();
+        out.arg("EVALSHA").arg(self.script.get_hash());
+        for arg in cmd.args_iter().skip(2) {
+            if let redis::Arg::Simple(bytes) = arg {
+                out.arg(bytes);
+            }
+        }
+        out
+    }
+
+    /// Makes the server know the script: loads the library (where the store calls functions;
+    /// a refusal turns them off) or the script.
+    pub(crate) async fn load<C>(&self, conn: &mut C) -> redis::RedisResult<()>
+    where
+        C: redis::aio::ConnectionLike + Send,
+    {
+        if let Some((_, on)) = &self.function
+            && on.load(Ordering::Relaxed)
+        {
+            let load = redis::cmd("FUNCTION").arg("LOAD").arg("REPLACE").arg(&LIBRARY.text).clone();
+            match load.query_async::<redis::Value>(conn).await {
+                Ok(_) => return Ok(()),
+                Err(e) if refuses_functions(&e) => {
+                    on.store(false, Ordering::Relaxed);
+                    tracing::info!(error = %e, "idempotent.redis: the server refuses Redis functions; the store calls its scripts by EVALSHA");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.script.load_async(conn).await.map(drop)
+    }
+}
+
+fn is_fcall(cmd: &redis::Cmd) -> bool {
+    matches!(cmd.args_iter().next(), Some(redis::Arg::Simple(b"FCALL")))
+}
+
+/// `ERR Function not found`.
+fn is_unknown_function(err: &redis::RedisError) -> bool {
+    err.kind() == redis::ErrorKind::Server(ServerErrorKind::ResponseError)
+        && err.detail().is_some_and(|d| d.starts_with("Function not found"))
+}
+
+/// An unknown command (`FCALL` or `FUNCTION` before Redis 7.0) or one the connection's ACL user
+/// may not run.
+fn refuses_functions(err: &redis::RedisError) -> bool {
+    match err.kind() {
+        redis::ErrorKind::Server(ServerErrorKind::NoPerm) => true,
+        redis::ErrorKind::Server(ServerErrorKind::ResponseError) => {
+            err.detail().is_some_and(|d| d.starts_with("unknown command") || d.starts_with("unknown subcommand"))
+        }
+        _ => false,
+    }
+}
+
+/// The store's scripts.
+pub(super) struct Scripts {
+    pub(super) acquire: Lua,
+    pub(super) complete: Lua,
+    pub(super) release: Lua,
+    pub(super) renew: Lua,
+    pub(super) abandon: Lua,
+    pub(super) resolve: Lua,
+    pub(super) read: Lua,
+    pub(super) release_fenced: Lua,
+    pub(super) delete: Lua,
+}
+
+impl Scripts {
+    /// The scripts, called as functions unless `functions` is off (or the server refuses them).
+    pub(super) fn new(functions: bool) -> Self {
+        let on = Arc::new(AtomicBool::new(functions));
+        Scripts {
+            acquire: Lua::record("acquire", source::ACQUIRE, &on),
+            complete: Lua::record("complete", source::COMPLETE, &on),
+            release: Lua::record("release", source::RELEASE, &on),
+            renew: Lua::record("renew", source::RENEW, &on),
+            abandon: Lua::record("abandon", source::ABANDON, &on),
+            resolve: Lua::record("resolve", source::RESOLVE, &on),
+            read: Lua::record("read", source::READ, &on),
+            release_fenced: Lua::record("release_fenced", source::RELEASE_FENCED, &on),
+            delete: Lua::record("delete", source::DELETE, &on),
+        }
+    }
+
+    pub(super) fn all(&self) -> [&Lua; 9] {
+        [
+            &self.acquire,
+            &self.complete,
+            &self.release,
+            &self.renew,
+            &self.abandon,
+            &self.resolve,
+            &self.read,
+            &self.release_fenced,
+            &self.delete,
+        ]
+    }
+}
