@@ -7,7 +7,8 @@
 //! Spawns its own `redis-server` (through the test harness), then measures at concurrency 1 and
 //! 64, from one process and one runtime:
 //!
-//! - first execution and replay through `RunContext::step(..).run(..)` on a `RedisStore`;
+//! - first execution and replay through `RunContext::step(..).run(..)` on a `RedisStore`, and
+//!   first execution on a second store that calls its scripts by `EVALSHA` (functions off);
 //! - the floor, through the same redis client and connection setup as the store (`pool` multiplexed
 //!   connections checked out of a deadpool pool built with the store's settings, one picked
 //!   round-robin per command): for a replay one raw round trip (`GET`, and `EVALSHA` of a trivial
@@ -56,6 +57,7 @@ const REPLAY_KEYS: u64 = 4096;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Path {
     OursFirst { heartbeat: bool },
+    OursFirstEvalsha,
     FloorSetSet,
     FloorEvalEval,
     OursReplay,
@@ -71,9 +73,10 @@ enum Path {
 }
 
 impl Path {
-    const ALL: [Path; 14] = [
+    const ALL: [Path; 15] = [
         Path::OursFirst { heartbeat: true },
         Path::OursFirst { heartbeat: false },
+        Path::OursFirstEvalsha,
         Path::StoreFirst,
         Path::FloorSetSet,
         Path::FloorEvalEval,
@@ -97,6 +100,7 @@ impl Path {
         match self {
             Path::OursFirst { heartbeat: true } => "first execution (ours, heartbeat on = default)",
             Path::OursFirst { heartbeat: false } => "first execution (ours, heartbeat off)",
+            Path::OursFirstEvalsha => "first execution (ours, scripts by EVALSHA: functions off)",
             Path::FloorSetSet => "floor: SET NX + SET (2 round trips)",
             Path::FloorEvalEval => "floor: 2 × EVALSHA trivial SET script",
             Path::OursReplay => "replay (ours)",
@@ -115,6 +119,8 @@ impl Path {
 
 struct Env {
     ctx: RunContext,
+    /// On a store that calls its scripts by `EVALSHA` (`RedisStoreBuilder::functions(false)`).
+    ctx_evalsha: RunContext,
     /// On a store that waits for one replica (`--wait`).
     ctx_wait: Option<RunContext>,
     /// The payload the rows through the executor borrow (with a sequence number of their own).
@@ -184,6 +190,16 @@ async fn run(env: &Arc<Env>, path: Path, concurrency: usize, duration: Duration)
                         .ctx
                         .step("issue_refund")
                         .heartbeat(heartbeat)
+                        .run(&payload, |_| async { Ok::<_, Error>(RefundResult::sample()) })
+                        .await
+                        .expect("first execution");
+                    black_box(r);
+                }
+                Path::OursFirstEvalsha => {
+                    let payload = env.payload.with_seq(env.seq.fetch_add(1, Ordering::Relaxed));
+                    let r: RefundResult = env
+                        .ctx_evalsha
+                        .step("issue_refund")
                         .run(&payload, |_| async { Ok::<_, Error>(RefundResult::sample()) })
                         .await
                         .expect("first execution");
@@ -378,6 +394,12 @@ fn main() {
     // Attached for the whole run, so that every row runs against a master with a replica.
     let replica = wait.then(|| RedisServer::replica_of(&server));
     let store = RedisStore::builder(server.url()).pool_size(pool).command_timeout(REDIS_TIMEOUT).build().unwrap();
+    let store_evalsha = RedisStore::builder(server.url())
+        .pool_size(pool)
+        .command_timeout(REDIS_TIMEOUT)
+        .functions(false)
+        .build()
+        .unwrap();
     let store_wait = wait.then(|| {
         RedisStore::builder(server.url())
             .pool_size(pool)
@@ -388,6 +410,7 @@ fn main() {
     });
     let env = rt.block_on(async {
         store.warm_up().await.expect("warm up the store");
+        store_evalsha.warm_up().await.expect("warm up the EVALSHA store");
         if let Some(s) = &store_wait {
             s.warm_up().await.expect("warm up the waiting store");
         }
@@ -401,6 +424,7 @@ fn main() {
         serde_json::to_writer(&mut stored, &RefundResult::sample()).unwrap();
         let env = Arc::new(Env {
             ctx,
+            ctx_evalsha: RunContext::new(store_evalsha, "bench-run"),
             ctx_wait: store_wait.map(|s| RunContext::new(s, "bench-run")),
             payload: Refund::new(0),
             store,
@@ -543,7 +567,11 @@ fn main() {
             let (lo, hi) = row.rounds.rate_range();
             let calls = row.rounds.calls() as f64;
             let (raw, eval) = match row.path {
-                ours @ (Path::OursFirst { .. } | Path::OursFirstWait | Path::FloorSetSetWait | Path::PeerFirst) => {
+                ours @ (Path::OursFirst { .. }
+                | Path::OursFirstEvalsha
+                | Path::OursFirstWait
+                | Path::FloorSetSetWait
+                | Path::PeerFirst) => {
                     (ratio(concurrency, ours, Path::FloorSetSet), ratio(concurrency, ours, Path::FloorEvalEval))
                 }
                 ours @ (Path::OursReplay | Path::StoreReplay | Path::OursReplayWait | Path::PeerReplay) => {

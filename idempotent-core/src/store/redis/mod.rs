@@ -1,7 +1,8 @@
 //! The Redis store, on deadpool-redis, for standalone Redis and Redis Cluster.
 //!
 //! This file holds [`RedisStore`] and its acquire path; around it, `builder` its settings,
-//! `preflight` the start-up check of the server, `conn` connections and transport, `clock` the
+//! `preflight` the start-up check of the server, `conn` connections and transport, `script` the
+//! Lua scripts and how they are called (a function library, or `EVALSHA`), `clock` the
 //! estimate of the server's clock that fences keys taken by `SET NX`, `arg` the arguments
 //! written into commands, and `layout` (with `layout.lua`, the prelude of every script) where
 //! each field of a record sits.
@@ -104,7 +105,9 @@ pub mod source {
 /// replay cost Redis no more than a `SET` or a `GET` (a record that needs attention is answered
 /// from what that returns too). Only a key found running or released goes on to the `acquire`
 /// Lua script, which judges the lease by the server's clock. Complete, release, renew, abandon
-/// and resolve are one script each (`EVALSHA`, reloaded on `NOSCRIPT`). On a server before
+/// and resolve are one script each: functions of one library (`FCALL`, the library loaded on
+/// first use and again when the server lost it), or by `EVALSHA` where the server refuses
+/// functions or [`RedisStoreBuilder::functions`] is off. On a server before
 /// Redis 7.0, or with [`RedisStoreBuilder::set_get_acquire`] off, every acquire is the script.
 ///
 /// Commands go out on a few multiplexed connections the store keeps checked out of its deadpool

@@ -242,3 +242,71 @@ impl Scripts {
         ]
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(cmd: &redis::Cmd) -> Vec<Vec<u8>> {
+        cmd.args_iter()
+            .map(|a| match a {
+                redis::Arg::Simple(b) => b.to_vec(),
+                _ => b"<other>".to_vec(),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn the_library_registers_every_script_under_its_digest_name() {
+        let text = library_text();
+        assert!(text.starts_with(&format!("#!lua name={}\n", library_name())));
+        assert!(library_name().starts_with("idempotent_") && library_name().len() == "idempotent_".len() + 12);
+        for (function, body, writes) in FUNCTIONS {
+            let name = format!("'{}_{function}'", library_name());
+            assert_eq!(text.matches(&name).count(), 1, "{name}");
+            assert!(text.contains(body), "{function}'s body");
+            let flagged = text.split(&name).nth(1).unwrap().split("register_function").next().unwrap();
+            assert_eq!(flagged.contains("no-writes"), !writes, "{function}");
+        }
+        assert!(!text.contains("{LIB}"));
+    }
+
+    #[test]
+    fn an_fcall_is_sent_again_as_the_evalsha_of_the_same_script() {
+        let on = Arc::new(AtomicBool::new(true));
+        let lua = Lua::record("complete", source::COMPLETE, &on);
+        let (command, name) = lua.call();
+        assert_eq!((command, name), ("FCALL", &*format!("{}_complete", library_name())));
+        let mut cmd = redis::Cmd::new();
+        cmd.arg(command).arg(name).arg(1).arg("idem:k").arg("token").arg(&b"\x00result"[..]);
+        assert!(is_fcall(&cmd));
+        let again = lua.as_evalsha(&cmd);
+        let hash = Script::new(source::COMPLETE).get_hash().to_owned();
+        let expected: Vec<Vec<u8>> =
+            [&b"EVALSHA"[..], hash.as_bytes(), b"1", b"idem:k", b"token", b"\x00result"].map(<[u8]>::to_vec).to_vec();
+        assert_eq!(args(&again), expected);
+        on.store(false, Ordering::Relaxed);
+        assert_eq!(lua.call(), ("EVALSHA", &*hash));
+        assert_eq!(Lua::script_only("return 1").call().0, "EVALSHA");
+    }
+
+    #[test]
+    fn errors_are_told_apart() {
+        let server = |code: &str, detail: &str| {
+            redis::RedisError::from((
+                redis::ErrorKind::Server(match code {
+                    "NOPERM" => ServerErrorKind::NoPerm,
+                    _ => ServerErrorKind::ResponseError,
+                }),
+                "server error",
+                detail.to_owned(),
+            ))
+        };
+        assert!(is_unknown_function(&server("ERR", "Function not found")));
+        assert!(!is_unknown_function(&server("ERR", "Error running script")));
+        assert!(refuses_functions(&server("NOPERM", "User nofn has no permissions to run the 'fcall' command")));
+        assert!(refuses_functions(&server("ERR", "unknown command 'FCALL', with args beginning with: ")));
+        assert!(!refuses_functions(&server("ERR", "Function not found")));
+        assert!(!refuses_functions(&server("ERR", "IDEMPOTENT_CORRUPT record")));
+    }
+}
