@@ -537,43 +537,100 @@ async fn needs_attention_has_no_ttl_until_resolved() {
     assert_eq!(s.acquire(&key, &fp, minute, minute).await.unwrap(), Acquire::Replay(Bytes::from_static(b"settled")));
 }
 
-/// A server that refuses functions (here an ACL user without `FCALL` and `FUNCTION`, as on
-/// managed servers that disable them; before Redis 7.0 the commands are unknown) gets the
-/// scripts by `EVALSHA`: the first call notices the refusal, and every later one is `EVALSHA`.
-/// Results and the action's single run are as with functions.
+/// A server that refuses functions gets the scripts by `EVALSHA`: here ACL users, as on managed
+/// servers that disable functions (before Redis 7.0 the commands are unknown). One may not run
+/// `FCALL` (the first call is refused), one may not run `FUNCTION LOAD` (the first call finds no
+/// function and its load is refused). Each pass starts with the server's scripts flushed: without
+/// `warm_up` the `EVALSHA` then meets `NOSCRIPT` and loads its script; with it, `warm_up` loaded
+/// the scripts. Either way the store notices once, and every later call is `EVALSHA`; results and
+/// the action's single run are as with functions.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_refusing_functions_gets_evalsha() {
     let server = RedisServer::start();
-    server.cmd(&["ACL", "SETUSER", "nofn", "on", ">s3cret", "~*", "&*", "+@all", "-fcall", "-fcall_ro", "-function"]);
-    let url = format!("redis://nofn:s3cret@127.0.0.1:{}", server.port());
-    for warm in [false, true] {
-        let s = store_at(url.clone());
-        if warm {
-            s.warm_up().await.unwrap();
+    server.cmd(&[
+        "ACL",
+        "SETUSER",
+        "nofcall",
+        "on",
+        ">s3cret",
+        "~*",
+        "&*",
+        "+@all",
+        "-fcall",
+        "-fcall_ro",
+        "-function",
+    ]);
+    server.cmd(&["ACL", "SETUSER", "noload", "on", ">s3cret", "~*", "&*", "+@all", "-function"]);
+    for user in ["nofcall", "noload"] {
+        let url = format!("redis://{user}:s3cret@127.0.0.1:{}", server.port());
+        for warm in [false, true] {
+            server.cmd(&["SCRIPT", "FLUSH"]);
+            let s = store_at(url.clone());
+            if warm {
+                s.warm_up().await.unwrap();
+            }
+            let ctx = RunContext::new(s, unique("run"));
+            let runs = Arc::new(AtomicU32::new(0));
+            for _ in 0..2 {
+                let runs = runs.clone();
+                let got: u8 = ctx
+                    .step("s")
+                    .run(&1, |_| async move {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, Error>(7)
+                    })
+                    .await
+                    .unwrap();
+                assert_eq!(got, 7, "{user}, warm_up {warm}");
+            }
+            assert_eq!(runs.load(Ordering::SeqCst), 1, "{user}, warm_up {warm}");
+            let monitor = server.monitor();
+            let _: u8 = ctx.step("s").heartbeat(false).run(&2, |_| async { Ok::<_, Error>(2) }).await.unwrap();
+            assert_eq!(monitor.client_commands(), ["set", "evalsha"], "{user}, warm_up {warm}");
         }
-        let ctx = RunContext::new(s, unique("run"));
-        let runs = Arc::new(AtomicU32::new(0));
-        for expected in [1u8, 1] {
-            let runs = runs.clone();
-            let got: u8 = ctx
-                .step("s")
-                .run(&1, |_| async move {
-                    runs.fetch_add(1, Ordering::SeqCst);
-                    Ok::<_, Error>(1)
-                })
-                .await
-                .unwrap();
-            assert_eq!(got, expected, "warm_up {warm}");
-        }
-        assert_eq!(runs.load(Ordering::SeqCst), 1, "warm_up {warm}");
-        let monitor = server.monitor();
-        let _: u8 = ctx.step("s").heartbeat(false).run(&2, |_| async { Ok::<_, Error>(2) }).await.unwrap();
-        assert_eq!(monitor.client_commands(), ["set", "evalsha"], "warm_up {warm}");
     }
     assert_eq!(
         server.cmd(&["FUNCTION", "LIST", "LIBRARYNAME", source::library_name()]),
         Value::Array(vec![]),
         "the library was loaded by a user who may not"
+    );
+}
+
+/// The library lost (`FUNCTION FLUSH`, as after a restart without persistence) is loaded again
+/// also on the path that pipelines a `WAIT` behind each write: the calls go on, each action
+/// runs once, and the replica has the library too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn functions_lost_under_wait_for_replicas_are_loaded_again() {
+    let server = RedisServer::start();
+    let replica = RedisServer::replica_of(&server);
+    let s = RedisStore::builder(server.url())
+        .command_timeout(Duration::from_secs(2))
+        .wait_for_replicas(1, Duration::from_millis(500))
+        .build()
+        .unwrap();
+    s.warm_up().await.unwrap();
+    let ctx = RunContext::new(s, unique("run"));
+    let runs = Arc::new(AtomicU32::new(0));
+    for i in 0..3u8 {
+        server.cmd(&["FUNCTION", "FLUSH"]);
+        for _ in 0..2 {
+            let runs = runs.clone();
+            let got: u8 = ctx
+                .step("s")
+                .run(&i, |_| async move {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    Ok::<_, Error>(i)
+                })
+                .await
+                .unwrap();
+            assert_eq!(got, i);
+        }
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    let listed = format!("{:?}", replica.cmd(&["FUNCTION", "LIST", "LIBRARYNAME", source::library_name()]));
+    assert!(
+        listed.contains(&format!("{}_complete", source::library_name())),
+        "the replica lacks the library: {listed}"
     );
 }
 

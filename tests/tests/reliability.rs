@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use idempotent_core::record::{Acquire, Grant, Token, Transition};
-use idempotent_core::{Error, MemoryStore, OnInFlight, RedisStore, RunContext, SharedStore};
+use idempotent_core::{Error, MemoryStore, OnInFlight, RedisStore, RunContext, SharedStore, Store};
 use idempotent_tests::history::{History, Outcome};
 use idempotent_tests::proxy::{Fault, FaultProxy};
 use idempotent_tests::workload::{
@@ -409,7 +409,11 @@ async fn out_of_memory_under_noeviction_fails_closed() {
         ..Default::default()
     });
     let store = RedisStore::builder(server.url()).command_timeout(TIMEOUT).build().unwrap();
-    let ctx = RunContext::new(store, unique("oom"));
+    store.warm_up().await.unwrap();
+    let ctx = RunContext::new(store.clone(), unique("oom"));
+    // A done record, for the operator's calls below.
+    let _: u8 = ctx.step("kept").run(&1, |_| async { Ok::<_, Error>(1) }).await.unwrap();
+    let (kept, _) = ctx.step("kept").key_for(&1).unwrap();
     let hist = History::new();
     let mut conn = server.connection();
     let filler = "x".repeat(64 * 1024);
@@ -421,12 +425,23 @@ async fn out_of_memory_under_noeviction_fails_closed() {
         }
         assert!(i < 10_000, "maxmemory was never reached");
     }
+    // Right at the limit, a small write may still fit once the refused one's buffer is freed:
+    // the limit goes well below what the server holds.
+    server.cmd(&["CONFIG", "SET", "maxmemory", "1mb"]);
     let out = call(&ctx, &hist, "k", Cfg::default(), None, false).await;
     assert!(matches!(&out, Outcome::Fail(e) if e.contains("OOM")), "{out:?}");
+    // Reading a record and deleting one still work over the limit (their functions are flagged
+    // `no-writes` and `allow-oom`), so an operator can free memory through the store.
+    let monitor = server.monitor();
+    let info = store.inspect(&kept).await.unwrap().expect("the done record");
+    assert_eq!(info.state, idempotent_core::store::RecordState::Done);
+    assert_eq!(store.delete(&kept).await.unwrap(), idempotent_core::store::Deleted::Ok);
+    assert_eq!(monitor.client_commands(), ["fcall", "fcall"]);
     let report = hist.check().map_err(|(_, e)| e).expect_err("no final pass yet");
     assert!(report.iter().any(|e| e.contains("final pass")));
     // Memory freed: the operation runs, once.
     server.cmd(&["FLUSHALL"]);
+    server.cmd(&["CONFIG", "SET", "maxmemory", "3mb"]);
     let report = final_pass_and_check(&ctx, &hist, &["k".to_string()]).await;
     assert_eq!(report.executions, 1);
 }

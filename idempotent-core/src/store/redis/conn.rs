@@ -159,8 +159,9 @@ fn is_connection_error(e: &redis::RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
 }
 
-/// How many times a call is sent again for what the server lacked: the library and the script
-/// (an unknown function, then a refusal of functions, then `NOSCRIPT` of the `EVALSHA`).
+/// How many times a call is sent again for what the server lacked: an unknown function (the
+/// library loaded, or its load refused and the call turned into an `EVALSHA`), then `NOSCRIPT`
+/// of that `EVALSHA`, and one more for a flush between them.
 const RECOVERIES: usize = 3;
 
 /// A script call (`FCALL` or `EVALSHA`), giving the server what it lacks first when it does not
@@ -433,13 +434,15 @@ impl RedisStore {
                 self.timed("warm_up", self.fill(slot, "warm_up")).await?;
             }
         }
+        let mut library_loaded = false;
         for script in scripts {
-            self.timed("warm_up", async {
-                let mut conn = self.conn("warm_up").await?;
-                let res = script.load(&mut conn).await.map(|()| Value::Nil);
-                self.checked_reply("warm_up", res)
-            })
-            .await?;
+            library_loaded = self
+                .timed("warm_up", async {
+                    let mut conn = self.conn("warm_up").await?;
+                    let res = script.load(&mut conn, library_loaded).await;
+                    self.checked_reply("warm_up", res)
+                })
+                .await?;
         }
         Ok(())
     }

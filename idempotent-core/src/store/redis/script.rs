@@ -30,26 +30,27 @@ struct Library {
     text: String,
 }
 
-/// Each record script by the name of its function (after the library's name and `_`), with
-/// whether it writes (a read-only function is flagged `no-writes`, so that a server over its
-/// memory limit still runs it).
-const FUNCTIONS: [(&str, &str, bool); 9] = [
-    ("acquire", source::ACQUIRE_BODY, true),
-    ("complete", source::COMPLETE_BODY, true),
-    ("release", source::RELEASE_BODY, true),
-    ("renew", source::RENEW_BODY, true),
-    ("abandon", source::ABANDON_BODY, true),
-    ("resolve", source::RESOLVE_BODY, true),
-    ("read", source::READ_BODY, false),
-    ("release_fenced", source::RELEASE_FENCED_BODY, true),
-    ("delete", source::DELETE_BODY, true),
+/// Each record script by the name of its function (after the library's name and `_`), with its
+/// flags. A function without flags is refused as a whole while the server is over its memory
+/// limit (an `EVALSHA` script only at its first write): `read` writes nothing (`no-writes`), and
+/// `delete` only deletes (`allow-oom`), so both still run then, as by `EVALSHA`.
+const FUNCTIONS: [(&str, &str, &str); 9] = [
+    ("acquire", source::ACQUIRE_BODY, ""),
+    ("complete", source::COMPLETE_BODY, ""),
+    ("release", source::RELEASE_BODY, ""),
+    ("renew", source::RENEW_BODY, ""),
+    ("abandon", source::ABANDON_BODY, ""),
+    ("resolve", source::RESOLVE_BODY, ""),
+    ("read", source::READ_BODY, "no-writes"),
+    ("release_fenced", source::RELEASE_FENCED_BODY, ""),
+    ("delete", source::DELETE_BODY, "allow-oom"),
 ];
 
 static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
     let mut body = String::from(source::LAYOUT);
-    for (function, script, writes) in FUNCTIONS {
+    for (function, script, flag) in FUNCTIONS {
         // The script's `KEYS` and `ARGV` become the function's parameters of those names.
-        let flags = if writes { "" } else { ", flags = {'no-writes'}" };
+        let flags = if flag.is_empty() { String::new() } else { format!(", flags = {{'{flag}'}}") };
         body.push_str(&format!(
             "\nredis.register_function{{function_name = '{{LIB}}_{function}', callback = function(KEYS, ARGV)\n\
              {script}\nend{flags}}}\n"
@@ -122,23 +123,53 @@ impl Lua {
             self.script.load_async(conn).await?;
             return Ok(Some(cmd.clone()));
         }
-        let Some((_, on)) = &self.function else { return Ok(None) };
-        if !is_fcall(cmd) {
+        if self.function.is_none() || !is_fcall(cmd) {
             return Ok(None);
         }
         if is_unknown_function(err) {
-            let load = redis::cmd("FUNCTION").arg("LOAD").arg("REPLACE").arg(&LIBRARY.text).clone();
-            match load.query_async::<redis::Value>(conn).await {
-                Ok(_) => return Ok(Some(cmd.clone())),
-                Err(e) if refuses_functions(&e) => {}
-                Err(e) => return Err(e),
+            if self.load_library(conn).await? {
+                return Ok(Some(cmd.clone()));
             }
-        } else if !refuses_functions(err) {
+            // Not loaded: this call goes by EVALSHA (functions stay on unless it was a refusal).
+        } else if refuses_functions(err) {
+            self.functions_off(err);
+        } else {
             return Ok(None);
         }
-        on.store(false, Ordering::Relaxed);
-        tracing::info!(error = %err, "idempotent.redis: the server refuses Redis functions; the store calls its scripts by EVALSHA");
         Ok(Some(self.as_evalsha(cmd)))
+    }
+
+    /// Loads the library (`FUNCTION LOAD REPLACE`; on a cluster, on every master): `false` when
+    /// the server answered with an error, so that the caller sends `EVALSHA` instead: a refusal
+    /// of functions turns them off for the store; another error (the server over its memory
+    /// limit, which refuses `FUNCTION LOAD` but runs a script) only costs this call its
+    /// function. An error of the connection is returned.
+    async fn load_library<C>(&self, conn: &mut C) -> redis::RedisResult<bool>
+    where
+        C: redis::aio::ConnectionLike + Send,
+    {
+        let load = redis::cmd("FUNCTION").arg("LOAD").arg("REPLACE").arg(&LIBRARY.text).clone();
+        match load.query_async::<redis::Value>(conn).await {
+            Ok(_) => Ok(true),
+            Err(e) if refuses_functions(&e) => {
+                self.functions_off(&e);
+                Ok(false)
+            }
+            Err(e) if matches!(e.kind(), redis::ErrorKind::Server(_)) => {
+                tracing::debug!(error = %e, "idempotent.redis: FUNCTION LOAD failed; this call goes by EVALSHA");
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Turns functions off for the store, after the server refused them with `err`.
+    fn functions_off(&self, err: &redis::RedisError) {
+        if let Some((_, on)) = &self.function
+            && on.swap(false, Ordering::Relaxed)
+        {
+            tracing::info!(error = %err, "idempotent.redis: the server refuses Redis functions; the store calls its scripts by EVALSHA");
+        }
     }
 
     /// `cmd`, an `FCALL` of this script, as the `EVALSHA` of it.
@@ -154,25 +185,19 @@ impl Lua {
     }
 
     /// Makes the server know the script: loads the library (where the store calls functions;
-    /// a refusal turns them off) or the script.
-    pub(crate) async fn load<C>(&self, conn: &mut C) -> redis::RedisResult<()>
+    /// a refusal turns them off), unless `library_loaded`, or else the script. Returns whether
+    /// the library is loaded.
+    pub(crate) async fn load<C>(&self, conn: &mut C, library_loaded: bool) -> redis::RedisResult<bool>
     where
         C: redis::aio::ConnectionLike + Send,
     {
         if let Some((_, on)) = &self.function
             && on.load(Ordering::Relaxed)
+            && (library_loaded || self.load_library(conn).await?)
         {
-            let load = redis::cmd("FUNCTION").arg("LOAD").arg("REPLACE").arg(&LIBRARY.text).clone();
-            match load.query_async::<redis::Value>(conn).await {
-                Ok(_) => return Ok(()),
-                Err(e) if refuses_functions(&e) => {
-                    on.store(false, Ordering::Relaxed);
-                    tracing::info!(error = %e, "idempotent.redis: the server refuses Redis functions; the store calls its scripts by EVALSHA");
-                }
-                Err(e) => return Err(e),
-            }
+            return Ok(true);
         }
-        self.script.load_async(conn).await.map(drop)
+        self.script.load_async(conn).await.map(|_| library_loaded)
     }
 }
 
@@ -187,10 +212,13 @@ fn is_unknown_function(err: &redis::RedisError) -> bool {
 }
 
 /// An unknown command (`FCALL` or `FUNCTION` before Redis 7.0) or one the connection's ACL user
-/// may not run.
+/// may not run (`NOPERM` naming the command; a `NOPERM` for a key is not about functions).
 fn refuses_functions(err: &redis::RedisError) -> bool {
     match err.kind() {
-        redis::ErrorKind::Server(ServerErrorKind::NoPerm) => true,
+        redis::ErrorKind::Server(ServerErrorKind::NoPerm) => err.detail().is_some_and(|d| {
+            let d = d.to_ascii_lowercase();
+            d.contains("'fcall") || d.contains("'function")
+        }),
         redis::ErrorKind::Server(ServerErrorKind::ResponseError) => {
             err.detail().is_some_and(|d| d.starts_with("unknown command") || d.starts_with("unknown subcommand"))
         }
@@ -261,13 +289,19 @@ mod tests {
         let text = library_text();
         assert!(text.starts_with(&format!("#!lua name={}\n", library_name())));
         assert!(library_name().starts_with("idempotent_") && library_name().len() == "idempotent_".len() + 12);
-        for (function, body, writes) in FUNCTIONS {
+        for (function, body, flag) in FUNCTIONS {
             let name = format!("'{}_{function}'", library_name());
             assert_eq!(text.matches(&name).count(), 1, "{name}");
             assert!(text.contains(body), "{function}'s body");
-            let flagged = text.split(&name).nth(1).unwrap().split("register_function").next().unwrap();
-            assert_eq!(flagged.contains("no-writes"), !writes, "{function}");
+            let registered = text.split(&name).nth(1).unwrap().split("register_function").next().unwrap();
+            let flags = registered.rsplit("end").next().unwrap();
+            assert_eq!(flags.contains("flags"), !flag.is_empty(), "{function}: {flags}");
+            assert!(flag.is_empty() || flags.contains(&format!("'{flag}'")), "{function}: {flags}");
         }
+        assert_eq!(
+            FUNCTIONS.iter().filter(|f| !f.2.is_empty()).map(|f| (f.0, f.2)).collect::<Vec<_>>(),
+            [("read", "no-writes"), ("delete", "allow-oom")]
+        );
         assert!(!text.contains("{LIB}"));
     }
 
@@ -304,7 +338,15 @@ mod tests {
         };
         assert!(is_unknown_function(&server("ERR", "Function not found")));
         assert!(!is_unknown_function(&server("ERR", "Error running script")));
-        assert!(refuses_functions(&server("NOPERM", "User nofn has no permissions to run the 'fcall' command")));
+        assert!(refuses_functions(&server("NOPERM", "this user has no permissions to run the 'fcall' command")));
+        assert!(refuses_functions(&server(
+            "NOPERM",
+            "this user has no permissions to run the 'function|load' command"
+        )));
+        assert!(!refuses_functions(&server(
+            "NOPERM",
+            "this user has no permissions to access one of the keys used as arguments"
+        )));
         assert!(refuses_functions(&server("ERR", "unknown command 'FCALL', with args beginning with: ")));
         assert!(!refuses_functions(&server("ERR", "Function not found")));
         assert!(!refuses_functions(&server("ERR", "IDEMPOTENT_CORRUPT record")));
