@@ -1,6 +1,6 @@
 //! Connections and transport: the pool, the connections kept checked out of it, the command
-//! timeout, script calls (`FCALL` or `EVALSHA`, the script given again where the server lacks it), the `WAIT` pipelined behind
-//! a write, and the mapping of driver errors to the crate's.
+//! timeout, script calls (`FCALL` or `EVALSHA`, the script given again where the server lacks
+//! it), the `WAIT` pipelined behind a write, and the mapping of driver errors to the crate's.
 
 use std::future::Future;
 use std::sync::Mutex;
@@ -206,9 +206,11 @@ async fn exchange_waited(
     cmd: &redis::Cmd,
     wait: &Wait,
 ) -> redis::RedisResult<(Value, Value)> {
-    let mut cmd = cmd.clone();
+    // The command sent instead of `cmd` after a recovery (none on the usual path).
+    let mut again: Option<redis::Cmd> = None;
     let mut recoveries = 0;
     loop {
+        let cmd = again.as_ref().unwrap_or(cmd);
         let mut pipe = redis::Pipeline::with_capacity(2);
         pipe.add_command(cmd.clone()).add_command(wait.cmd());
         let mut replies = redis::aio::ConnectionLike::req_packed_commands(conn, &pipe, 0, 2).await?.into_iter();
@@ -216,15 +218,13 @@ async fn exchange_waited(
             return Err(redis::RedisError::from((redis::ErrorKind::Parse, "a pipeline of two got fewer replies")));
         };
         match (reply.extract_error(), script) {
-            (Err(e), Some(script)) if recoveries < RECOVERIES => {
-                match Box::pin(script.recover(conn, &cmd, &e)).await? {
-                    Some(again) => {
-                        cmd = again;
-                        recoveries += 1;
-                    }
-                    None => return Err(e),
+            (Err(e), Some(script)) if recoveries < RECOVERIES => match Box::pin(script.recover(conn, cmd, &e)).await? {
+                Some(next) => {
+                    again = Some(next);
+                    recoveries += 1;
                 }
-            }
+                None => return Err(e),
+            },
             (Err(e), _) => return Err(e),
             (Ok(reply), _) => return Ok((reply, acked.extract_error()?)),
         }

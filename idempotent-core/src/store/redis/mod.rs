@@ -46,8 +46,9 @@ pub use self::builder::RedisStoreBuilder;
 pub use self::preflight::{Preflight, Problem, Risk};
 
 /// The scripts' sources, each behind the layout prelude (`layout.lua`), so that every script
-/// reads the record through the same names, and their parts, from which `script` makes the
-/// library. Public only so that the tests crate can run them by hand; not API.
+/// reads the record through the same names (`script` makes the library of functions from
+/// them), and the library's name. Public only so that the tests crate can run them by hand; not
+/// API.
 #[doc(hidden)]
 pub mod source {
     macro_rules! with_layout {
@@ -77,25 +78,7 @@ pub mod source {
     pub const DELETE: &str = with_layout!("delete.lua");
     /// Every script.
     pub const ALL: [&str; 9] = [ACQUIRE, COMPLETE, RELEASE, RENEW, ABANDON, RESOLVE, READ, RELEASE_FENCED, DELETE];
-    /// `acquire.lua` without the prelude.
-    pub const ACQUIRE_BODY: &str = include_str!("acquire.lua");
-    /// `complete.lua` without the prelude.
-    pub const COMPLETE_BODY: &str = include_str!("complete.lua");
-    /// `release.lua` without the prelude.
-    pub const RELEASE_BODY: &str = include_str!("release.lua");
-    /// `renew.lua` without the prelude.
-    pub const RENEW_BODY: &str = include_str!("renew.lua");
-    /// `abandon.lua` without the prelude.
-    pub const ABANDON_BODY: &str = include_str!("abandon.lua");
-    /// `resolve.lua` without the prelude.
-    pub const RESOLVE_BODY: &str = include_str!("resolve.lua");
-    /// `read.lua` without the prelude.
-    pub const READ_BODY: &str = include_str!("read.lua");
-    /// `release_fenced.lua` without the prelude.
-    pub const RELEASE_FENCED_BODY: &str = include_str!("release_fenced.lua");
-    /// `delete.lua` without the prelude.
-    pub const DELETE_BODY: &str = include_str!("delete.lua");
-    pub use super::script::{library_name, library_text};
+    pub use super::script::library_name;
 }
 
 /// A [`Store`] on Redis: one string key per operation, one command per transition.

@@ -35,22 +35,28 @@ struct Library {
 /// limit (an `EVALSHA` script only at its first write): `read` writes nothing (`no-writes`), and
 /// `delete` only deletes (`allow-oom`), so both still run then, as by `EVALSHA`.
 const FUNCTIONS: [(&str, &str, &str); 9] = [
-    ("acquire", source::ACQUIRE_BODY, ""),
-    ("complete", source::COMPLETE_BODY, ""),
-    ("release", source::RELEASE_BODY, ""),
-    ("renew", source::RENEW_BODY, ""),
-    ("abandon", source::ABANDON_BODY, ""),
-    ("resolve", source::RESOLVE_BODY, ""),
-    ("read", source::READ_BODY, "no-writes"),
-    ("release_fenced", source::RELEASE_FENCED_BODY, ""),
-    ("delete", source::DELETE_BODY, "allow-oom"),
+    ("acquire", source::ACQUIRE, ""),
+    ("complete", source::COMPLETE, ""),
+    ("release", source::RELEASE, ""),
+    ("renew", source::RENEW, ""),
+    ("abandon", source::ABANDON, ""),
+    ("resolve", source::RESOLVE, ""),
+    ("read", source::READ, "no-writes"),
+    ("release_fenced", source::RELEASE_FENCED, ""),
+    ("delete", source::DELETE, "allow-oom"),
 ];
+
+/// A script's source without the prelude every one starts with.
+fn body(script: &'static str) -> &'static str {
+    script.strip_prefix(source::LAYOUT).expect("every script starts with the layout prelude")
+}
 
 static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
     let mut body = String::from(source::LAYOUT);
     for (function, script, flag) in FUNCTIONS {
         // The script's `KEYS` and `ARGV` become the function's parameters of those names.
         let flags = if flag.is_empty() { String::new() } else { format!(", flags = {{'{flag}'}}") };
+        let script = self::body(script);
         body.push_str(&format!(
             "\nredis.register_function{{function_name = '{{LIB}}_{function}', callback = function(KEYS, ARGV)\n\
              {script}\nend{flags}}}\n"
@@ -61,11 +67,6 @@ static LIBRARY: LazyLock<Library> = LazyLock::new(|| {
     let text = format!("#!lua name={name}\n{}", body.replace("{LIB}", &name));
     Library { name, text }
 });
-
-/// The library's text, as the store loads it (for tests that load it by hand).
-pub fn library_text() -> &'static str {
-    &LIBRARY.text
-}
 
 /// The library's name.
 pub fn library_name() -> &'static str {
@@ -85,9 +86,10 @@ impl Lua {
         Lua { script: Script::new(source), function: None }
     }
 
-    /// The record script `name` (one of [`FUNCTIONS`]) with its `EVALSHA` form `source`, called
-    /// as a function while `functions` is on.
-    fn record(name: &str, source: &str, functions: &Arc<AtomicBool>) -> Lua {
+    /// The record script `name` (one of [`FUNCTIONS`]), called as a function while `functions`
+    /// is on.
+    fn record(name: &str, functions: &Arc<AtomicBool>) -> Lua {
+        let (_, source, _) = FUNCTIONS.iter().find(|f| f.0 == name).expect("a script of FUNCTIONS");
         let function = format!("{}_{name}", LIBRARY.name);
         Lua { script: Script::new(source), function: Some((function, functions.clone())) }
     }
@@ -244,15 +246,15 @@ impl Scripts {
     pub(super) fn new(functions: bool) -> Self {
         let on = Arc::new(AtomicBool::new(functions));
         Scripts {
-            acquire: Lua::record("acquire", source::ACQUIRE, &on),
-            complete: Lua::record("complete", source::COMPLETE, &on),
-            release: Lua::record("release", source::RELEASE, &on),
-            renew: Lua::record("renew", source::RENEW, &on),
-            abandon: Lua::record("abandon", source::ABANDON, &on),
-            resolve: Lua::record("resolve", source::RESOLVE, &on),
-            read: Lua::record("read", source::READ, &on),
-            release_fenced: Lua::record("release_fenced", source::RELEASE_FENCED, &on),
-            delete: Lua::record("delete", source::DELETE, &on),
+            acquire: Lua::record("acquire", &on),
+            complete: Lua::record("complete", &on),
+            release: Lua::record("release", &on),
+            renew: Lua::record("renew", &on),
+            abandon: Lua::record("abandon", &on),
+            resolve: Lua::record("resolve", &on),
+            read: Lua::record("read", &on),
+            release_fenced: Lua::record("release_fenced", &on),
+            delete: Lua::record("delete", &on),
         }
     }
 
@@ -286,13 +288,13 @@ mod tests {
 
     #[test]
     fn the_library_registers_every_script_under_its_digest_name() {
-        let text = library_text();
+        let text = &LIBRARY.text;
         assert!(text.starts_with(&format!("#!lua name={}\n", library_name())));
         assert!(library_name().starts_with("idempotent_") && library_name().len() == "idempotent_".len() + 12);
         for (function, body, flag) in FUNCTIONS {
             let name = format!("'{}_{function}'", library_name());
             assert_eq!(text.matches(&name).count(), 1, "{name}");
-            assert!(text.contains(body), "{function}'s body");
+            assert!(text.contains(self::body(body)), "{function}'s body");
             let registered = text.split(&name).nth(1).unwrap().split("register_function").next().unwrap();
             let flags = registered.rsplit("end").next().unwrap();
             assert_eq!(flags.contains("flags"), !flag.is_empty(), "{function}: {flags}");
@@ -308,7 +310,7 @@ mod tests {
     #[test]
     fn an_fcall_is_sent_again_as_the_evalsha_of_the_same_script() {
         let on = Arc::new(AtomicBool::new(true));
-        let lua = Lua::record("complete", source::COMPLETE, &on);
+        let lua = Lua::record("complete", &on);
         let (command, name) = lua.call();
         assert_eq!((command, name), ("FCALL", &*format!("{}_complete", library_name())));
         let mut cmd = redis::Cmd::new();
