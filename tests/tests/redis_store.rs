@@ -448,6 +448,19 @@ async fn fences_of_new_keys_follow_the_servers_clock() {
         );
     }
     assert!(a < c, "fences of new keys went backwards: {a}, then {c}");
+    // Their completions are stamped with the same estimate (no `TIME` in the complete script),
+    // never before the record's creation.
+    let near = |t: std::time::SystemTime| {
+        let us = t.duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as u64;
+        us + 1_000_000 > before && us < after + 1_000_000
+    };
+    for (ctx, step) in [(&plain, "a"), (&scripts, "b"), (&plain, "c")] {
+        let (key, _) = ctx.step(step).key_for(&()).unwrap();
+        let done = ctx.store().inspect(&key).await.unwrap().unwrap();
+        assert_eq!(done.state, RecordState::Done, "{step}");
+        assert!(near(done.updated), "{step}: completed at {:?}, not near the server's clock", done.updated);
+        assert!(done.updated >= done.created, "{step}: completed at {:?}, before {:?}", done.updated, done.created);
+    }
 }
 
 /// The store falls back to the acquire script when the server answers `SET … NX GET` with a

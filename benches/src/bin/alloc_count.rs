@@ -187,18 +187,44 @@ fn main() {
     println!("{}\n", idempotent_benches::metrics_setup());
     println!("| path | allocations per call | vs floor | bytes asked per call |");
     println!("|---|--:|--:|--:|");
-    // `--only <part of a row name>`: only the HTTP rows on `MemoryStore` whose name contains it,
-    // with no Redis server (for callgrind and dhat).
+    // `--only <part of a row name>`: only the rows whose name contains it (for callgrind and
+    // dhat); the Redis server starts only when a Redis row is among them.
     let only: String = arg("--only", String::new());
-    if !only.is_empty() {
+    let want = |name: &str| name.contains(only.as_str());
+    if !REDIS_ROWS.iter().any(|name| want(name)) {
+        rt.block_on(memory_rows(calls, &want));
         rt.block_on(http_rows(calls, &only, [("MemoryStore", IdempotencyLayer::new(MemoryStore::new()))]));
         return;
     }
     let server = RedisServer::start();
     rt.block_on(async {
-        // Key derivation.
-        let payload = Refund::new(7);
-        let floor_key = per_call(calls, |_| {
+        memory_rows(calls, &want).await;
+        let store = redis_rows(calls, &want, &server.url()).await;
+        // HTTP: the axum router in process, bare and with the layer.
+        http_rows(
+            calls,
+            &only,
+            [("MemoryStore", IdempotencyLayer::new(MemoryStore::new())), ("RedisStore", IdempotencyLayer::new(store))],
+        )
+        .await;
+    });
+}
+
+/// Payloads are built before counting: the floor gets its payload ready-made too.
+fn fresh_payloads(calls: u64) -> Vec<Refund> {
+    (0..2 * calls).map(|i| Refund::new(1_000_000 + i)).collect()
+}
+
+/// Key derivation and the executor on `MemoryStore`.
+async fn memory_rows(calls: u64, want: &impl Fn(&str) -> bool) {
+    let payload = Refund::new(7);
+    let floor_name = "floor: `serde_json::to_vec` + sha256";
+    if !want(floor_name) && !want("key derivation") && !want("MemoryStore, executor") {
+        return;
+    }
+    let mut floor_key = None;
+    if want(floor_name) {
+        let floor = per_call(calls, |_| {
             let payload = &payload;
             async move {
                 let json = serde_json::to_vec(payload).unwrap();
@@ -206,8 +232,11 @@ fn main() {
             }
         })
         .await;
-        row("floor: `serde_json::to_vec` + sha256", floor_key, None);
-        let memory = RunContext::new(MemoryStore::new(), "alloc-run");
+        row(floor_name, floor, None);
+        floor_key = Some(floor);
+    }
+    let memory = RunContext::new(MemoryStore::new(), "alloc-run");
+    if want("key derivation: `ctx.step(..).key_for`") {
         let ours = per_call(calls, |_| {
             let (memory, payload) = (&memory, &payload);
             async move {
@@ -215,23 +244,39 @@ fn main() {
             }
         })
         .await;
-        row("key derivation: `ctx.step(..).key_for`", ours, Some(floor_key));
-
-        // Payloads are built before counting: the floor gets its payload ready-made too.
-        let fresh: Vec<Refund> = (0..2 * calls).map(|i| Refund::new(1_000_000 + i)).collect();
-        let replayed: Vec<Refund> = (0..1000).map(Refund::new).collect();
-
-        // Executor on MemoryStore.
+        row("key derivation: `ctx.step(..).key_for`", ours, floor_key);
+    }
+    let fresh = fresh_payloads(calls);
+    if want("MemoryStore, executor, first execution") {
         let ours = per_call(calls, |i| first(&memory, "issue_refund", &fresh[i as usize])).await;
-        row("MemoryStore, executor, first execution", ours, Some(floor_key));
+        row("MemoryStore, executor, first execution", ours, floor_key);
+    }
+    if want("MemoryStore, executor, replay") {
+        for payload in &fresh[..1000] {
+            first(&memory, "issue_refund", payload).await;
+        }
         let ours = per_call(calls, |i| replay(&memory, "issue_refund", &fresh[(i % 1000) as usize])).await;
-        row("MemoryStore, executor, replay", ours, Some(floor_key));
+        row("MemoryStore, executor, replay", ours, floor_key);
+    }
+}
 
-        // Redis: the floor, the store alone, the executor.
-        let url = server.url();
-        let raw = RawRedis::connect(&url, 4).await;
-        let _: () = redis::cmd("SET").arg("floor:response").arg(RESPONSE).query_async(&mut raw.conn()).await.unwrap();
-        let floor_get = per_call(calls, |_| {
+/// The Redis rows, in the order [`redis_rows`] prints them.
+const REDIS_ROWS: [&str; 5] = [
+    "floor: raw `GET` (same client and pool)",
+    "floor: raw `SET NX` + `SET`",
+    "RedisStore `acquire` (replay), no executor",
+    "RedisStore, executor, replay",
+    "RedisStore, executor, first execution",
+];
+
+/// Redis: the floor, the store alone, the executor. Returns the store, for the HTTP rows.
+async fn redis_rows(calls: u64, want: &impl Fn(&str) -> bool, url: &str) -> RedisStore {
+    let [get_name, set_set_name, acquire_name, replay_name, first_name] = REDIS_ROWS;
+    let raw = RawRedis::connect(url, 4).await;
+    let _: () = redis::cmd("SET").arg("floor:response").arg(RESPONSE).query_async(&mut raw.conn()).await.unwrap();
+    let mut floor_get = None;
+    if want(get_name) {
+        let floor = per_call(calls, |_| {
             let raw = &raw;
             async move {
                 let v: Value = redis::cmd("GET").arg("floor:response").query_async(&mut raw.conn()).await.unwrap();
@@ -239,48 +284,51 @@ fn main() {
             }
         })
         .await;
-        row("floor: raw `GET` (same client and pool)", floor_get, None);
-        let floor_set_set = per_call(calls, |i| {
+        row(get_name, floor, None);
+        floor_get = Some(floor);
+    }
+    let mut floor_set_set = None;
+    if want(set_set_name) {
+        let floor = per_call(calls, |i| {
             let raw = &raw;
             async move { raw.set_nx_then_set(&format!("floor:first:{i}"), &[b'c'; 120], RESPONSE.as_bytes()).await }
         })
         .await;
-        row("floor: raw `SET NX` + `SET`", floor_set_set, None);
+        row(set_set_name, floor, None);
+        floor_set_set = Some(floor);
+    }
 
-        let store = RedisStore::builder(url.clone()).pool_size(4).build().unwrap();
-        store.warm_up().await.expect("warm up the store");
-        let ctx = RunContext::new(store.clone(), "alloc-run");
+    let store = RedisStore::builder(url).pool_size(4).build().unwrap();
+    store.warm_up().await.expect("warm up the store");
+    let ctx = RunContext::new(store.clone(), "alloc-run");
+    if want(acquire_name) || want(replay_name) {
+        let replayed: Vec<Refund> = (0..1000).map(Refund::new).collect();
         let replay_keys: Vec<(Key, Fingerprint)> =
-            (0..1000).map(|n| ctx.step("replayed_refund").key_for(&Refund::new(n)).unwrap()).collect();
-        for n in 0..1000 {
-            let r: RefundResult = ctx
-                .step("replayed_refund")
-                .run(&Refund::new(n), |_| async { Ok::<_, Error>(RefundResult::sample()) })
-                .await
-                .unwrap();
-            black_box(r);
+            replayed.iter().map(|p| ctx.step("replayed_refund").key_for(p).unwrap()).collect();
+        for payload in &replayed {
+            first(&ctx, "replayed_refund", payload).await;
         }
-        let ours = per_call(calls, |i| {
-            let (store, replay_keys) = (&store, &replay_keys);
-            async move {
-                let (key, fp) = &replay_keys[(i % 1000) as usize];
-                let a = store.acquire(key, fp, DEFAULT_LEASE, DEFAULT_RETENTION).await.unwrap();
-                assert!(matches!(a, Acquire::Replay(_)));
-            }
-        })
-        .await;
-        row("RedisStore `acquire` (replay), no executor", ours, Some(floor_get));
-        let ours = per_call(calls, |i| replay(&ctx, "replayed_refund", &replayed[(i % 1000) as usize])).await;
-        row("RedisStore, executor, replay", ours, Some(floor_get));
+        if want(acquire_name) {
+            let ours = per_call(calls, |i| {
+                let (store, replay_keys) = (&store, &replay_keys);
+                async move {
+                    let (key, fp) = &replay_keys[(i % 1000) as usize];
+                    let a = store.acquire(key, fp, DEFAULT_LEASE, DEFAULT_RETENTION).await.unwrap();
+                    assert!(matches!(a, Acquire::Replay(_)));
+                }
+            })
+            .await;
+            row(acquire_name, ours, floor_get);
+        }
+        if want(replay_name) {
+            let ours = per_call(calls, |i| replay(&ctx, "replayed_refund", &replayed[(i % 1000) as usize])).await;
+            row(replay_name, ours, floor_get);
+        }
+    }
+    if want(first_name) {
+        let fresh = fresh_payloads(calls);
         let ours = per_call(calls, |i| first(&ctx, "issue_refund", &fresh[i as usize])).await;
-        row("RedisStore, executor, first execution", ours, Some(floor_set_set));
-
-        // HTTP: the axum router in process, bare and with the layer.
-        http_rows(
-            calls,
-            "",
-            [("MemoryStore", IdempotencyLayer::new(MemoryStore::new())), ("RedisStore", IdempotencyLayer::new(store))],
-        )
-        .await;
-    });
+        row(first_name, ours, floor_set_set);
+    }
+    store
 }

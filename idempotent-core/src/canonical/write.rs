@@ -9,16 +9,14 @@ use super::CanonicalError;
 
 /// Writes `s` as a JSON string literal with the escaping RFC 8785 §3.2.2.2 prescribes.
 pub(super) fn write_str(out: &mut Vec<u8>, s: &str) {
-    out.reserve(s.len() + 2);
-    out.push(b'"');
     let bytes = s.as_bytes();
+    out.reserve(bytes.len() + 2);
+    out.push(b'"');
     let mut run = 0;
-    for (i, &b) in bytes.iter().enumerate() {
-        // Almost every byte is written as is; testing for that first keeps the loop to three
-        // well-predicted comparisons instead of a jump table per byte.
-        if b >= 0x20 && b != b'"' && b != b'\\' {
-            continue;
-        }
+    loop {
+        let i = next_escape(bytes, run);
+        out.extend_from_slice(&bytes[run..i]);
+        let Some(&b) = bytes.get(i) else { break };
         let esc: &[u8] = match b {
             b'"' => b"\\\"",
             b'\\' => b"\\\\",
@@ -27,20 +25,49 @@ pub(super) fn write_str(out: &mut Vec<u8>, s: &str) {
             0x0a => b"\\n",
             0x0c => b"\\f",
             0x0d => b"\\r",
-            0x00..=0x1f => b"",
-            _ => continue,
+            _ => {
+                const HEX: &[u8; 16] = b"0123456789abcdef";
+                &[b'\\', b'u', b'0', b'0', HEX[(b >> 4) as usize], HEX[(b & 0xf) as usize]]
+            }
         };
-        out.extend_from_slice(&bytes[run..i]);
-        if esc.is_empty() {
-            const HEX: &[u8; 16] = b"0123456789abcdef";
-            out.extend_from_slice(&[b'\\', b'u', b'0', b'0', HEX[(b >> 4) as usize], HEX[(b & 0xf) as usize]]);
-        } else {
-            out.extend_from_slice(esc);
-        }
+        out.extend_from_slice(esc);
         run = i + 1;
     }
-    out.extend_from_slice(&bytes[run..]);
     out.push(b'"');
+}
+
+/// The index of the first byte at or after `from` that a JSON string must escape (a control
+/// character, `"` or `\`), or `bytes.len()` when there is none.
+///
+/// Almost every string needs no escape at all, so eight bytes are tested at a time (the last
+/// word overlapping the one before it): a word has a byte below 0x20 when subtracting 0x20
+/// from each byte borrows into a top bit the byte did not have, and a byte equal to `"` or `\`
+/// when the word XORed with that byte has a zero byte (the same test against 0x01). Both tests
+/// are exact for "some byte in this word" (a borrow starts only at a byte that matches), so a
+/// word they pass is skipped whole and a word they flag is scanned byte by byte.
+fn next_escape(bytes: &[u8], from: usize) -> usize {
+    const ONES: u64 = u64::from_ne_bytes([0x01; 8]);
+    const HIGH: u64 = u64::from_ne_bytes([0x80; 8]);
+    let below = |w: u64, n: u8| w.wrapping_sub(ONES * u64::from(n)) & !w & HIGH;
+    let flagged = |word: &[u8]| {
+        let w = u64::from_ne_bytes(word.try_into().expect("a word of 8 bytes"));
+        below(w, 0x20) | below(w ^ (ONES * u64::from(b'"')), 1) | below(w ^ (ONES * u64::from(b'\\')), 1) != 0
+    };
+    let first = |part: &[u8]| part.iter().position(|&b| b < 0x20 || b == b'"' || b == b'\\');
+    let mut words = bytes[from..].chunks_exact(8);
+    let mut i = from;
+    for word in &mut words {
+        if flagged(word) {
+            return i + first(word).expect("a flagged word holds a byte to escape");
+        }
+        i += 8;
+    }
+    let rest = words.remainder();
+    // The last eight bytes, when there are that many: those before `rest` passed already.
+    if rest.is_empty() || (bytes.len() - from >= 8 && !flagged(&bytes[bytes.len() - 8..])) {
+        return bytes.len();
+    }
+    i + first(rest).unwrap_or(rest.len())
 }
 
 /// Writes `v` in the number form JCS prescribes (ECMAScript's); NaN and infinities have none.
@@ -192,7 +219,33 @@ mod tests {
         assert_eq!(canon("tab\there"), r#""tab\there""#);
     }
 
+    #[test]
+    fn escapes_are_found_in_every_position_of_a_word() {
+        for special in [b'"', b'\\', 0x00, 0x08, 0x1f] {
+            for len in 1..20 {
+                for at in 0..len {
+                    let mut bytes = vec![b'a'; len];
+                    bytes[at] = special;
+                    assert_eq!(next_escape(&bytes, 0), at, "{special:#x} at {at} of {len}");
+                    assert_eq!(next_escape(&bytes, at + 1), len, "after {special:#x} at {at} of {len}");
+                }
+            }
+        }
+        // Bytes just outside the escaped ranges, and UTF-8 continuation bytes, are not escapes.
+        let clean = "\u{20}!#[]\u{7f}\u{e9}\u{ff61}\u{1F600}abcdefgh";
+        assert_eq!(next_escape(clean.as_bytes(), 0), clean.len());
+    }
+
     proptest::proptest! {
+        /// Strings are escaped exactly as `serde_json` escapes them (which is what RFC 8785
+        /// prescribes: the two-character escapes, `\u00xx` in lowercase for other controls).
+        #[test]
+        fn strings_escape_as_serde_json_does(s in "(\\PC|[\\x00-\\x1f\"\\\\\\x7f])*") {
+            let mut out = Vec::new();
+            write_str(&mut out, &s);
+            proptest::prop_assert_eq!(String::from_utf8(out).unwrap(), serde_json::to_string(&s).unwrap());
+        }
+
         /// The byte-wise shortcut in `utf16_cmp` agrees with comparing UTF-16 code units, also
         /// for names that share a prefix and mix ASCII, BMP code points above U+E000 and pairs.
         #[test]

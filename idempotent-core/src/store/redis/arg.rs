@@ -6,8 +6,9 @@ use std::time::Duration;
 use deadpool_redis::redis;
 
 use super::layout::{
-    ACQUIRE_ARG_MIN_LEN, ARG_LEASE, ARG_RETENTION, ATTEMPT, CREATED, FENCE, HEADER_LEN, LEASE, MAX_LABEL_LEN, NEW,
-    STEP_LEN,
+    ACQUIRE_ARG_MIN_LEN, ARG_FINGERPRINT, ARG_LABELS, ARG_LEASE, ARG_RETENTION, ARG_TOKEN, ATTEMPT, CREATED, FENCE,
+    FINGERPRINT, HEADER_LEN, LEASE, MAX_LABEL_LEN, NEW, RECOVERED, RUN_LEN, RUN_SET, STATE, STEP_LEN, TENANT_LEN,
+    TENANT_SET, TOKEN, UPDATED,
 };
 use crate::error::Error;
 use crate::key::Key;
@@ -33,23 +34,38 @@ fn text_len(labels: &Labels<'_>) -> usize {
     labels.step.len() + labels.run.map_or(0, str::len) + labels.tenant.map_or(0, str::len)
 }
 
-/// Writes the labels section (lengths, flags, then the text), as a record holds it.
-fn write_labels(w: &mut impl std::io::Write, labels: &Labels<'_>) -> std::io::Result<()> {
-    let len = STEP_LEN.len();
-    let (run, tenant) = (labels.run.unwrap_or(""), labels.tenant.unwrap_or(""));
-    let set = |given: bool| if given { '1' } else { '0' };
-    write!(
-        w,
-        "{:0len$}{:0len$}{:0len$}{}{}",
-        labels.step.len(),
-        run.len(),
-        tenant.len(),
-        set(labels.run.is_some()),
-        set(labels.tenant.is_some())
-    )?;
+/// Writes `n` in decimal into the whole of `field`, zero-padded. The callers' numbers fit their
+/// fields: `millis` bounds the durations, [`MAX_FENCE`](super::layout::MAX_FENCE) the fences.
+fn put_digits(field: &mut [u8], mut n: u64) {
+    for digit in field.iter_mut().rev() {
+        *digit = b'0' + (n % 10) as u8;
+        n /= 10;
+    }
+    debug_assert_eq!(n, 0, "a number wider than its field");
+}
+
+/// The labels section's head as a record holds it (lengths, then flags); the text follows.
+fn labels_head(labels: &Labels<'_>) -> [u8; LABELS_HEAD_LEN] {
+    let at = |i: usize| i - STEP_LEN.start;
+    let mut head = [0; LABELS_HEAD_LEN];
+    put_digits(&mut head[at(STEP_LEN.start)..at(STEP_LEN.end)], labels.step.len() as u64);
+    put_digits(&mut head[at(RUN_LEN.start)..at(RUN_LEN.end)], labels.run.map_or(0, str::len) as u64);
+    put_digits(&mut head[at(TENANT_LEN.start)..at(TENANT_LEN.end)], labels.tenant.map_or(0, str::len) as u64);
+    head[at(RUN_SET)] = if labels.run.is_some() { b'1' } else { b'0' };
+    head[at(TENANT_SET)] = if labels.tenant.is_some() { b'1' } else { b'0' };
+    head
+}
+
+/// The labels section's head: the fixed-width part of a record from [`STEP_LEN`] on.
+const LABELS_HEAD_LEN: usize = HEADER_LEN - STEP_LEN.start;
+
+/// Writes `fixed` (an argument's fixed-width part, ending with its labels' head), then the
+/// labels' text: four writes into the command's buffer.
+fn write_with_labels(w: &mut impl std::io::Write, fixed: &[u8], labels: &Labels<'_>) -> std::io::Result<()> {
+    w.write_all(fixed)?;
     w.write_all(labels.step.as_bytes())?;
-    w.write_all(run.as_bytes())?;
-    w.write_all(tenant.as_bytes())
+    w.write_all(labels.run.unwrap_or("").as_bytes())?;
+    w.write_all(labels.tenant.unwrap_or("").as_bytes())
 }
 
 /// Milliseconds as the scripts take them: at least 1, at most ten years, so that Lua's number
@@ -64,6 +80,9 @@ pub(super) enum Arg<'a> {
     Bytes(&'a [u8]),
     /// Milliseconds, in decimal.
     Millis(u64),
+    /// A time for a record (milliseconds of the server's clock, as many digits as the record's
+    /// times hold), or nothing: the script then reads the server's clock.
+    Time(Option<u64>),
     /// The record's Redis key: the store's prefix, then the key in hex (as `redis_key`).
     Key(&'a str, &'a Key),
     /// `acquire`'s one argument: fingerprint, token, lease and retention in digits, then the
@@ -93,6 +112,7 @@ impl Arg<'_> {
         match self {
             Arg::Bytes(b) => b.len(),
             Arg::Millis(_) => 20,
+            Arg::Time(_) => UPDATED.len(),
             Arg::Key(prefix, _) => prefix.len() + 64,
             Arg::Acquire { labels, .. } => ACQUIRE_ARG_MIN_LEN + text_len(labels),
             Arg::New { labels, .. } => HEADER_LEN + text_len(labels),
@@ -109,36 +129,49 @@ impl redis::ToRedisArgs for Arg<'_> {
                 out.write_arg(b);
                 Ok(())
             }
-            Arg::Millis(ms) => write!(out.writer_for_next_arg(), "{ms}"),
+            Arg::Millis(ms) => {
+                out.write_arg(itoa::Buffer::new().format(*ms).as_bytes());
+                Ok(())
+            }
+            Arg::Time(None) => {
+                out.write_arg(b"");
+                Ok(())
+            }
+            Arg::Time(Some(ms)) => {
+                let mut time = [0; UPDATED.end - UPDATED.start];
+                put_digits(&mut time, *ms);
+                out.write_arg(&time);
+                Ok(())
+            }
             Arg::Key(prefix, key) => {
                 let mut w = out.writer_for_next_arg();
                 w.write_all(prefix.as_bytes()).and_then(|()| w.write_all(&crate::key::hex_array(key.as_bytes())))
             }
             // `millis` keeps both within their digits.
             Arg::Acquire { fp, token, lease, retention, labels } => {
-                let mut w = out.writer_for_next_arg();
-                w.write_all(&fp[..])
-                    .and_then(|()| w.write_all(token.as_str().as_bytes()))
-                    .and_then(|()| {
-                        let (lease_len, retention_len) = (ARG_LEASE.len(), ARG_RETENTION.len());
-                        write!(w, "{lease:0lease_len$}{retention:0retention_len$}")
-                    })
-                    .and_then(|()| write_labels(&mut w, labels))
+                let mut fixed = [0; ACQUIRE_ARG_MIN_LEN];
+                fixed[ARG_FINGERPRINT].copy_from_slice(&fp[..]);
+                fixed[ARG_TOKEN].copy_from_slice(token.as_str().as_bytes());
+                put_digits(&mut fixed[ARG_LEASE], *lease);
+                put_digits(&mut fixed[ARG_RETENTION], *retention);
+                fixed[ARG_LABELS].copy_from_slice(&labels_head(labels));
+                write_with_labels(&mut out.writer_for_next_arg(), &fixed, labels)
             }
             // Fences are microseconds of the clock, far below 10^20; attempt 1, not recovered;
             // created and updated at the fence's estimate of the server's clock.
             Arg::New { fp, token, threshold, fence, labels } => {
-                let mut w = out.writer_for_next_arg();
-                w.write_all(&[NEW])
-                    .and_then(|()| w.write_all(&fp[..]))
-                    .and_then(|()| w.write_all(token.as_str().as_bytes()))
-                    .and_then(|()| {
-                        let (lease, fence_len, attempt, time) =
-                            (LEASE.len(), FENCE.len(), ATTEMPT.len(), CREATED.len());
-                        let ms = fence / 1000;
-                        write!(w, "{threshold:0lease$}{fence:0fence_len$}{:0attempt$}0{ms:0time$}{ms:0time$}", 1)
-                    })
-                    .and_then(|()| write_labels(&mut w, labels))
+                let mut fixed = [0; HEADER_LEN];
+                fixed[STATE] = NEW;
+                fixed[FINGERPRINT].copy_from_slice(&fp[..]);
+                fixed[TOKEN].copy_from_slice(token.as_str().as_bytes());
+                put_digits(&mut fixed[LEASE], *threshold);
+                put_digits(&mut fixed[FENCE], *fence);
+                put_digits(&mut fixed[ATTEMPT], 1);
+                fixed[RECOVERED] = b'0';
+                put_digits(&mut fixed[CREATED], fence / 1000);
+                put_digits(&mut fixed[UPDATED], fence / 1000);
+                fixed[STEP_LEN.start..].copy_from_slice(&labels_head(labels));
+                write_with_labels(&mut out.writer_for_next_arg(), &fixed, labels)
             }
         };
     }
@@ -146,7 +179,7 @@ impl redis::ToRedisArgs for Arg<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::layout::{self, ARG_LABELS, FINGERPRINT, RECOVERED, STATE, TOKEN, UPDATED};
+    use super::super::layout;
     use super::*;
 
     fn written(arg: Arg<'_>) -> Vec<u8> {
@@ -177,6 +210,9 @@ mod tests {
         let field =
             |range: std::ops::Range<usize>| std::str::from_utf8(&acquire[range]).unwrap().parse::<u64>().unwrap();
         assert_eq!((field(ARG_LEASE), field(ARG_RETENTION)), (5, millis(Duration::MAX)));
+        assert_eq!(written(Arg::Time(Some(1_700_000_000_123))), b"001700000000123");
+        assert_eq!(written(Arg::Time(None)), b"");
+        assert_eq!(written(Arg::Millis(86_400_000)), b"86400000");
         let long = "x".repeat(MAX_LABEL_LEN + 1);
         let err = check_labels(&Labels::step("s").tenant(Some(&long))).unwrap_err().to_string();
         assert!(err.contains("tenant") && err.contains("99999"), "{err}");

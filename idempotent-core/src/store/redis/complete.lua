@@ -4,9 +4,12 @@
 -- ARGV[1]  owner token
 -- ARGV[2]  encoded result
 -- ARGV[3]  retention in milliseconds
+-- ARGV[4]  the update time: the client's estimate of the server's clock in milliseconds, as many
+--          digits as the record's times (see clock.rs), or empty to read the server's clock
 --
 -- The record becomes C: its fingerprint, token, fence, attempt, creation time and labels kept,
--- the update time now, then the result, with the retention as its TTL.
+-- the update time now (never before the creation time), then the result, with the retention
+-- as its TTL.
 --
 -- Replies: 1 done (also when this token already completed it: a retry after a lost reply);
 --          0 the token no longer owns the key (lease lost), or its attempt was released or
@@ -27,7 +30,16 @@ if (state ~= RUNNING and state ~= NEW) or not is_running(rec) then
   return 0
 end
 rec = current(rec)
+local updated = ARGV[4] or ''
+if #updated ~= UPDATED_TO - UPDATED_FROM + 1 then
+  updated = string.format(TIME_FORMAT, now_ms())
+end
+-- Both are zero-padded to the same width, so they compare as numbers.
+local created = string.sub(rec, CREATED_FROM, CREATED_TO)
+if updated < created then
+  updated = created
+end
 redis.call('SET', key,
-  DONE .. string.sub(rec, FINGERPRINT_FROM, CREATED_TO) .. string.format(TIME_FORMAT, now_ms()) .. string.sub(rec, STEP_LEN_FROM) .. ARGV[2],
+  DONE .. string.sub(rec, FINGERPRINT_FROM, CREATED_TO) .. updated .. string.sub(rec, STEP_LEN_FROM) .. ARGV[2],
   'PX', ARGV[3])
 return 1

@@ -83,20 +83,19 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- The pattern of a labels section's head: three lengths of as many digits as STEP_LEN holds,
+-- then the two flags. (A literal: a library's load cannot call string functions.)
+local LABELS_HEAD = '^(%d%d%d%d%d)(%d%d%d%d%d)(%d%d%d%d%d)[01][01]'
+
 -- The size of the labels section that starts at `at` in `s` (its lengths and flags, then the
 -- text), or nil when its lengths are not digits, a flag is neither 0 nor 1, or the text runs
 -- past the end of `s`.
 local function labels_size(s, at)
-  local d = at - STEP_LEN_FROM
-  local lens = string.sub(s, at, TENANT_LEN_TO + d)
-  if #lens ~= TENANT_LEN_TO - STEP_LEN_FROM + 1 or not string.find(lens, '^%d+$')
-    or not string.find(string.sub(s, RUN_SET + d, TENANT_SET + d), '^[01][01]$') then
+  local step, run, tenant = string.match(s, LABELS_HEAD, at)
+  if not step then
     return nil
   end
-  local text = tonumber(string.sub(s, STEP_LEN_FROM + d, STEP_LEN_TO + d))
-    + tonumber(string.sub(s, RUN_LEN_FROM + d, RUN_LEN_TO + d))
-    + tonumber(string.sub(s, TENANT_LEN_FROM + d, TENANT_LEN_TO + d))
-  local size = HEADER_LEN - STEP_LEN_FROM + 1 + text
+  local size = HEADER_LEN - STEP_LEN_FROM + 1 + tonumber(step) + tonumber(run) + tonumber(tenant)
   if at + size - 1 > #s then
     return nil
   end

@@ -218,6 +218,9 @@ mod tests {
             format!("%0{}.0f%0{}.0f%0{}.0f%d", LEASE.len(), FENCE.len(), ATTEMPT.len())
         );
         assert_eq!(take("TIME_FORMAT"), format!("%0{}.0f", CREATED.len()));
+        let length = format!("({})", "%d".repeat(STEP_LEN.len()));
+        assert_eq!((RUN_LEN.len(), TENANT_LEN.len()), (STEP_LEN.len(), STEP_LEN.len()));
+        assert_eq!(take("LABELS_HEAD"), format!("^{}[01][01]", length.repeat(3)));
         assert!(lua.is_empty(), "layout.lua names what layout.rs does not: {lua:?}");
     }
 
