@@ -246,6 +246,9 @@ async fn memory_rows(calls: u64, want: &impl Fn(&str) -> bool) {
         .await;
         row("key derivation: `ctx.step(..).key_for`", ours, floor_key);
     }
+    if !want("MemoryStore, executor") {
+        return;
+    }
     let fresh = fresh_payloads(calls);
     if want("MemoryStore, executor, first execution") {
         let ours = per_call(calls, |i| first(&memory, "issue_refund", &fresh[i as usize])).await;

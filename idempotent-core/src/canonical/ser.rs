@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use serde::Serialize;
 use serde::ser::{self, Impossible};
 
-use super::write::{Member, Spare, order_members, write_f64, write_str};
+use super::write::{Member, Orders, Spare, write_f64, write_str};
 use super::{CanonicalError, MAX_DEPTH};
 
 /// Serializes `value` to canonical JSON (see the [module docs](super)).
@@ -53,13 +53,20 @@ fn write_with<T: Serialize + ?Sized>(out: &mut Vec<u8>, value: &T, spare: &mut S
     members.clear();
     // Room for the members of typical payloads (a struct and a nested one) in one allocation.
     members.reserve(16);
-    let mut ser = Canonicalizer { out, depth: 0, scratch: std::mem::take(&mut spare.scratch), members };
+    let mut ser = Canonicalizer {
+        out,
+        depth: 0,
+        scratch: std::mem::take(&mut spare.scratch),
+        members,
+        orders: std::mem::take(&mut spare.orders),
+    };
     let res = value.serialize(&mut ser);
     if res.is_err() {
         ser.out.truncate(start);
     }
     spare.scratch = ser.scratch;
     spare.members = ser.members;
+    spare.orders = ser.orders;
     res
 }
 
@@ -73,6 +80,8 @@ struct Canonicalizer<'a> {
     /// from its `base` on, and gives it back when it is finished. One vector for the whole
     /// value instead of one per object.
     members: Vec<Member>,
+    /// The orders of the structs this thread serialized before.
+    orders: Orders,
 }
 
 impl Canonicalizer<'_> {
@@ -131,8 +140,9 @@ impl ObjectState {
     fn finish(self, ser: &mut Canonicalizer<'_>) -> Result<(), CanonicalError> {
         // Inner objects are finished before this one, so its members are the last ones and the
         // scratch buffer is free.
-        order_members(ser.out, &mut ser.scratch, self.start, &mut ser.members[self.base..])
-            .map_err(|name| CanonicalError::DuplicateKey(name.to_owned()))?;
+        ser.orders
+            .order(ser.out, &mut ser.scratch, self.start, &mut ser.members[self.base..])
+            .map_err(CanonicalError::DuplicateKey)?;
         ser.members.truncate(self.base);
         ser.out.push(b'}');
         ser.depth -= 1;

@@ -222,3 +222,74 @@ proptest::proptest! {
         proptest::prop_assert_eq!(canonicalize_json(&bytes).unwrap(), bytes);
     }
 }
+
+/// Structs are put in order from the order remembered for their names: a second type with the
+/// same names in another order, a struct whose fields vary (skipped ones), a struct inside a
+/// map, and more types than a thread remembers all come out in canonical order every time.
+#[test]
+fn remembered_struct_orders_fit_only_their_own_names() {
+    #[derive(Serialize)]
+    struct BA {
+        b: u8,
+        a: u8,
+    }
+    #[derive(Serialize)]
+    struct AB {
+        a: u8,
+        b: u8,
+    }
+    #[derive(Serialize)]
+    struct Skips {
+        z: u8,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        m: Option<u8>,
+        a: u8,
+    }
+    for _ in 0..3 {
+        assert_eq!(canon(&BA { b: 2, a: 1 }), r#"{"a":1,"b":2}"#);
+        assert_eq!(canon(&AB { a: 1, b: 2 }), r#"{"a":1,"b":2}"#);
+        assert_eq!(canon(&Skips { z: 3, m: Some(2), a: 1 }), r#"{"a":1,"m":2,"z":3}"#);
+        assert_eq!(canon(&Skips { z: 3, m: None, a: 1 }), r#"{"a":1,"z":3}"#);
+        let map = std::collections::HashMap::from([("y", BA { b: 2, a: 1 }), ("x", BA { b: 4, a: 3 })]);
+        assert_eq!(canon(&map), r#"{"x":{"a":3,"b":4},"y":{"a":1,"b":2}}"#);
+    }
+    // Twenty types with names of their own (more than a thread remembers), twice over.
+    macro_rules! structs {
+        ($($name:ident $f:ident $g:ident),*) => {
+            $(
+                #[derive(Serialize)]
+                struct $name {
+                    $g: u8,
+                    $f: u8,
+                }
+            )*
+            for _ in 0..2 {
+                $(assert_eq!(canon(&$name { $g: 2, $f: 1 }), format!(r#"{{"{}":1,"{}":2}}"#, stringify!($f), stringify!($g)));)*
+            }
+        };
+    }
+    structs!(
+        S0 a0 b0, S1 a1 b1, S2 a2 b2, S3 a3 b3, S4 a4 b4, S5 a5 b5, S6 a6 b6, S7 a7 b7, S8 a8 b8, S9 a9 b9,
+        S10 a10 b10, S11 a11 b11, S12 a12 b12, S13 a13 b13, S14 a14 b14, S15 a15 b15, S16 a16 b16,
+        S17 a17 b17, S18 a18 b18, S19 a19 b19
+    );
+}
+
+/// A struct that writes one field twice is refused every time, also after a correct one with
+/// the same first name was remembered.
+#[test]
+fn a_repeated_field_is_refused_every_time() {
+    struct Twice;
+    impl Serialize for Twice {
+        fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+            use serde::ser::SerializeStruct;
+            let mut st = s.serialize_struct("Twice", 2)?;
+            st.serialize_field("b", &1)?;
+            st.serialize_field("b", &2)?;
+            st.end()
+        }
+    }
+    for _ in 0..2 {
+        assert!(matches!(to_canonical_vec(&Twice), Err(CanonicalError::DuplicateKey(k)) if k == "b"));
+    }
+}

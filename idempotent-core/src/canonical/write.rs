@@ -111,16 +111,97 @@ pub(super) fn order_members<'m>(
     if let Some(w) = members.windows(2).find(|w| w[0].0 == w[1].0) {
         return Err(&w[0].0);
     }
+    rewrite(out, scratch, start, members.iter().map(|m| &m.1));
+    Ok(())
+}
+
+/// Rewrites `out[start..]`, members separated by commas, with the members at `ranges` (ranges
+/// of `out` as it is) in that order, through `scratch`.
+fn rewrite<'r>(out: &mut Vec<u8>, scratch: &mut Vec<u8>, start: usize, ranges: impl Iterator<Item = &'r Range<usize>>) {
     scratch.clear();
     scratch.extend_from_slice(&out[start..]);
     out.truncate(start);
-    for (i, (_, range)) in members.iter().enumerate() {
+    for (i, range) in ranges.enumerate() {
         if i > 0 {
             out.push(b',');
         }
         out.extend_from_slice(&scratch[range.start - start..range.end - start]);
     }
-    Ok(())
+}
+
+/// The canonical order of the members of structs serialized before on this thread, so that
+/// putting a struct's members in order again costs a comparison of their names' addresses, not
+/// a sort.
+///
+/// A struct's field names are `&'static str`: two names at the same address with the same
+/// length are the same text, so a struct whose members arrive with the names of a remembered
+/// one, in the same order, takes its order. Objects with a name that is not static (map keys)
+/// are sorted every time.
+#[derive(Default)]
+pub(super) struct Orders {
+    remembered: Vec<Order>,
+    /// The entry the next new order replaces, once [`Orders::MAX`] are remembered.
+    next: usize,
+}
+
+struct Order {
+    /// The names' addresses and lengths, in the order the members arrived.
+    names: Vec<(usize, usize)>,
+    /// The arrival index of the member at each place of the canonical order; `None` when they
+    /// arrive in order.
+    order: Option<Vec<u16>>,
+}
+
+impl Orders {
+    /// How many orders a thread remembers (a process serializes a handful of payload types).
+    const MAX: usize = 16;
+    /// The most members a remembered struct has.
+    const MAX_MEMBERS: usize = 64;
+
+    /// Puts one object's members in canonical order, as [`order_members`] does, from a
+    /// remembered order when one fits; remembers the order of a struct it sorted. A name that
+    /// appears twice is an error (returned, with `out` unchanged).
+    pub(super) fn order(
+        &mut self,
+        out: &mut Vec<u8>,
+        scratch: &mut Vec<u8>,
+        start: usize,
+        members: &mut [Member],
+    ) -> Result<(), String> {
+        let key = |m: &Member| match &m.0 {
+            Cow::Borrowed(name) => Some((name.as_ptr() as usize, name.len())),
+            Cow::Owned(_) => None,
+        };
+        let fits = |o: &&Order| {
+            o.names.len() == members.len() && o.names.iter().zip(&*members).all(|(n, m)| key(m) == Some(*n))
+        };
+        if let Some(found) = self.remembered.iter().find(fits) {
+            if let Some(order) = &found.order {
+                rewrite(out, scratch, start, order.iter().map(|&i| &members[usize::from(i)].1));
+            }
+            return Ok(());
+        }
+        let names: Option<Vec<(usize, usize)>> =
+            if members.len() <= Self::MAX_MEMBERS { members.iter().map(key).collect() } else { None };
+        let in_order = members.windows(2).all(|w| utf16_cmp(&w[0].0, &w[1].0).is_lt());
+        // Members arrive in the order of their ranges, so a sorted member's arrival index is
+        // the rank of its range's start.
+        let starts: Vec<usize> =
+            if in_order || names.is_none() { Vec::new() } else { members.iter().map(|m| m.1.start).collect() };
+        order_members(out, scratch, start, members).map_err(str::to_owned)?;
+        if let Some(names) = names {
+            let order = (!in_order)
+                .then(|| members.iter().map(|m| starts.binary_search(&m.1.start).map_or(0, |i| i as u16)).collect());
+            let order = Order { names, order };
+            if self.remembered.len() < Self::MAX {
+                self.remembered.push(order);
+            } else {
+                self.remembered[self.next] = order;
+                self.next = (self.next + 1) % Self::MAX;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// An object member's name and the byte range of `"name":value` in the output (without commas).
@@ -138,6 +219,7 @@ pub(super) struct Spare {
     pub(super) out: Vec<u8>,
     pub(super) scratch: Vec<u8>,
     pub(super) members: Vec<Member>,
+    pub(super) orders: Orders,
 }
 
 thread_local! {

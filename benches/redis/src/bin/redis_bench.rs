@@ -7,8 +7,9 @@
 //! Spawns its own `redis-server` (through the test harness), then measures at concurrency 1 and
 //! 64, from one process and one runtime:
 //!
-//! - first execution and replay through `RunContext::step(..).run(..)` on a `RedisStore`, and
-//!   first execution on a second store that calls its scripts by `EVALSHA` (functions off);
+//! - first execution and replay through `RunContext::step(..).run(..)` on a `RedisStore` (of
+//!   `--pool` connections, and again on a store of one), and first execution on a store that
+//!   calls its scripts by `EVALSHA` (functions off);
 //! - the floor, through the same redis client and connection setup as the store (`pool` multiplexed
 //!   connections checked out of a deadpool pool built with the store's settings, one picked
 //!   round-robin per command): for a replay one raw round trip (`GET`, and `EVALSHA` of a trivial
@@ -59,12 +60,16 @@ const REPLAY_KEYS: u64 = 4096;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Path {
     OursFirst { heartbeat: bool },
+    /// `OursFirst` (heartbeat on) on a store of one connection (`pool_size(1)`).
+    OursFirstOne,
     OursFirstEvalsha,
     FloorSetSet,
     /// `FloorSetSet` on one connection.
     FloorSetSetOne,
     FloorEvalEval,
     OursReplay,
+    /// `OursReplay` on a store of one connection.
+    OursReplayOne,
     FloorGet,
     /// `FloorGet` on one connection.
     FloorGetOne,
@@ -79,9 +84,10 @@ enum Path {
 }
 
 impl Path {
-    const ALL: [Path; 17] = [
+    const ALL: [Path; 19] = [
         Path::OursFirst { heartbeat: true },
         Path::OursFirst { heartbeat: false },
+        Path::OursFirstOne,
         Path::OursFirstEvalsha,
         Path::StoreFirst,
         Path::FloorSetSet,
@@ -89,6 +95,7 @@ impl Path {
         Path::FloorEvalEval,
         Path::PeerFirst,
         Path::OursReplay,
+        Path::OursReplayOne,
         Path::StoreReplay,
         Path::FloorGet,
         Path::FloorGetOne,
@@ -108,11 +115,13 @@ impl Path {
         match self {
             Path::OursFirst { heartbeat: true } => "first execution (ours, heartbeat on = default)",
             Path::OursFirst { heartbeat: false } => "first execution (ours, heartbeat off)",
+            Path::OursFirstOne => "first execution (ours, pool_size 1)",
             Path::OursFirstEvalsha => "first execution (ours, scripts by EVALSHA: functions off)",
             Path::FloorSetSet => "floor: SET NX + SET (2 round trips)",
             Path::FloorSetSetOne => "floor: SET NX + SET, 1 connection",
             Path::FloorEvalEval => "floor: 2 × EVALSHA trivial SET script",
             Path::OursReplay => "replay (ours)",
+            Path::OursReplayOne => "replay (ours, pool_size 1)",
             Path::FloorGet => "floor: GET (1 round trip)",
             Path::FloorGetOne => "floor: GET, 1 connection",
             Path::FloorEvalGet => "floor: EVALSHA trivial GET script",
@@ -131,6 +140,8 @@ struct Env {
     ctx: RunContext,
     /// On a store that calls its scripts by `EVALSHA` (`RedisStoreBuilder::functions(false)`).
     ctx_evalsha: RunContext,
+    /// On a store of one connection (`RedisStoreBuilder::pool_size(1)`).
+    ctx_one: RunContext,
     /// On a store that waits for one replica (`--wait`).
     ctx_wait: Option<RunContext>,
     /// The payload the rows through the executor borrow (with a sequence number of their own).
@@ -207,10 +218,10 @@ async fn run(env: &Arc<Env>, path: Path, concurrency: usize, duration: Duration)
                         .expect("first execution");
                     black_box(r);
                 }
-                Path::OursFirstEvalsha => {
+                Path::OursFirstEvalsha | Path::OursFirstOne => {
                     let payload = env.payload.with_seq(env.seq.fetch_add(1, Ordering::Relaxed));
-                    let r: RefundResult = env
-                        .ctx_evalsha
+                    let ctx = if path == Path::OursFirstOne { &env.ctx_one } else { &env.ctx_evalsha };
+                    let r: RefundResult = ctx
                         .step("issue_refund")
                         .run(&payload, |_| async { Ok::<_, Error>(RefundResult::sample()) })
                         .await
@@ -259,10 +270,10 @@ async fn run(env: &Arc<Env>, path: Path, concurrency: usize, duration: Duration)
                         assert_eq!(acked, 1, "the replica did not acknowledge");
                     }
                 }
-                Path::OursReplay => {
+                Path::OursReplay | Path::OursReplayOne => {
                     let payload = env.payload.with_seq(replay_index(task, i));
-                    let r: RefundResult = env
-                        .ctx
+                    let ctx = if path == Path::OursReplay { &env.ctx } else { &env.ctx_one };
+                    let r: RefundResult = ctx
                         .step("replayed_refund")
                         .run(&payload, |_| async { Err::<RefundResult, _>(Error::Config("replay ran".into())) })
                         .await
@@ -414,6 +425,8 @@ fn main() {
         .functions(false)
         .build()
         .unwrap();
+    let store_one =
+        RedisStore::builder(server.url()).pool_size(1).command_timeout(REDIS_TIMEOUT).build().unwrap();
     let store_wait = wait.then(|| {
         RedisStore::builder(server.url())
             .pool_size(pool)
@@ -425,6 +438,7 @@ fn main() {
     let env = rt.block_on(async {
         store.warm_up().await.expect("warm up the store");
         store_evalsha.warm_up().await.expect("warm up the EVALSHA store");
+        store_one.warm_up().await.expect("warm up the one-connection store");
         if let Some(s) = &store_wait {
             s.warm_up().await.expect("warm up the waiting store");
         }
@@ -440,6 +454,7 @@ fn main() {
         let env = Arc::new(Env {
             ctx,
             ctx_evalsha: RunContext::new(store_evalsha, "bench-run"),
+            ctx_one: RunContext::new(store_one, "bench-run"),
             ctx_wait: store_wait.map(|s| RunContext::new(s, "bench-run")),
             payload: Refund::new(0),
             store,
@@ -577,12 +592,13 @@ fn main() {
     let floors = |c: usize, p: Path| {
         let (raw, one, eval) = match p {
             Path::OursFirst { .. }
+            | Path::OursFirstOne
             | Path::OursFirstEvalsha
             | Path::OursFirstWait
             | Path::FloorSetSetWait
             | Path::PeerFirst
             | Path::StoreFirst => (Path::FloorSetSet, Path::FloorSetSetOne, Path::FloorEvalEval),
-            Path::OursReplay | Path::StoreReplay | Path::OursReplayWait | Path::PeerReplay => {
+            Path::OursReplay | Path::OursReplayOne | Path::StoreReplay | Path::OursReplayWait | Path::PeerReplay => {
                 (Path::FloorGet, Path::FloorGetOne, Path::FloorEvalGet)
             }
             _ => return None,
