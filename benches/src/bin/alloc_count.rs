@@ -191,7 +191,7 @@ fn main() {
     // dhat); the Redis server starts only when a Redis row is among them.
     let only: String = arg("--only", String::new());
     let want = |name: &str| name.contains(only.as_str());
-    if !REDIS_ROWS.iter().any(|name| want(name)) {
+    if !REDIS_ROWS.iter().chain(&REDIS_HTTP_ROWS).any(|name| want(name)) {
         rt.block_on(memory_rows(calls, &want));
         rt.block_on(http_rows(calls, &only, [("MemoryStore", IdempotencyLayer::new(MemoryStore::new()))]));
         return;
@@ -218,8 +218,8 @@ fn fresh_payloads(calls: u64) -> Vec<Refund> {
 /// Key derivation and the executor on `MemoryStore`.
 async fn memory_rows(calls: u64, want: &impl Fn(&str) -> bool) {
     let payload = Refund::new(7);
-    let floor_name = "floor: `serde_json::to_vec` + sha256";
-    if !want(floor_name) && !want("key derivation") && !want("MemoryStore, executor") {
+    let [floor_name, key_name, first_name, replay_name] = MEMORY_ROWS;
+    if !MEMORY_ROWS.iter().any(|name| want(name)) {
         return;
     }
     let mut floor_key = None;
@@ -236,7 +236,7 @@ async fn memory_rows(calls: u64, want: &impl Fn(&str) -> bool) {
         floor_key = Some(floor);
     }
     let memory = RunContext::new(MemoryStore::new(), "alloc-run");
-    if want("key derivation: `ctx.step(..).key_for`") {
+    if want(key_name) {
         let ours = per_call(calls, |_| {
             let (memory, payload) = (&memory, &payload);
             async move {
@@ -244,24 +244,37 @@ async fn memory_rows(calls: u64, want: &impl Fn(&str) -> bool) {
             }
         })
         .await;
-        row("key derivation: `ctx.step(..).key_for`", ours, floor_key);
+        row(key_name, ours, floor_key);
     }
-    if !want("MemoryStore, executor") {
+    if !want(first_name) && !want(replay_name) {
         return;
     }
     let fresh = fresh_payloads(calls);
-    if want("MemoryStore, executor, first execution") {
+    if want(first_name) {
         let ours = per_call(calls, |i| first(&memory, "issue_refund", &fresh[i as usize])).await;
-        row("MemoryStore, executor, first execution", ours, floor_key);
+        row(first_name, ours, floor_key);
     }
-    if want("MemoryStore, executor, replay") {
-        for payload in &fresh[..1000] {
+    if want(replay_name) {
+        // The replays cycle through the first (up to) 1000 payloads.
+        let replayed = &fresh[..fresh.len().min(1000)];
+        for payload in replayed {
             first(&memory, "issue_refund", payload).await;
         }
-        let ours = per_call(calls, |i| replay(&memory, "issue_refund", &fresh[(i % 1000) as usize])).await;
-        row("MemoryStore, executor, replay", ours, floor_key);
+        let ours = per_call(calls, |i| replay(&memory, "issue_refund", &replayed[i as usize % replayed.len()])).await;
+        row(replay_name, ours, floor_key);
     }
 }
+
+/// The rows without a Redis server, in the order [`memory_rows`] prints them.
+const MEMORY_ROWS: [&str; 4] = [
+    "floor: `serde_json::to_vec` + sha256",
+    "key derivation: `ctx.step(..).key_for`",
+    "MemoryStore, executor, first execution",
+    "MemoryStore, executor, replay",
+];
+
+/// The HTTP rows on `RedisStore` (made by [`http_rows`]), which need the server too.
+const REDIS_HTTP_ROWS: [&str; 2] = ["layer + RedisStore, first request", "layer + RedisStore, replay"];
 
 /// The Redis rows, in the order [`redis_rows`] prints them.
 const REDIS_ROWS: [&str; 5] = [

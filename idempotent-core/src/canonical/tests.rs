@@ -275,8 +275,8 @@ fn remembered_struct_orders_fit_only_their_own_names() {
     );
 }
 
-/// A struct that writes one field twice is refused every time, also after a correct one with
-/// the same first name was remembered.
+/// A struct that writes one field twice is refused every time: a refused order is never
+/// remembered.
 #[test]
 fn a_repeated_field_is_refused_every_time() {
     struct Twice;

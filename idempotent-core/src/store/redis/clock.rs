@@ -40,12 +40,20 @@ impl RedisStore {
     /// the monotonic clock and the last measured offset. `None` while there is no fresh measure
     /// (one is then started in the background): the caller takes the script path.
     pub(super) fn estimated_server_micros(&self) -> Option<u64> {
+        let synced = self.inner.clock.synced_us.load(Ordering::Acquire);
+        if synced == 0 || monotonic_us().saturating_sub(synced) > RESYNC_US {
+            self.start_clock_sync();
+        }
+        self.known_server_micros()
+    }
+
+    /// The same estimate while there is a fresh measure, without starting one: for a time a
+    /// script can read for itself when there is none (`complete`'s update time), so that a store
+    /// whose acquires never need the estimate never measures the clock.
+    pub(super) fn known_server_micros(&self) -> Option<u64> {
         let clock = &self.inner.clock;
         let now = monotonic_us();
         let synced = clock.synced_us.load(Ordering::Acquire);
-        if synced == 0 || now.saturating_sub(synced) > RESYNC_US {
-            self.start_clock_sync();
-        }
         if synced == 0 || now.saturating_sub(synced) > STALE_US {
             return None;
         }

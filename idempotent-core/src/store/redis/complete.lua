@@ -8,8 +8,8 @@
 --          digits as the record's times (see clock.rs), or empty to read the server's clock
 --
 -- The record becomes C: its fingerprint, token, fence, attempt, creation time and labels kept,
--- the update time now (never before the creation time), then the result, with the retention
--- as its TTL.
+-- the update time now (never before the record's last change), then the result, with the
+-- retention as its TTL.
 --
 -- Replies: 1 done (also when this token already completed it: a retry after a lost reply);
 --          0 the token no longer owns the key (lease lost), or its attempt was released or
@@ -34,10 +34,11 @@ local updated = ARGV[4] or ''
 if #updated ~= UPDATED_TO - UPDATED_FROM + 1 then
   updated = string.format(TIME_FORMAT, now_ms())
 end
--- Both are zero-padded to the same width, so they compare as numbers.
-local created = string.sub(rec, CREATED_FROM, CREATED_TO)
-if updated < created then
-  updated = created
+-- Never before the record's last change (its creation, or a renewal by the server's clock):
+-- both are digits zero-padded to the same width, so they compare as numbers.
+local last = string.sub(rec, UPDATED_FROM, UPDATED_TO)
+if updated < last then
+  updated = last
 end
 redis.call('SET', key,
   DONE .. string.sub(rec, FINGERPRINT_FROM, CREATED_TO) .. updated .. string.sub(rec, STEP_LEN_FROM) .. ARGV[2],

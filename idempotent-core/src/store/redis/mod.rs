@@ -581,8 +581,9 @@ impl Store for RedisStore {
     ) -> BoxFuture<'a, Result<Transition, Error>> {
         Box::pin(async move {
             // Stamped with the estimate of the server's clock, as `SET NX` stamps a new record:
-            // a `TIME` inside the script costs Redis more than the rest of the check.
-            let updated = self.estimated_server_micros().map(|us| us / 1000);
+            // a `TIME` inside the script costs Redis more than the rest of the check. Without a
+            // fresh estimate the script reads `TIME`.
+            let updated = self.known_server_micros().map(|us| us / 1000);
             let args = [
                 Arg::Bytes(token.as_str().as_bytes()),
                 Arg::Bytes(&result),
