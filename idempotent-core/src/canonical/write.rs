@@ -136,7 +136,9 @@ fn rewrite<'r>(out: &mut Vec<u8>, scratch: &mut Vec<u8>, start: usize, ranges: i
 /// A struct's field names are `&'static str`: two names at the same address with the same
 /// length are the same text, so a struct whose members arrive with the names of a remembered
 /// one, in the same order, takes its order. Objects with a name that is not static (map keys)
-/// are sorted every time.
+/// are sorted every time, as are objects of fewer than two members (nothing to order). Once
+/// [`Orders::MAX`] orders are remembered, a new one takes the oldest entry's place and its
+/// buffers: remembering allocates nothing then.
 #[derive(Default)]
 pub(super) struct Orders {
     remembered: Vec<Order>,
@@ -144,12 +146,14 @@ pub(super) struct Orders {
     next: usize,
 }
 
+#[derive(Default)]
 struct Order {
     /// The names' addresses and lengths, in the order the members arrived.
     names: Vec<(usize, usize)>,
-    /// The arrival index of the member at each place of the canonical order; `None` when they
-    /// arrive in order.
-    order: Option<Vec<u16>>,
+    /// The arrival index of the member at each place of the canonical order.
+    order: Vec<u16>,
+    /// Whether the members arrive in canonical order (nothing to rewrite).
+    in_order: bool,
 }
 
 impl Orders {
@@ -172,33 +176,43 @@ impl Orders {
             Cow::Borrowed(name) => Some((name.as_ptr() as usize, name.len())),
             Cow::Owned(_) => None,
         };
+        let remembered = (2..=Self::MAX_MEMBERS).contains(&members.len()) && members.iter().all(|m| key(m).is_some());
+        if !remembered {
+            return order_members(out, scratch, start, members).map_err(str::to_owned);
+        }
         let fits = |o: &&Order| {
             o.names.len() == members.len() && o.names.iter().zip(&*members).all(|(n, m)| key(m) == Some(*n))
         };
         if let Some(found) = self.remembered.iter().find(fits) {
-            if let Some(order) = &found.order {
-                rewrite(out, scratch, start, order.iter().map(|&i| &members[usize::from(i)].1));
+            if !found.in_order {
+                rewrite(out, scratch, start, found.order.iter().map(|&i| &members[usize::from(i)].1));
             }
             return Ok(());
         }
-        let names: Option<Vec<(usize, usize)>> =
-            if members.len() <= Self::MAX_MEMBERS { members.iter().map(key).collect() } else { None };
-        let in_order = members.windows(2).all(|w| utf16_cmp(&w[0].0, &w[1].0).is_lt());
-        // Members arrive in the order of their ranges, so a sorted member's arrival index is
-        // the rank of its range's start.
-        let starts: Vec<usize> =
-            if in_order || names.is_none() { Vec::new() } else { members.iter().map(|m| m.1.start).collect() };
-        order_members(out, scratch, start, members).map_err(str::to_owned)?;
-        if let Some(names) = names {
-            let order = (!in_order)
-                .then(|| members.iter().map(|m| starts.binary_search(&m.1.start).map_or(0, |i| i as u16)).collect());
-            let order = Order { names, order };
-            if self.remembered.len() < Self::MAX {
-                self.remembered.push(order);
-            } else {
-                self.remembered[self.next] = order;
-                self.next = (self.next + 1) % Self::MAX;
-            }
+        // A new order: sorted by arrival index, into the buffers of the entry it is to take.
+        let mut new = if self.remembered.len() < Self::MAX {
+            Order::default()
+        } else {
+            std::mem::take(&mut self.remembered[self.next])
+        };
+        new.names.clear();
+        new.names.extend(members.iter().filter_map(key));
+        new.order.clear();
+        new.order.extend(0..members.len() as u16);
+        new.order.sort_unstable_by(|&a, &b| utf16_cmp(&members[usize::from(a)].0, &members[usize::from(b)].0));
+        let name = |i: u16| &members[usize::from(i)].0;
+        if let Some(w) = new.order.windows(2).find(|w| name(w[0]) == name(w[1])) {
+            return Err(name(w[0]).to_string());
+        }
+        new.in_order = new.order.iter().enumerate().all(|(place, &i)| usize::from(i) == place);
+        if !new.in_order {
+            rewrite(out, scratch, start, new.order.iter().map(|&i| &members[usize::from(i)].1));
+        }
+        if self.remembered.len() < Self::MAX {
+            self.remembered.push(new);
+        } else {
+            self.remembered[self.next] = new;
+            self.next = (self.next + 1) % Self::MAX;
         }
         Ok(())
     }
