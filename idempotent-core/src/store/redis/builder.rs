@@ -52,6 +52,14 @@ impl RedisStoreBuilder {
     /// How many connections the store keeps checked out for its calls (default 4; the pool may
     /// hold up to twice as many while a failed one is being replaced). Connections are
     /// multiplexed: each carries many concurrent calls, so a few serve hundreds of callers.
+    ///
+    /// Tuning: more connections spread the client's work over more of its threads, fewer put
+    /// more commands in each socket write and each pass of Redis' event loop. With 64 callers on
+    /// two cores shared with Redis (BENCHMARKS.md, "the connection count"), 4 connections made
+    /// 1.1–1.25× the first executions of 1 and 1.01–1.04× its replays, while 1 connection kept
+    /// the replays' p99 lower (468–491 µs against 586–774). A store serving mostly replays of
+    /// small records may prefer 1–2; a cluster, or callers spread over many cores, more.
+    /// Measure your own with `redis_bench --pool <n>` (see BENCHMARKS.md).
     pub fn pool_size(mut self, size: usize) -> Self {
         self.pool_size = size;
         self
