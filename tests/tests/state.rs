@@ -144,6 +144,8 @@ async fn a_step_retried_after_a_lost_completion_merges_once() {
 /// a failed step. Every finding appears exactly once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn parallel_branches_append_each_finding_once() {
+    // Three times the store's command timeout (2 s), as `StepOptions::lease` advises.
+    const LEASE: Duration = Duration::from_secs(6);
     let server = RedisServer::start();
     let proxy = FaultProxy::start(format!("127.0.0.1:{}", server.port()).parse().unwrap()).await;
     let store = RedisStore::connect(proxy.url()).unwrap();
@@ -158,11 +160,14 @@ async fn parallel_branches_append_each_finding_once() {
         tokio::spawn(async move {
             for i in 0..per_branch {
                 let finding = format!("branch {b}: finding {i}");
-                let mut tries = 0;
+                let (mut tries, started) = (0, std::time::Instant::now());
                 loop {
                     let found = finding.clone();
                     let res = ctx
                         .step("investigate")
+                        // An acquire whose reply and whose release were both lost holds the key
+                        // for its lease: the branch's retries outlast a few.
+                        .lease(LEASE)
                         .run(&(b, i), |_| async {
                             let appended = findings.update(|all| {
                                 let mut all = all.unwrap_or_default();
@@ -174,7 +179,7 @@ async fn parallel_branches_append_each_finding_once() {
                         .await;
                     match res {
                         Ok(_) => break,
-                        Err(e) if e.is_transient() && tries < 200 => {
+                        Err(e) if e.is_transient() && started.elapsed() < 4 * LEASE => {
                             // The branch's own retry, with the crate's backoff (an acquire whose
                             // reply was lost holds the key until the store releases it).
                             let backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(200));
