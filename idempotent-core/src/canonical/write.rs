@@ -176,8 +176,8 @@ impl Orders {
             Cow::Borrowed(name) => Some((name.as_ptr() as usize, name.len())),
             Cow::Owned(_) => None,
         };
-        let remembered = (2..=Self::MAX_MEMBERS).contains(&members.len()) && members.iter().all(|m| key(m).is_some());
-        if !remembered {
+        let cacheable = (2..=Self::MAX_MEMBERS).contains(&members.len()) && members.iter().all(|m| key(m).is_some());
+        if !cacheable {
             return order_members(out, scratch, start, members).map_err(str::to_owned);
         }
         let fits = |o: &&Order| {
@@ -189,7 +189,9 @@ impl Orders {
             }
             return Ok(());
         }
-        // A new order: sorted by arrival index, into the buffers of the entry it is to take.
+        // A new order, in the buffers of the entry it is to take: the names as they arrive, then
+        // `order_members` sorts the members (and refuses a name that appears twice); the names,
+        // all different then, say where each sorted member arrived.
         let mut new = if self.remembered.len() < Self::MAX {
             Order::default()
         } else {
@@ -197,17 +199,11 @@ impl Orders {
         };
         new.names.clear();
         new.names.extend(members.iter().filter_map(key));
+        order_members(out, scratch, start, members).map_err(str::to_owned)?;
+        let names = &new.names;
         new.order.clear();
-        new.order.extend(0..members.len() as u16);
-        new.order.sort_unstable_by(|&a, &b| utf16_cmp(&members[usize::from(a)].0, &members[usize::from(b)].0));
-        let name = |i: u16| &members[usize::from(i)].0;
-        if let Some(w) = new.order.windows(2).find(|w| name(w[0]) == name(w[1])) {
-            return Err(name(w[0]).to_string());
-        }
+        new.order.extend(members.iter().map(|m| names.iter().position(|n| key(m) == Some(*n)).map_or(0, |i| i as u16)));
         new.in_order = new.order.iter().enumerate().all(|(place, &i)| usize::from(i) == place);
-        if !new.in_order {
-            rewrite(out, scratch, start, new.order.iter().map(|&i| &members[usize::from(i)].1));
-        }
         if self.remembered.len() < Self::MAX {
             self.remembered.push(new);
         } else {

@@ -59,7 +59,9 @@ const REPLAY_KEYS: u64 = 4096;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Path {
-    OursFirst { heartbeat: bool },
+    OursFirst {
+        heartbeat: bool,
+    },
     /// `OursFirst` (heartbeat on) on a store of one connection (`pool_size(1)`).
     OursFirstOne,
     OursFirstEvalsha,
@@ -425,8 +427,7 @@ fn main() {
         .functions(false)
         .build()
         .unwrap();
-    let store_one =
-        RedisStore::builder(server.url()).pool_size(1).command_timeout(REDIS_TIMEOUT).build().unwrap();
+    let store_one = RedisStore::builder(server.url()).pool_size(1).command_timeout(REDIS_TIMEOUT).build().unwrap();
     let store_wait = wait.then(|| {
         RedisStore::builder(server.url())
             .pool_size(pool)
@@ -574,19 +575,14 @@ fn main() {
          {rounds} rounds × {secs} s per row (interleaved), {:.0} s total\n",
         started.elapsed().as_secs_f64()
     );
-    let rate = |c: usize, p: Path| {
-        let idx = Path::ALL.iter().position(|&q| q == p).unwrap();
-        table.get(&(c, idx)).map(|row| row.rounds.median_rate())
-    };
+    let row_of = |c: usize, p: Path| table.get(&(c, Path::ALL.iter().position(|&q| q == p).unwrap()));
+    let rate = |c: usize, p: Path| row_of(c, p).map(|row| row.rounds.median_rate());
     let ratio = |c: usize, ours: Path, floor: Path| match (rate(c, ours), rate(c, floor)) {
         (Some(o), Some(f)) => Some(o / f),
         _ => None,
     };
     let show = |r: Option<f64>| r.map(|r| format!("{r:.2}")).unwrap_or_default();
-    let p99 = |c: usize, p: Path| {
-        let idx = Path::ALL.iter().position(|&q| q == p).unwrap();
-        table.get(&(c, idx)).map(|row| row.rounds.quantile_us(0.99))
-    };
+    let p99 = |c: usize, p: Path| row_of(c, p).map(|row| row.rounds.quantile_us(0.99));
     // The raw floor a row is held to: the faster of the pooled one and the one on one connection,
     // in this run; and the floor of `EVALSHA`s of trivial scripts.
     let floors = |c: usize, p: Path| {
