@@ -390,8 +390,14 @@ impl RedisServer {
                 // command a script ran.
                 let Some((source, command)) = line.split_once("] ") else { continue };
                 let name = command.trim_start_matches('"').split('"').next().unwrap_or_default();
-                let seen = if source.ends_with(" lua") { &mut names.script } else { &mut names.client };
-                seen.push(name.to_ascii_lowercase());
+                let name = name.to_ascii_lowercase();
+                if source.ends_with(" lua") {
+                    names.script.push(name);
+                } else {
+                    // The client's address: after the database number.
+                    names.sources.push(source.rsplit(' ').next().unwrap_or_default().to_owned());
+                    names.client.push(name);
+                }
             }
             names
         });
@@ -411,6 +417,8 @@ pub struct Monitor {
 pub struct Monitored {
     /// Commands clients sent.
     pub client: Vec<String>,
+    /// The address (`host:port`) of the connection each of `client` came on.
+    pub sources: Vec<String>,
     /// Commands scripts ran.
     pub script: Vec<String>,
 }

@@ -102,6 +102,37 @@ async fn first_execution_costs_two_commands_and_replay_one() {
     }
 }
 
+/// Plain reads go out on one connection, so that many callers' reads share its socket writes;
+/// script calls and writes take the store's connections in turn. Seen by the server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_share_one_connection_and_writes_take_each_in_turn() {
+    let server = RedisServer::start();
+    let s = RedisStore::builder(server.url()).pool_size(4).build().unwrap();
+    s.warm_up().await.unwrap();
+    let ctx = RunContext::new(s, unique("run"));
+    let _: u8 = ctx.step("s").run(&0, |_| async { Ok::<_, Error>(0) }).await.unwrap();
+    // After replays in a row, acquire reads first: each call below starts with a GET.
+    for _ in 0..16 {
+        let _: u8 = ctx.step("s").run(&0, |_| async { Ok::<_, Error>(9) }).await.unwrap();
+    }
+    let monitor = server.monitor();
+    for i in 1..=4u8 {
+        let _: u8 = ctx.step("s").run(&0, |_| async { Ok::<_, Error>(9) }).await.unwrap();
+        let _: u8 = ctx.step("s").heartbeat(false).run(&i, |_| async move { Ok::<_, Error>(i) }).await.unwrap();
+    }
+    let seen = monitor.finish();
+    let sources = |wanted: fn(&str) -> bool| -> std::collections::BTreeSet<&str> {
+        seen.client.iter().zip(&seen.sources).filter(|(c, _)| wanted(c)).map(|(_, s)| s.as_str()).collect()
+    };
+    let reads = sources(|c| c == "get");
+    let writes = sources(|c| c != "get");
+    assert_eq!(seen.client.iter().filter(|c| *c == "get").count(), 8, "{:?}", seen.client);
+    assert_eq!(reads.len(), 1, "the reads came on several connections: {reads:?} ({:?})", seen.client);
+    // Four first executions: four SET NX GET and four complete calls, in turn over 4 connections.
+    assert_eq!(seen.client.len() - 8, 8, "{:?}", seen.client);
+    assert_eq!(writes.len(), 4, "the writes did not take the 4 connections in turn: {writes:?}");
+}
+
 /// An unreachable server fails the call closed within its timeout; when the server is back
 /// (restarted, scripts flushed) calls work again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -53,13 +53,15 @@ impl RedisStoreBuilder {
     /// hold up to twice as many while a failed one is being replaced). Connections are
     /// multiplexed: each carries many concurrent calls, so a few serve hundreds of callers.
     ///
+    /// Plain reads (acquire's `GET` first, a state load) always go out on the first connection,
+    /// where many callers' reads share each socket write; script calls and writes take the
+    /// connections in turn. So the size matters for first executions and other writes.
+    ///
     /// Tuning: more connections spread the client's work over more of its threads, fewer put
     /// more commands in each socket write and each pass of Redis' event loop. With 64 callers on
     /// two cores shared with Redis (BENCHMARKS.md, "the connection count"), 4 connections made
-    /// 1.1–1.25× the first executions of 1 and 1.01–1.04× its replays, while 1 connection kept
-    /// the replays' p99 lower (468–491 µs against 586–774). A store serving mostly replays of
-    /// small records may prefer 1–2; a cluster, or callers spread over many cores, more.
-    /// Measure your own with `redis_bench --pool <n>` (see BENCHMARKS.md).
+    /// 1.1–1.25× the first executions of 1. A cluster, or callers spread over many cores, may
+    /// want more. Measure your own with `redis_bench --pool <n>` (see BENCHMARKS.md).
     pub fn pool_size(mut self, size: usize) -> Self {
         self.pool_size = size;
         self

@@ -72,6 +72,21 @@ pub(super) struct Written {
     pub(super) replicas: Option<i64>,
 }
 
+/// Which of the connections the store keeps a command goes out on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Lane {
+    /// A plain read (acquire's `GET` first, a state load): always the first connection. A `GET`
+    /// costs Redis about a microsecond, less than the system calls around it; on one socket, the
+    /// reads of many callers share each write, each read of the replies and each pass of
+    /// Redis' event loop. At 64 callers this took Redis' CPU per replay from 9.2–9.6 µs to
+    /// 5.2–6.2 µs and replays from 0.45–0.48× to 0.65–0.71× the raw `GET` (BENCHMARKS.md).
+    Read,
+    /// Everything else: the connections in turn. A script call costs Redis several
+    /// microseconds; on several sockets Redis answers one connection's calls while the client
+    /// reads another's replies, and first executions measured slower on one connection.
+    Turn,
+}
+
 /// The pool, and the connections the store keeps checked out of it (see [`RedisStore::conn`]).
 pub(super) struct Connections {
     pool: Pool,
@@ -263,7 +278,7 @@ impl RedisStore {
     ) -> Result<Vec<Value>, Error> {
         let count = pipe.cmd_iter().count();
         self.timed(op, async {
-            let conn = self.conn(op).await?;
+            let conn = self.conn(op, Lane::Turn).await?;
             let res = match (conn, node) {
                 (Conn::Single(mut c), _) => {
                     redis::aio::ConnectionLike::req_packed_commands(&mut c, pipe, 0, count).await
@@ -287,7 +302,7 @@ impl RedisStore {
     /// Sends one command on a pooled connection, within the command timeout.
     pub(super) async fn run(&self, op: &'static str, cmd: redis::Cmd) -> Result<Value, Error> {
         self.timed(op, async {
-            let mut conn = self.conn(op).await?;
+            let mut conn = self.conn(op, Lane::Turn).await?;
             let res = cmd.query_async(&mut conn).await;
             self.checked_reply(op, res)
         })
@@ -302,7 +317,8 @@ impl RedisStore {
         key: &Key,
         args: &[Arg<'_>],
     ) -> Result<Value, Error> {
-        self.send(op, key, &self.script_call(script, key, args), Some(script)).await
+        let cmd = self.script_call(script, key, args);
+        self.exchange(op, key, &cmd, Some(script), None, Lane::Turn).await.map(|w| w.reply)
     }
 
     /// The call of `script` (`FCALL` or `EVALSHA`: [`Lua::call`]) on the record of `key`,
@@ -330,28 +346,23 @@ impl RedisStore {
         args: &[Arg<'_>],
     ) -> Result<Written, Error> {
         let cmd = self.script_call(script, key, args);
-        self.exchange(op, key, &cmd, Some(script), self.inner.wait.as_ref()).await
+        self.exchange(op, key, &cmd, Some(script), self.inner.wait.as_ref(), Lane::Turn).await
     }
 
-    /// Sends `cmd` (a call of `script`, or a plain command) on a pooled connection, within
-    /// the command timeout.
-    pub(super) async fn send(
-        &self,
-        op: &'static str,
-        key: &Key,
-        cmd: &redis::Cmd,
-        script: Option<&Lua>,
-    ) -> Result<Value, Error> {
-        self.exchange(op, key, cmd, script, None).await.map(|w| w.reply)
+    /// Sends `cmd`, a plain command that reads `key`, on the connection of [`Lane::Read`],
+    /// within the command timeout.
+    pub(super) async fn read(&self, op: &'static str, key: &Key, cmd: &redis::Cmd) -> Result<Value, Error> {
+        self.exchange(op, key, cmd, None, None, Lane::Read).await.map(|w| w.reply)
     }
 
     /// [`send`](Self::send) of a write a caller acts on, followed by the `WAIT` when the store
     /// waits for replicas.
     pub(super) async fn send_written(&self, op: &'static str, key: &Key, cmd: &redis::Cmd) -> Result<Written, Error> {
-        self.exchange(op, key, cmd, None, self.inner.wait.as_ref()).await
+        self.exchange(op, key, cmd, None, self.inner.wait.as_ref(), Lane::Turn).await
     }
 
-    /// Sends `cmd`, and `wait` behind it in the same pipeline when given.
+    /// Sends `cmd` on a connection of `lane`, and `wait` behind it in the same pipeline when
+    /// given.
     async fn exchange(
         &self,
         op: &'static str,
@@ -359,13 +370,14 @@ impl RedisStore {
         cmd: &redis::Cmd,
         script: Option<&Lua>,
         wait: Option<&Wait>,
+        lane: Lane,
     ) -> Result<Written, Error> {
         // Boxed so that the futures of every store call stay small: they are moved into their
         // own boxes and into the timeout, and a large state machine would be copied each time.
         let work: BoxFuture<'_, Result<Written, Error>> = Box::pin(async {
             let mut retried = false;
             loop {
-                let mut conn = self.conn(op).await?;
+                let mut conn = self.conn(op, lane).await?;
                 let res = match (wait, script) {
                     (Some(wait), _) => {
                         exchange_waited(&mut conn, script, cmd, wait).await.and_then(|(reply, acked)| match acked {
@@ -420,7 +432,9 @@ impl RedisStore {
         written: bool,
     ) -> Result<Value, Error> {
         let wait = if written { self.inner.wait.as_ref() } else { None };
-        let reply = self.exchange(op, key, cmd, script, wait).await?;
+        // A load (a plain read) goes with the store's other reads.
+        let lane = if written || script.is_some() { Lane::Turn } else { Lane::Read };
+        let reply = self.exchange(op, key, cmd, script, wait, lane).await?;
         self.replicated(op, reply.replicas)?;
         Ok(reply.reply)
     }
@@ -438,7 +452,7 @@ impl RedisStore {
         for script in scripts {
             library_loaded = self
                 .timed("warm_up", async {
-                    let mut conn = self.conn("warm_up").await?;
+                    let mut conn = self.conn("warm_up", Lane::Turn).await?;
                     let res = script.load(&mut conn, library_loaded).await;
                     self.checked_reply("warm_up", res)
                 })
@@ -467,10 +481,13 @@ impl RedisStore {
     /// out per call the store keeps a few checked out in slots and sends each call on a clone of
     /// one; nothing is held exclusively while an action runs. When a connection fails, every
     /// slot is emptied and its connection taken out of the pool; the next calls refill the
-    /// slots from the pool.
-    async fn conn(&self, op: &'static str) -> Result<Conn, Error> {
+    /// slots from the pool. Which slot: see [`Lane`].
+    async fn conn(&self, op: &'static str, lane: Lane) -> Result<Conn, Error> {
         let conns = &self.inner.conns;
-        let slot = conns.next.fetch_add(1, Ordering::Relaxed) % conns.slots.len();
+        let slot = match lane {
+            Lane::Read => 0,
+            Lane::Turn => conns.next.fetch_add(1, Ordering::Relaxed) % conns.slots.len(),
+        };
         if let Some(kept) = lock(&conns.slots[slot]).as_ref() {
             return Ok(kept.handle());
         }

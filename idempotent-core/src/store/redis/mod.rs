@@ -355,7 +355,7 @@ impl RedisStore {
         if self.inner.order.read_first() {
             let mut cmd = deadpool_redis::redis::Cmd::with_capacity(2, 4 + self.inner.prefix.len() + 64);
             cmd.arg("GET").arg(Arg::Key(&self.inner.prefix, key));
-            match self.send("acquire", key, &cmd, None).await? {
+            match self.read("acquire", key, &cmd).await? {
                 Value::Nil => {}
                 Value::BulkString(record) => match self.read_record(key, record, &fp, token)? {
                     Some(answer) => return Ok(answer),
