@@ -652,6 +652,21 @@ fn main() {
         let (_, listed, inner, _) = commands(idx);
         println!("- {}: {listed}; inside scripts: {}", path.label(), if inner.is_empty() { "none" } else { &inner });
     }
+    // A script call's time includes the commands it ran, so the commands clients sent add up.
+    println!("\nRedis command time per call, by command clients sent (µs, `INFO commandstats` of the timed rounds):\n");
+    for ((c, idx), row) in &table {
+        let (_, _, _, share) = commands(*idx);
+        let calls = row.rounds.calls() as f64;
+        let by: Vec<String> = row
+            .stats
+            .iter()
+            .filter_map(|(name, (_, usec))| {
+                let sent = share.get(name).copied().unwrap_or(0.0);
+                (sent > 0.0).then(|| format!("{name}={:.2}", *usec as f64 * sent / calls))
+            })
+            .collect();
+        println!("- c={c} {}: {}", row.path.label(), by.join(" "));
+    }
 
     if wait {
         println!("\nWAIT 1 (a replica on loopback), against the same run's rows:\n");
