@@ -81,9 +81,11 @@ pub(super) enum Lane {
     /// Redis' event loop. At 64 callers this took Redis' CPU per replay from 9.2–9.6 µs to
     /// 5.2–6.2 µs and replays from 0.45–0.48× to 0.65–0.71× the raw `GET` (BENCHMARKS.md).
     Read,
-    /// Everything else: the connections in turn. A script call costs Redis several
-    /// microseconds; on several sockets Redis answers one connection's calls while the client
-    /// reads another's replies, and first executions measured slower on one connection.
+    /// Everything else: the other connections in turn (all of them when the store keeps one).
+    /// A script call costs Redis several microseconds; on several sockets Redis answers one
+    /// connection's calls while the client reads another's replies, and first executions
+    /// measured slower on one connection. Kept off the first connection, a write's `WAIT` or a
+    /// slow script never holds up the reads queued behind it there.
     Turn,
 }
 
@@ -486,7 +488,10 @@ impl RedisStore {
         let conns = &self.inner.conns;
         let slot = match lane {
             Lane::Read => 0,
-            Lane::Turn => conns.next.fetch_add(1, Ordering::Relaxed) % conns.slots.len(),
+            Lane::Turn => match conns.slots.len() {
+                1 => 0,
+                n => 1 + conns.next.fetch_add(1, Ordering::Relaxed) % (n - 1),
+            },
         };
         if let Some(kept) = lock(&conns.slots[slot]).as_ref() {
             return Ok(kept.handle());
