@@ -431,7 +431,7 @@ pub const REDIS_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// The store's client setup without the store, for the raw-round-trip floors: the same deadpool
 /// pool settings, `size` multiplexed connections checked out and kept, one picked round-robin
-/// per command (as `RedisStore` does).
+/// per command (as `RedisStore` picks for its writes; its plain reads all take its first).
 pub struct RawRedis {
     conns: Vec<MultiplexedConnection>,
     _held: Vec<deadpool_redis::Connection>,

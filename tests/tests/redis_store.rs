@@ -109,6 +109,8 @@ async fn reads_share_one_connection_and_writes_take_each_in_turn() {
     let server = RedisServer::start();
     let s = RedisStore::builder(server.url()).pool_size(4).build().unwrap();
     s.warm_up().await.unwrap();
+    let state: idempotent_core::state::State<Vec<String>> =
+        idempotent_core::state::State::new(s.clone(), idempotent_core::state::Scope::new(unique("thread")));
     let ctx = RunContext::new(s, unique("run"));
     let _: u8 = ctx.step("s").run(&0, |_| async { Ok::<_, Error>(0) }).await.unwrap();
     // After replays in a row, acquire reads first: each call below starts with a GET.
@@ -120,16 +122,19 @@ async fn reads_share_one_connection_and_writes_take_each_in_turn() {
         let _: u8 = ctx.step("s").run(&0, |_| async { Ok::<_, Error>(9) }).await.unwrap();
         let _: u8 = ctx.step("s").heartbeat(false).run(&i, |_| async move { Ok::<_, Error>(i) }).await.unwrap();
     }
+    // A state load is a plain read too.
+    assert_eq!(state.load().await.unwrap().value, None);
     let seen = monitor.finish();
     let sources = |wanted: fn(&str) -> bool| -> std::collections::BTreeSet<&str> {
         seen.client.iter().zip(&seen.sources).filter(|(c, _)| wanted(c)).map(|(_, s)| s.as_str()).collect()
     };
-    let reads = sources(|c| c == "get");
-    let writes = sources(|c| c != "get");
+    let reads = sources(|c| c == "get" || c == "hmget");
+    let writes = sources(|c| c != "get" && c != "hmget");
     assert_eq!(seen.client.iter().filter(|c| *c == "get").count(), 8, "{:?}", seen.client);
+    assert_eq!(seen.client.iter().filter(|c| *c == "hmget").count(), 1, "{:?}", seen.client);
     assert_eq!(reads.len(), 1, "the reads came on several connections: {reads:?} ({:?})", seen.client);
     // Four first executions: four SET NX GET and four complete calls, in turn over the other 3.
-    assert_eq!(seen.client.len() - 8, 8, "{:?}", seen.client);
+    assert_eq!(seen.client.len() - 9, 8, "{:?}", seen.client);
     assert_eq!(writes.len(), 3, "the writes did not take the other 3 connections in turn: {writes:?}");
     assert!(reads.is_disjoint(&writes), "a write went out on the reads' connection: {reads:?} {writes:?}");
 }

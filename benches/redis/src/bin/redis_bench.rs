@@ -12,7 +12,7 @@
 //!   calls its scripts by `EVALSHA` (functions off);
 //! - the floor, through the same redis client and connection setup as the store (`pool` multiplexed
 //!   connections checked out of a deadpool pool built with the store's settings, one picked
-//!   round-robin per command): for a replay one raw round trip (`GET`, and `EVALSHA` of a trivial
+//!   round-robin per command, where the store sends its plain reads on its first): for a replay one raw round trip (`GET`, and `EVALSHA` of a trivial
 //!   `GET` script), for a first execution two (`SET NX` + `SET`, and two `EVALSHA` of a trivial
 //!   `SET` script); and the raw floors again on one multiplexed connection, which at 64 callers
 //!   is often the faster (more commands per socket write and per pass of Redis' event loop):

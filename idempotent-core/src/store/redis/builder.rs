@@ -128,9 +128,10 @@ impl RedisStoreBuilder {
     /// not a consensus write: a master that acknowledged a write to `replicas` replicas can still
     /// fail over to another replica that did not get it (more replicas than `replicas`), and a
     /// shard with fewer than `replicas` replicas connected refuses every acquire until one is
-    /// back. While a replica lags, the `WAIT`s queue on the store's shared connections (the
-    /// server answers a connection's commands in order), so keep `timeout` well below the
-    /// command timeout; it must be below it, and at least 1 ms.
+    /// back. While a replica lags, the `WAIT`s queue on the connections the store writes on (all
+    /// but the first, where its reads go; the only one with `pool_size(1)`): the server answers
+    /// a connection's commands in order, so keep `timeout` well below the command timeout; it
+    /// must be below it, and at least 1 ms.
     ///
     /// A transition repeated after a lost reply (on another connection, by the same token) writes
     /// its record again unchanged, so that its `WAIT` covers it too. Renewals are waited for as

@@ -81,11 +81,11 @@ pub(super) enum Lane {
     /// Redis' event loop. At 64 callers this took Redis' CPU per replay from 9.2–9.6 µs to
     /// 5.2–6.2 µs and replays from 0.45–0.48× to 0.65–0.71× the raw `GET` (BENCHMARKS.md).
     Read,
-    /// Everything else: the other connections in turn (all of them when the store keeps one).
-    /// A script call costs Redis several microseconds; on several sockets Redis answers one
-    /// connection's calls while the client reads another's replies, and first executions
-    /// measured slower on one connection. Kept off the first connection, a write's `WAIT` or a
-    /// slow script never holds up the reads queued behind it there.
+    /// Everything else: the other connections in turn (the one connection when the store keeps
+    /// one). A script call costs Redis several microseconds; on several sockets Redis answers
+    /// one connection's calls while the client reads another's replies, and first executions
+    /// measured slower on one connection. Kept off the first connection, a write's `WAIT`
+    /// (which holds up the commands behind it on its connection) never delays the reads.
     Turn,
 }
 
@@ -357,8 +357,8 @@ impl RedisStore {
         self.exchange(op, key, cmd, None, None, Lane::Read).await.map(|w| w.reply)
     }
 
-    /// [`send`](Self::send) of a write a caller acts on, followed by the `WAIT` when the store
-    /// waits for replicas.
+    /// A plain command that writes `key`, a write a caller acts on: on a connection of
+    /// [`Lane::Turn`], followed by the `WAIT` when the store waits for replicas.
     pub(super) async fn send_written(&self, op: &'static str, key: &Key, cmd: &redis::Cmd) -> Result<Written, Error> {
         self.exchange(op, key, cmd, None, self.inner.wait.as_ref(), Lane::Turn).await
     }
