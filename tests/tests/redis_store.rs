@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use idempotent_core::record::{Abandon, Acquire, KEEP_RESOLVED_RELEASE, Labels, Resolution, Resolved, Transition};
 use idempotent_core::redis::{Script, Value};
+use idempotent_core::state::{Scope, State};
 use idempotent_core::store::redis::{layout, source};
 use idempotent_core::store::{Cursor, Deleted, Filter, RecordState};
 use idempotent_core::{
@@ -105,12 +106,11 @@ async fn first_execution_costs_two_commands_and_replay_one() {
 /// Plain reads go out on one connection, so that many callers' reads share its socket writes;
 /// script calls and writes take the store's other connections in turn. Seen by the server.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reads_share_one_connection_and_writes_take_each_in_turn() {
+async fn reads_share_one_connection_and_writes_take_the_others_in_turn() {
     let server = RedisServer::start();
     let s = RedisStore::builder(server.url()).pool_size(4).build().unwrap();
     s.warm_up().await.unwrap();
-    let state: idempotent_core::state::State<Vec<String>> =
-        idempotent_core::state::State::new(s.clone(), idempotent_core::state::Scope::new(unique("thread")));
+    let state: State<Vec<String>> = State::new(s.clone(), Scope::new(unique("thread")));
     let ctx = RunContext::new(s, unique("run"));
     let _: u8 = ctx.step("s").run(&0, |_| async { Ok::<_, Error>(0) }).await.unwrap();
     // After replays in a row, acquire reads first: each call below starts with a GET.

@@ -12,8 +12,8 @@
 //!   calls its scripts by `EVALSHA` (functions off);
 //! - the floor, through the same redis client and connection setup as the store (`pool` multiplexed
 //!   connections checked out of a deadpool pool built with the store's settings, one picked
-//!   round-robin per command, where the store sends its plain reads on its first): for a replay one raw round trip (`GET`, and `EVALSHA` of a trivial
-//!   `GET` script), for a first execution two (`SET NX` + `SET`, and two `EVALSHA` of a trivial
+//!   round-robin per command, where the store sends its plain reads on its first): for a replay
+//!   one raw round trip (`GET`, and `EVALSHA` of a trivial `GET` script), for a first execution two (`SET NX` + `SET`, and two `EVALSHA` of a trivial
 //!   `SET` script); and the raw floors again on one multiplexed connection, which at 64 callers
 //!   is often the faster (more commands per socket write and per pass of Redis' event loop):
 //!   every ratio is taken against the better of the two raw floors of its run;
@@ -31,8 +31,8 @@
 //!
 //! Rows are interleaved round by round (every row once, then every row again …, each round
 //! starting one row later) so that noise from other processes on the machine, and what one row
-//! leaves Redis to do, lands on all rows alike; calls/s is the median of the
-//! rounds, p50/p99 are over all rounds' calls together.
+//! leaves Redis to do, lands on all rows alike; calls/s is the median of the rounds, p50/p99 are
+//! over all rounds' calls together.
 
 use std::collections::BTreeMap;
 use std::hint::black_box;
