@@ -396,6 +396,7 @@ impl RedisServer {
                 } else {
                     // The client's address: after the database number.
                     names.sources.push(source.rsplit(' ').next().unwrap_or_default().to_owned());
+                    names.args.push(command.matches("\" \"").count());
                     names.client.push(name);
                 }
             }
@@ -419,6 +420,8 @@ pub struct Monitored {
     pub client: Vec<String>,
     /// The address (`host:port`) of the connection each of `client` came on.
     pub sources: Vec<String>,
+    /// How many arguments each of `client` had after its name.
+    pub args: Vec<usize>,
     /// Commands scripts ran.
     pub script: Vec<String>,
 }

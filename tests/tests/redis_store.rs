@@ -139,6 +139,107 @@ async fn reads_share_one_connection_and_writes_take_the_others_in_turn() {
     assert!(reads.is_disjoint(&writes), "a write went out on the reads' connection: {reads:?} {writes:?}");
 }
 
+/// Callers whose records are done (caller `i`'s result is `i * 7`), on a store that has replayed
+/// enough in a row to read first.
+async fn replaying(store: RedisStore, callers: u32) -> RunContext {
+    let ctx = RunContext::new(store, unique("run"));
+    for i in 0..callers {
+        let _: u32 = ctx.step("s").run(&i, |_| async move { Ok::<_, Error>(i * 7) }).await.unwrap();
+    }
+    for _ in 0..16 {
+        let _: u32 = ctx.step("s").run(&0, |_| async { Ok::<_, Error>(1) }).await.unwrap();
+    }
+    ctx
+}
+
+/// Starts the replays of `replaying`'s callers while the server is stopped. On a one-thread
+/// runtime, when this returns every caller has run up to its read (sent, or waiting to go out):
+/// each yields only there, and the spawned tasks run before this one runs again.
+async fn replays_while_stopped(
+    server: &RedisServer,
+    ctx: &RunContext,
+    callers: u32,
+) -> Vec<tokio::task::JoinHandle<Result<u32, Error>>> {
+    server.pause();
+    let started = (0..callers)
+        .map(|i| {
+            let ctx = ctx.clone();
+            tokio::spawn(async move {
+                ctx.step("s").run(&i, |_| async { Err::<u32, _>(Error::Config("ran again".into())) }).await
+            })
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    started
+}
+
+/// Under load, replays' reads wait for a read out to come back and go out together as one
+/// `MGET`; each caller still gets its own record.
+#[tokio::test(flavor = "current_thread")]
+async fn reads_under_load_go_out_together_and_each_caller_gets_its_own_record() {
+    const CALLERS: u32 = 100;
+    let server = RedisServer::start();
+    let s = RedisStore::builder(server.url()).pool_size(2).build().unwrap();
+    s.warm_up().await.unwrap();
+    let ctx = replaying(s, CALLERS).await;
+    let monitor = server.monitor();
+    let callers = replays_while_stopped(&server, &ctx, CALLERS).await;
+    server.resume();
+    for (i, caller) in (0..CALLERS).zip(callers) {
+        assert_eq!(caller.await.unwrap().unwrap(), i * 7, "caller {i} did not get its own record");
+    }
+    let seen = monitor.finish();
+    let keys = |name: &str| -> Vec<usize> {
+        seen.client.iter().zip(&seen.args).filter(|(c, _)| *c == name).map(|(_, n)| *n).collect()
+    };
+    let (gets, mgets) = (keys("get"), keys("mget"));
+    assert_eq!(seen.client.len(), gets.len() + mgets.len(), "a replay sent more than reads: {:?}", seen.client);
+    assert!(gets.iter().all(|n| *n == 1), "{gets:?}");
+    assert!(
+        mgets.iter().any(|n| *n > 1),
+        "no read went out together with others: {} GETs, MGETs of {mgets:?} keys",
+        gets.len()
+    );
+    assert_eq!(gets.len() + mgets.iter().sum::<usize>(), CALLERS as usize, "each caller's record is read once");
+}
+
+/// A caller that gives up while its read is out or waits holds up none of the others; and with
+/// no answer at all, a read that waits fails within the command timeout like one that is out.
+#[tokio::test(flavor = "current_thread")]
+async fn reads_waiting_together_outlive_callers_that_give_up_and_fail_in_time() {
+    const CALLERS: u32 = 100;
+    let server = RedisServer::start();
+    let s = RedisStore::builder(server.url()).pool_size(2).command_timeout(Duration::from_millis(300)).build().unwrap();
+    s.warm_up().await.unwrap();
+    let ctx = replaying(s, CALLERS).await;
+
+    // Every third caller gives up: the first ones had their reads out, the later ones waited.
+    let callers = replays_while_stopped(&server, &ctx, CALLERS).await;
+    for caller in callers.iter().step_by(3) {
+        caller.abort();
+    }
+    server.resume();
+    for (i, caller) in (0..CALLERS).zip(callers) {
+        match caller.await {
+            Err(e) => assert!(i % 3 == 0 && e.is_cancelled(), "caller {i}: {e}"),
+            Ok(res) => assert_eq!(res.unwrap(), i * 7, "caller {i} did not get its own record"),
+        }
+    }
+
+    // No answer: every caller fails, those whose reads waited too, within the timeout's bound.
+    let started = Instant::now();
+    let callers = replays_while_stopped(&server, &ctx, CALLERS).await;
+    for (i, caller) in (0..CALLERS).zip(callers) {
+        let err = caller.await.unwrap().unwrap_err();
+        assert!(err.is_store_failure(), "caller {i}: {err}");
+    }
+    let took = started.elapsed();
+    server.resume();
+    assert!(took < Duration::from_secs(3), "the callers took {took:?} to fail, far beyond the 300 ms timeout");
+    let again: u32 = ctx.step("s").run(&5, |_| async { Ok::<_, Error>(0) }).await.unwrap();
+    assert_eq!(again, 35, "after the outage the record replays");
+}
+
 /// An unreachable server fails the call closed within its timeout; when the server is back
 /// (restarted, scripts flushed) calls work again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

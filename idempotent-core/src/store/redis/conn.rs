@@ -168,7 +168,8 @@ impl redis::aio::ConnectionLike for Conn {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+/// `m`'s guard, also after a panic while it was held (the values it guards stay consistent).
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -465,7 +466,11 @@ impl RedisStore {
 
     /// Bounds `work` (connection wait included) by the command timeout. A call cut short may
     /// have left its connection mid-reply, so that connection is not used again.
-    async fn timed<T>(&self, op: &'static str, work: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
+    pub(super) async fn timed<T>(
+        &self,
+        op: &'static str,
+        work: impl Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
         match tokio::time::timeout(self.inner.timeout, work).await {
             Ok(res) => res,
             Err(_) => {

@@ -40,6 +40,7 @@ mod conn;
 #[doc(hidden)]
 pub mod layout;
 mod preflight;
+mod reads;
 pub(crate) mod script;
 
 pub use self::builder::RedisStoreBuilder;
@@ -192,6 +193,8 @@ struct Inner {
     /// The `WAIT` behind every write a caller acts on (see
     /// [`RedisStoreBuilder::wait_for_replicas`]); `None`: no waiting.
     wait: Option<Wait>,
+    /// Acquire's plain reads: how many are out, and those waiting to go out together.
+    reads: reads::Reads,
 }
 
 impl RedisStore {
@@ -270,6 +273,7 @@ impl RedisStore {
                 order: AcquireOrder::default(),
                 clock: ServerClock::default(),
                 wait,
+                reads: reads::Reads::default(),
             }),
         }
     }
@@ -353,9 +357,7 @@ impl RedisStore {
         // the `SET NX GET`.
         let mut absent = true;
         if self.inner.order.read_first() {
-            let mut cmd = deadpool_redis::redis::Cmd::with_capacity(2, 4 + self.inner.prefix.len() + 64);
-            cmd.arg("GET").arg(Arg::Key(&self.inner.prefix, key));
-            match self.read("acquire", key, &cmd).await? {
+            match self.read_record_bytes(key).await? {
                 Value::Nil => {}
                 Value::BulkString(record) => match self.read_record(key, record, &fp, token)? {
                     Some(answer) => return Ok(answer),

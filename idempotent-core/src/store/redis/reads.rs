@@ -1,0 +1,211 @@
+//! Acquire's plain reads of records (its `GET` first), sent together under load.
+//!
+//! A `GET` costs Redis about a microsecond of command time, and as much again to read the request
+//! and write the reply; an `MGET` of many keys costs a fraction of that per key, and the client
+//! sends and parses one request instead of many. So once [`BUSY`] reads are in flight and
+//! [`IN_FLIGHT`] requests are out, a read does not go out on its own: it waits, with the others
+//! that arrive meanwhile, and they go out together as one `MGET` when a request out comes back.
+//! Below that every read goes out at once, as a `GET`: while the server keeps up, a wait would
+//! only add a round trip. Under load a read waits at most for one request out.
+//!
+//! Nothing changes about what a read sees: a caller's read joins the queue after every write it
+//! awaited was answered, and the `MGET` that carries it goes out later still, on the connection
+//! of every other read ([`Lane::Read`](super::conn::Lane)), so it reads those writes as a `GET`
+//! would. Only standalone stores batch: on a cluster the keys of one `MGET` would have to share a
+//! hash slot.
+//!
+//! A batch is sent by a task of its own, so that a caller that gives up (a timeout, a dropped
+//! future) never strands the others; a caller that gives up while it waits only loses its place.
+//! Every wait is bounded by the store's command timeout, like the read itself.
+
+use std::sync::Mutex;
+
+use deadpool_redis::redis::{self, Value};
+use tokio::sync::oneshot;
+
+use super::RedisStore;
+use super::arg::Arg;
+use super::conn::lock;
+use crate::error::Error;
+use crate::key::Key;
+
+/// Reads in flight (keys out and waiting) below which every read goes out at once: while the
+/// server keeps up, a wait would only add its round trip.
+const BUSY: usize = 32;
+
+/// Requests out at once (`GET`s and `MGET`s) beyond which, once [`BUSY`], reads wait to go out
+/// together.
+const IN_FLIGHT: usize = 2;
+
+/// The most keys one `MGET` carries; the rest wait for the next.
+const MAX_BATCH: usize = 128;
+
+/// The reads of one store: how many are out, and the ones waiting to go out together.
+#[derive(Debug, Default)]
+pub(super) struct Reads(Mutex<Queue>);
+
+#[derive(Debug, Default)]
+struct Queue {
+    /// Requests out (`GET`s and `MGET`s).
+    out: usize,
+    /// Keys they carry.
+    keys_out: usize,
+    waiting: Vec<Waiter>,
+}
+
+impl Queue {
+    /// Whether a read (one more than those waiting) may go out now: while fewer than
+    /// [`IN_FLIGHT`] requests are out, or the reads out and waiting are too few for a batch to
+    /// pay for its wait.
+    fn may_send(&self) -> bool {
+        self.out < IN_FLIGHT || self.keys_out + self.waiting.len() < BUSY
+    }
+
+    /// Counts a request of `keys` keys out.
+    fn send(&mut self, keys: usize) {
+        self.out += 1;
+        self.keys_out += keys;
+    }
+}
+
+#[derive(Debug)]
+struct Waiter {
+    key: Key,
+    reply: oneshot::Sender<Result<Value, Error>>,
+}
+
+/// A read out (a `GET` or an `MGET` of `keys` keys): when it ends, however it ends, the reads
+/// that waited meanwhile go out.
+struct Out<'a> {
+    store: &'a RedisStore,
+    keys: usize,
+}
+
+impl Drop for Out<'_> {
+    fn drop(&mut self) {
+        let reads = &self.store.inner.reads;
+        let mut queue = lock(&reads.0);
+        queue.out -= 1;
+        queue.keys_out -= self.keys;
+        if queue.waiting.is_empty() || !queue.may_send() {
+            return;
+        }
+        let take = queue.waiting.len().min(MAX_BATCH);
+        let batch: Vec<Waiter> = queue.waiting.drain(..take).collect();
+        queue.send(batch.len());
+        drop(queue);
+        let store = self.store.clone();
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => {
+                rt.spawn(async move {
+                    let out = Out { store: &store, keys: batch.len() };
+                    send_batch(out.store, batch).await;
+                    drop(out);
+                });
+            }
+            // Dropped outside a runtime (one shutting down): nothing can be sent.
+            Err(_) => {
+                let mut queue = lock(&reads.0);
+                queue.out -= 1;
+                queue.keys_out -= batch.len();
+                drop(queue);
+                for waiter in batch {
+                    let _ = waiter.reply.send(Err(store.unsent()));
+                }
+            }
+        }
+    }
+}
+
+/// The record of each waiter, by one `MGET` (a `GET` when there is one).
+async fn send_batch(store: &RedisStore, batch: Vec<Waiter>) {
+    let prefix = &store.inner.prefix;
+    let mut cmd = redis::Cmd::with_capacity(1 + batch.len(), 5 + batch.len() * (prefix.len() + 64));
+    cmd.arg(if batch.len() == 1 { "GET" } else { "MGET" });
+    for waiter in &batch {
+        cmd.arg(Arg::Key(prefix, &waiter.key));
+    }
+    match store.read("acquire", &batch[0].key, &cmd).await {
+        Ok(Value::Array(values)) if values.len() == batch.len() => {
+            for (waiter, value) in batch.into_iter().zip(values) {
+                let _ = waiter.reply.send(Ok(value));
+            }
+        }
+        Ok(value) if batch.len() == 1 => {
+            let _ = batch.into_iter().next().map(|w| w.reply.send(Ok(value)));
+        }
+        Ok(other) => {
+            let reason = format!("unexpected MGET reply to {} keys: {other:?}", batch.len());
+            for waiter in batch {
+                let _ = waiter.reply.send(Err(store.unavailable(reason.clone())));
+            }
+        }
+        Err(e) => {
+            for waiter in batch {
+                let _ = waiter.reply.send(Err(copy(store, &e)));
+            }
+        }
+    }
+}
+
+/// The same error again, for each waiter of a batch (without the driver's error as a source).
+fn copy(store: &RedisStore, e: &Error) -> Error {
+    match e {
+        Error::Timeout { store, op, after } => Error::Timeout { store: store.clone(), op, after: *after },
+        Error::Unavailable { store, op, reason, .. } => {
+            Error::Unavailable { store: store.clone(), op, reason: reason.clone(), source: None }
+        }
+        Error::Corrupt { key, detail } => Error::Corrupt { key: key.clone(), detail: detail.clone() },
+        other => store.unavailable(other.to_string()),
+    }
+}
+
+impl RedisStore {
+    /// The record under `key` (its bytes, or `Nil`): read at once, or under load together with
+    /// the reads that arrive meanwhile (see the [module documentation](self)).
+    pub(super) async fn read_record_bytes(&self, key: &Key) -> Result<Value, Error> {
+        let prefix = &self.inner.prefix;
+        let get = || {
+            let mut cmd = redis::Cmd::with_capacity(2, 4 + prefix.len() + 64);
+            cmd.arg("GET").arg(Arg::Key(prefix, key));
+            cmd
+        };
+        if self.is_cluster() {
+            return self.read("acquire", key, &get()).await;
+        }
+        let waiting = {
+            let mut queue = lock(&self.inner.reads.0);
+            if queue.may_send() {
+                queue.send(1);
+                None
+            } else {
+                let (reply, waiting) = oneshot::channel();
+                queue.waiting.push(Waiter { key: *key, reply });
+                Some(waiting)
+            }
+        };
+        match waiting {
+            None => {
+                let out = Out { store: self, keys: 1 };
+                let value = self.read("acquire", key, &get()).await;
+                drop(out);
+                value
+            }
+            Some(waiting) => {
+                self.timed("acquire", async {
+                    waiting.await.unwrap_or_else(|_| Err(self.unavailable("the batch of reads was dropped".into())))
+                })
+                .await
+            }
+        }
+    }
+
+    /// What a waiter hears when its batch could not be sent.
+    fn unsent(&self) -> Error {
+        self.unavailable("the read could not be sent: no runtime to send it on".into())
+    }
+
+    fn unavailable(&self, reason: String) -> Error {
+        Error::Unavailable { store: self.inner.describe.clone(), op: "acquire", reason, source: None }
+    }
+}
