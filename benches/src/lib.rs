@@ -356,7 +356,7 @@ pub struct RunOptions {
     pub workers: usize,
     /// Concurrency levels to run.
     pub concurrencies: Vec<usize>,
-    /// Only rows whose name contains this.
+    /// Only rows whose name contains this, or one of its `|`-separated parts (see [`wanted`]).
     pub only: String,
 }
 
@@ -390,6 +390,12 @@ impl RunOptions {
     pub fn runtime(&self) -> tokio::runtime::Runtime {
         tokio::runtime::Builder::new_multi_thread().worker_threads(self.workers).enable_all().build().unwrap()
     }
+}
+
+/// Whether a row named `label` is one `--only` asks for: its name contains `only`, or one of
+/// `only`'s `|`-separated parts (`--only 'replay|GET'`).
+pub fn wanted(only: &str, label: &str) -> bool {
+    only.split('|').any(|part| label.contains(part))
 }
 
 /// Reads `--name value` from the command line, or `default`.

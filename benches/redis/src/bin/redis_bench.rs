@@ -16,15 +16,17 @@
 //!   one raw round trip (`GET`, and `EVALSHA` of a trivial `GET` script), for a first execution two (`SET NX` + `SET`, and two `EVALSHA` of a trivial
 //!   `SET` script); and the raw floors again on one multiplexed connection, which at 64 callers
 //!   is often the faster (more commands per socket write and per pass of Redis' event loop):
-//!   every ratio is taken against the better of the two raw floors of its run;
+//!   every ratio is taken against the better of the two raw floors of its run. The floors send
+//!   one command per call, as a hand-written client would; the store, under load, sends
+//!   acquire's reads together as one `MGET` (its `reads.rs`), which `INFO commandstats` shows;
 //! - with `--wait` (a replica started with `REPLICAOF`, attached to the server for the whole run):
 //!   first execution and replay on a second store built with `wait_for_replicas(1, 100 ms)`, and
 //!   the floor with `WAIT 1 100` pipelined behind each of its two `SET`s;
 //! - the peer: the `idempotent` crate 0.3.0's `ValkeyStore` (its one multiplexed connection, as
 //!   its constructor makes it), driven as its docs show (claim, run, complete; or the stored
 //!   response), on the same payloads, results and rotation of replay keys;
-//! - the commands each call sent, counted by `MONITOR` in a short pass of each row after the
-//!   timed rounds (`INFO commandstats` counts a script's commands as if a client had sent them,
+//! - the commands each call sent, counted by `MONITOR` in a short pass of each row at
+//!   concurrency 1 after the timed rounds (`INFO commandstats` counts a script's commands as if a client had sent them,
 //!   and cannot tell our acquire's `SET` from the `SET` inside the complete script), and the
 //!   time Redis spent executing them, from `INFO commandstats` of the timed rounds (a command's
 //!   time counted in the share clients sent, so a script's inner commands are not counted twice).
@@ -378,6 +380,13 @@ fn server_cpu(server: &RedisServer) -> Duration {
 }
 
 /// `INFO commandstats`: command → (calls, usec), the stats commands themselves left out.
+/// The share of `name`'s calls that clients sent, from the `MONITOR` pass (at concurrency 1). A
+/// command that pass did not see at all was sent by clients only under load (the store's `MGET`
+/// of reads that went out together), never by a script, which runs its commands at any load.
+fn sent_share(share: &BTreeMap<String, f64>, name: &str) -> f64 {
+    share.get(name).copied().unwrap_or(1.0)
+}
+
 fn command_stats(server: &RedisServer) -> BTreeMap<String, (u64, u64)> {
     let mut stats = BTreeMap::new();
     for line in info(server, "commandstats").lines() {
@@ -497,7 +506,7 @@ fn main() {
         .iter()
         .copied()
         .enumerate()
-        .filter(|(_, p)| p.label().contains(only.as_str()) && (wait || !p.waits()))
+        .filter(|(_, p)| idempotent_benches::wanted(&only, p.label()) && (wait || !p.waits()))
         .collect();
     let mut table: BTreeMap<(usize, usize), Row> = BTreeMap::new();
     let started = Instant::now();
@@ -619,8 +628,7 @@ fn main() {
         for ((c, idx), row) in table.range((concurrency, 0)..(concurrency + 1, 0)) {
             debug_assert_eq!(*c, concurrency);
             let (per_call, _, _, share) = commands(*idx);
-            let server_usec: f64 =
-                row.stats.iter().map(|(name, (_, usec))| *usec as f64 * share.get(name).copied().unwrap_or(0.0)).sum();
+            let server_usec: f64 = row.stats.iter().map(|(name, (_, usec))| *usec as f64 * sent_share(&share, name)).sum();
             let (lo, hi) = row.rounds.rate_range();
             let calls = row.rounds.calls() as f64;
             let (raw, tail, eval) = match floors(concurrency, row.path) {
@@ -664,7 +672,7 @@ fn main() {
             .stats
             .iter()
             .filter_map(|(name, (_, usec))| {
-                let sent = share.get(name).copied().unwrap_or(0.0);
+                let sent = sent_share(&share, name);
                 (sent > 0.0).then(|| format!("{name}={:.2}", *usec as f64 * sent / calls))
             })
             .collect();

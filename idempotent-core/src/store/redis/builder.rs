@@ -56,7 +56,8 @@ impl RedisStoreBuilder {
     /// Plain reads (acquire's `GET` first, a state load) always go out on the first connection,
     /// where many callers' reads share each socket write; script calls and writes take the
     /// others in turn (with one connection, it carries everything). So the size matters for
-    /// first executions and other writes.
+    /// first executions and other writes. Under load (16 or more reads in flight) acquire's
+    /// reads go out together, as one `MGET` per round trip, whatever the size.
     ///
     /// Tuning: more connections spread the client's work over more of its threads, fewer put
     /// more commands in each socket write and each pass of Redis' event loop. With 64 callers on

@@ -80,6 +80,7 @@ pub(super) enum Lane {
     /// reads of many callers share each write, each read of the replies and each pass of
     /// Redis' event loop. At 64 callers this took Redis' CPU per replay from 9.2–9.6 µs to
     /// 5.2–6.2 µs and replays from 0.45–0.48× to 0.65–0.71× the raw `GET` (BENCHMARKS.md).
+    /// Under load acquire's reads also go out together, as one `MGET` (`reads.rs`).
     Read,
     /// Everything else: the other connections in turn (the one connection when the store keeps
     /// one). A script call costs Redis several microseconds; on several sockets Redis answers

@@ -354,7 +354,7 @@ impl RedisStore {
         // After a run of replays, a plain `GET` first: a done record (or another payload's, or one
         // that needs attention) is the answer, for less than `SET NX GET` costs the server. A
         // record it cannot judge (a lease under this payload) goes to the script; no record, to
-        // the `SET NX GET`.
+        // the `SET NX GET`. Under load the `GET` goes out with others' as one `MGET` (`reads.rs`).
         let mut absent = true;
         if self.inner.order.read_first() {
             match self.read_record_bytes(key).await? {

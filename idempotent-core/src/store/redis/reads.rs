@@ -31,7 +31,7 @@ use crate::key::Key;
 
 /// Reads in flight (keys out and waiting) below which every read goes out at once: while the
 /// server keeps up, a wait would only add its round trip.
-const BUSY: usize = 32;
+const BUSY: usize = 16;
 
 /// Requests out at once (`GET`s and `MGET`s) beyond which, once [`BUSY`], reads wait to go out
 /// together.
@@ -207,5 +207,27 @@ impl RedisStore {
 
     fn unavailable(&self, reason: String) -> Error {
         Error::Unavailable { store: self.inner.describe.clone(), op: "acquire", reason, source: None }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{BUSY, IN_FLIGHT, Queue};
+
+    #[test]
+    fn reads_go_out_at_once_until_enough_are_in_flight_and_requests_are_out() {
+        // Below BUSY reads in flight, every read goes out at once, however many requests are out.
+        let mut queue = Queue::default();
+        for n in 0..BUSY {
+            assert!(queue.may_send(), "read {n} waited with {n} in flight");
+            queue.send(1);
+        }
+        assert!(!queue.may_send(), "{BUSY} reads in flight on {BUSY} requests: the next waits");
+        // Fewer than IN_FLIGHT requests out: a read (or the batch that waited) goes out whatever
+        // the load.
+        let mut queue = Queue { out: IN_FLIGHT - 1, keys_out: 4 * BUSY, waiting: Vec::new() };
+        assert!(queue.may_send());
+        queue.send(BUSY);
+        assert!(!queue.may_send(), "{IN_FLIGHT} requests out and {} reads in flight", 5 * BUSY);
     }
 }
