@@ -154,7 +154,9 @@ async fn replaying(store: RedisStore, callers: u32) -> RunContext {
 
 /// Starts the replays of `replaying`'s callers while the server is stopped. On a one-thread
 /// runtime, when this returns every caller has run up to its read (sent, or waiting to go out):
-/// each yields only there, and the spawned tasks run before this one runs again.
+/// each yields only there, and each of this task's yields lets the scheduler run up to a tick's
+/// worth of the others (61 in tokio 1.54) before this one runs again; one yield per caller is
+/// more than enough.
 async fn replays_while_stopped(
     server: &RedisServer,
     ctx: &RunContext,
@@ -169,7 +171,9 @@ async fn replays_while_stopped(
             })
         })
         .collect();
-    tokio::task::yield_now().await;
+    for _ in 0..callers {
+        tokio::task::yield_now().await;
+    }
     started
 }
 
@@ -238,6 +242,39 @@ async fn reads_waiting_together_outlive_callers_that_give_up_and_fail_in_time() 
     assert!(took < Duration::from_secs(3), "the callers took {took:?} to fail, far beyond the 300 ms timeout");
     let again: u32 = ctx.step("s").run(&5, |_| async { Ok::<_, Error>(0) }).await.unwrap();
     assert_eq!(again, 35, "after the outage the record replays");
+}
+
+/// A read out whose caller stops polling it holds up the reads waiting behind it for no longer
+/// than half the command timeout: they then go out alone.
+#[tokio::test(flavor = "current_thread")]
+async fn waiting_reads_go_out_alone_when_the_reads_out_are_never_polled_again() {
+    let server = RedisServer::start();
+    let s = RedisStore::builder(server.url()).pool_size(2).command_timeout(Duration::from_millis(400)).build().unwrap();
+    s.warm_up().await.unwrap();
+    let ctx = replaying(s, 24).await;
+    let replay = |i: u32| {
+        let ctx = ctx.clone();
+        async move { ctx.step("s").run(&i, |_| async { Err::<u32, _>(Error::Config("ran again".into())) }).await }
+    };
+    // Sixteen replays polled once (each sends its read) and then never again: their reads stay
+    // counted as out, so the store is busy and every further read waits.
+    let mut held: Vec<futures_util::future::LocalBoxFuture<'_, Result<u32, Error>>> =
+        (0..16).map(|i| Box::pin(replay(i)) as _).collect();
+    for f in &mut held {
+        std::future::poll_fn(|cx| {
+            assert!(f.as_mut().poll(cx).is_pending(), "a replay answered before its reply could arrive");
+            std::task::Poll::Ready(())
+        })
+        .await;
+    }
+    let started = Instant::now();
+    for i in 16..24 {
+        assert_eq!(replay(i).await.unwrap(), i * 7, "caller {i} did not get its own record");
+    }
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(8 * 200), "the waiting reads did not wait: {took:?}");
+    assert!(took < Duration::from_secs(8), "the waiting reads took {took:?}");
+    drop(held);
 }
 
 /// An unreachable server fails the call closed within its timeout; when the server is back

@@ -16,8 +16,11 @@
 //!
 //! A batch is sent by a task of its own, so that a caller that gives up (a timeout, a dropped
 //! future) never strands the others; a caller that gives up while it waits only loses its place.
-//! Every wait is bounded by the store's command timeout, like the read itself.
+//! A read that has waited half the store's command timeout goes out alone (its batch is late, or
+//! the caller of a read out stopped polling it), and every wait is bounded by the timeout, like
+//! the read itself.
 
+use std::borrow::Borrow;
 use std::sync::Mutex;
 
 use deadpool_redis::redis::{self, Value};
@@ -74,46 +77,44 @@ struct Waiter {
     reply: oneshot::Sender<Result<Value, Error>>,
 }
 
-/// A read out (a `GET` or an `MGET` of `keys` keys): when it ends, however it ends, the reads
-/// that waited meanwhile go out.
-struct Out<'a> {
-    store: &'a RedisStore,
+/// A read out (a `GET` or an `MGET` of `keys` keys), counted until this is dropped: then,
+/// however the read ended (answered, failed, cancelled, its task dropped unrun), the reads that
+/// waited meanwhile go out. Holds the store by reference for a caller's own read, owned for a
+/// batch's task.
+struct Out<S: Borrow<RedisStore>> {
+    store: S,
     keys: usize,
 }
 
-impl Drop for Out<'_> {
+impl<S: Borrow<RedisStore>> Drop for Out<S> {
     fn drop(&mut self) {
-        let reads = &self.store.inner.reads;
-        let mut queue = lock(&reads.0);
+        let store = self.store.borrow();
+        let mut queue = lock(&store.inner.reads.0);
         queue.out -= 1;
         queue.keys_out -= self.keys;
         if queue.waiting.is_empty() || !queue.may_send() {
             return;
         }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            // Dropped outside a runtime (one shutting down): nothing can be sent, and the
+            // waiters hear so.
+            let waiting = std::mem::take(&mut queue.waiting);
+            drop(queue);
+            for waiter in waiting {
+                let _ = waiter.reply.send(Err(store.unsent()));
+            }
+            return;
+        };
         let take = queue.waiting.len().min(MAX_BATCH);
         let batch: Vec<Waiter> = queue.waiting.drain(..take).collect();
         queue.send(batch.len());
         drop(queue);
-        let store = self.store.clone();
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                rt.spawn(async move {
-                    let out = Out { store: &store, keys: batch.len() };
-                    send_batch(out.store, batch).await;
-                    drop(out);
-                });
-            }
-            // Dropped outside a runtime (one shutting down): nothing can be sent.
-            Err(_) => {
-                let mut queue = lock(&reads.0);
-                queue.out -= 1;
-                queue.keys_out -= batch.len();
-                drop(queue);
-                for waiter in batch {
-                    let _ = waiter.reply.send(Err(store.unsent()));
-                }
-            }
-        }
+        // Counted from here: a task dropped before it runs still gives its count back.
+        let out = Out { store: store.clone(), keys: batch.len() };
+        rt.spawn(async move {
+            send_batch(&out.store, batch).await;
+            drop(out);
+        });
     }
 }
 
@@ -191,11 +192,22 @@ impl RedisStore {
                 drop(out);
                 value
             }
-            Some(waiting) => {
-                self.timed("acquire", async {
-                    waiting.await.unwrap_or_else(|_| Err(self.unavailable("the batch of reads was dropped".into())))
+            Some(mut waiting) => {
+                let timeout = self.inner.timeout;
+                // Answered by its batch within half the timeout, or else read alone (its batch
+                // is late, or was never sent): a read out whose caller stopped polling holds
+                // no one up for longer.
+                let wait = async {
+                    match tokio::time::timeout(timeout / 2, &mut waiting).await {
+                        Ok(Ok(value)) => value,
+                        Ok(Err(_)) | Err(_) => self.read("acquire", key, &get()).await,
+                    }
+                };
+                // Bounded like the read itself, but without discarding the connections: a
+                // waiter's wait is not a sign that they broke.
+                tokio::time::timeout(timeout, wait).await.unwrap_or_else(|_| {
+                    Err(Error::Timeout { store: self.inner.describe.clone(), op: "acquire", after: timeout })
                 })
-                .await
             }
         }
     }
