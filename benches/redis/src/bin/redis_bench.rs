@@ -26,8 +26,9 @@
 //!   its constructor makes it), driven as its docs show (claim, run, complete; or the stored
 //!   response), on the same payloads, results and rotation of replay keys;
 //! - the commands each call sent, counted by `MONITOR` in a short pass of each row at
-//!   concurrency 1 after the timed rounds (`INFO commandstats` counts a script's commands as if a client had sent them,
-//!   and cannot tell our acquire's `SET` from the `SET` inside the complete script), and the
+//!   concurrency 1 after the timed rounds (`INFO commandstats` counts a script's commands as if a
+//!   client had sent them, and cannot tell our acquire's `SET` from the `SET` inside the complete
+//!   script), and the
 //!   time Redis spent executing them, from `INFO commandstats` of the timed rounds (a command's
 //!   time counted in the share clients sent, so a script's inner commands are not counted twice).
 //!
@@ -379,7 +380,6 @@ fn server_cpu(server: &RedisServer) -> Duration {
     Duration::from_secs_f64(field("used_cpu_user:") + field("used_cpu_sys:"))
 }
 
-/// `INFO commandstats`: command → (calls, usec), the stats commands themselves left out.
 /// The share of `name`'s calls that clients sent, from the `MONITOR` pass (at concurrency 1). A
 /// command that pass did not see at all was sent by clients only under load (the store's `MGET`
 /// of reads that went out together), never by a script, which runs its commands at any load.
@@ -387,6 +387,7 @@ fn sent_share(share: &BTreeMap<String, f64>, name: &str) -> f64 {
     share.get(name).copied().unwrap_or(1.0)
 }
 
+/// `INFO commandstats`: command → (calls, usec), the stats commands themselves left out.
 fn command_stats(server: &RedisServer) -> BTreeMap<String, (u64, u64)> {
     let mut stats = BTreeMap::new();
     for line in info(server, "commandstats").lines() {

@@ -467,16 +467,12 @@ impl RedisStore {
 
     /// Bounds `work` (connection wait included) by the command timeout. A call cut short may
     /// have left its connection mid-reply, so that connection is not used again.
-    pub(super) async fn timed<T>(
-        &self,
-        op: &'static str,
-        work: impl Future<Output = Result<T, Error>>,
-    ) -> Result<T, Error> {
+    async fn timed<T>(&self, op: &'static str, work: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
         match tokio::time::timeout(self.inner.timeout, work).await {
             Ok(res) => res,
             Err(_) => {
                 self.discard_all();
-                Err(Error::Timeout { store: self.describe(), op, after: self.inner.timeout })
+                Err(self.timeout_error(op))
             }
         }
     }
@@ -550,10 +546,10 @@ impl RedisStore {
     fn pool_error(&self, op: &'static str, e: deadpool_redis::PoolError) -> Error {
         match &e {
             deadpool_redis::PoolError::Timeout(_) => {
-                return Error::Timeout { store: self.describe(), op, after: self.inner.timeout };
+                return self.timeout_error(op);
             }
             deadpool_redis::PoolError::Backend(b) if b.is_timeout() => {
-                return Error::Timeout { store: self.describe(), op, after: self.inner.timeout };
+                return self.timeout_error(op);
             }
             _ => {}
         }
@@ -564,9 +560,14 @@ impl RedisStore {
         Error::Unavailable { store: self.describe(), op, reason, source: Some(Box::new(e) as BoxError) }
     }
 
+    /// `op` did not answer within the command timeout.
+    pub(super) fn timeout_error(&self, op: &'static str) -> Error {
+        Error::Timeout { store: self.describe(), op, after: self.inner.timeout }
+    }
+
     fn redis_error(&self, op: &'static str, e: redis::RedisError) -> Error {
         if e.is_timeout() {
-            return Error::Timeout { store: self.describe(), op, after: self.inner.timeout };
+            return self.timeout_error(op);
         }
         Error::Unavailable { store: self.describe(), op, reason: e.to_string(), source: Some(Box::new(e)) }
     }

@@ -118,14 +118,20 @@ impl<S: Borrow<RedisStore>> Drop for Out<S> {
     }
 }
 
+/// The read of the records under `keys`: a `GET` of one, an `MGET` of more.
+fn read_cmd<'a>(prefix: &str, keys: impl ExactSizeIterator<Item = &'a Key>) -> redis::Cmd {
+    let n = keys.len();
+    let mut cmd = redis::Cmd::with_capacity(1 + n, 5 + n * (prefix.len() + 64));
+    cmd.arg(if n == 1 { "GET" } else { "MGET" });
+    for key in keys {
+        cmd.arg(Arg::Key(prefix, key));
+    }
+    cmd
+}
+
 /// The record of each waiter, by one `MGET` (a `GET` when there is one).
 async fn send_batch(store: &RedisStore, batch: Vec<Waiter>) {
-    let prefix = &store.inner.prefix;
-    let mut cmd = redis::Cmd::with_capacity(1 + batch.len(), 5 + batch.len() * (prefix.len() + 64));
-    cmd.arg(if batch.len() == 1 { "GET" } else { "MGET" });
-    for waiter in &batch {
-        cmd.arg(Arg::Key(prefix, &waiter.key));
-    }
+    let cmd = read_cmd(&store.inner.prefix, batch.iter().map(|w| &w.key));
     match store.read("acquire", &batch[0].key, &cmd).await {
         Ok(Value::Array(values)) if values.len() == batch.len() => {
             for (waiter, value) in batch.into_iter().zip(values) {
@@ -165,12 +171,7 @@ impl RedisStore {
     /// The record under `key` (its bytes, or `Nil`): read at once, or under load together with
     /// the reads that arrive meanwhile (see the [module documentation](self)).
     pub(super) async fn read_record_bytes(&self, key: &Key) -> Result<Value, Error> {
-        let prefix = &self.inner.prefix;
-        let get = || {
-            let mut cmd = redis::Cmd::with_capacity(2, 4 + prefix.len() + 64);
-            cmd.arg("GET").arg(Arg::Key(prefix, key));
-            cmd
-        };
+        let get = || read_cmd(&self.inner.prefix, std::iter::once(key));
         if self.is_cluster() {
             return self.read("acquire", key, &get()).await;
         }
@@ -205,9 +206,7 @@ impl RedisStore {
                 };
                 // Bounded like the read itself, but without discarding the connections: a
                 // waiter's wait is not a sign that they broke.
-                tokio::time::timeout(timeout, wait).await.unwrap_or_else(|_| {
-                    Err(Error::Timeout { store: self.inner.describe.clone(), op: "acquire", after: timeout })
-                })
+                tokio::time::timeout(timeout, wait).await.unwrap_or_else(|_| Err(self.timeout_error("acquire")))
             }
         }
     }
