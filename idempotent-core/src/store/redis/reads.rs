@@ -25,6 +25,7 @@ use std::sync::Mutex;
 
 use deadpool_redis::redis::{self, Value};
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
 use super::RedisStore;
 use super::arg::Arg;
@@ -193,20 +194,20 @@ impl RedisStore {
                 drop(out);
                 value
             }
-            Some(mut waiting) => {
-                let timeout = self.inner.timeout;
+            Some(waiting) => {
+                let (start, timeout) = (Instant::now(), self.inner.timeout);
                 // Answered by its batch within half the timeout, or else read alone (its batch
                 // is late, or was never sent): a read out whose caller stopped polling holds
-                // no one up for longer.
-                let wait = async {
-                    match tokio::time::timeout(timeout / 2, &mut waiting).await {
-                        Ok(Ok(value)) => value,
-                        Ok(Err(_)) | Err(_) => self.read("acquire", key, &get()).await,
-                    }
-                };
-                // Bounded like the read itself, but without discarding the connections: a
-                // waiter's wait is not a sign that they broke.
-                tokio::time::timeout(timeout, wait).await.unwrap_or_else(|_| Err(self.timeout_error("acquire")))
+                // no one up for longer. One timer while it waits, a second only for the read
+                // alone.
+                match tokio::time::timeout_at(start + timeout / 2, waiting).await {
+                    Ok(Ok(value)) => value,
+                    // Bounded like the read itself, from the start of the wait, but without
+                    // discarding the connections: a waiter's wait is not a sign that they broke.
+                    Ok(Err(_)) | Err(_) => tokio::time::timeout_at(start + timeout, self.read("acquire", key, &get()))
+                        .await
+                        .unwrap_or_else(|_| Err(self.timeout_error("acquire"))),
+                }
             }
         }
     }
