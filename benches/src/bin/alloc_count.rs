@@ -1,7 +1,7 @@
 //! Heap allocations per call, ours next to the floor: a count that machine noise does not move.
 //!
 //! ```text
-//! cargo run --release -p idempotent-benches --bin alloc_count [-- --calls 20000]
+//! cargo run --release -p idempotent-benches --bin alloc_count [-- --calls 20000 --concurrency 1]
 //! # the library crates' metrics on, with a Prometheus recorder installed (or `--no-recorder`)
 //! cargo run --release -p idempotent-benches --features metrics --bin alloc_count
 //! ```
@@ -14,6 +14,10 @@
 //! that everything a call causes — the Redis connection's driver task and hyper-free in-process
 //! service calls included — is counted, and nothing else is.
 //!
+//! `--concurrency 64` keeps 64 calls in flight on that one thread, as 64 callers would: the Redis
+//! store then sends its reads together (`MGET`), and the counts are those of that path. Run under
+//! callgrind, either mode gives instructions per call (see BENCHMARKS.md).
+//!
 //! HTTP rows call the axum `Router` in process (`tower::ServiceExt::oneshot`), without hyper:
 //! they count what the layer adds, not the connection's buffers.
 
@@ -21,13 +25,15 @@
 #![allow(unsafe_code)]
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::{Cell, RefCell};
 use std::hint::black_box;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::http::{Request, StatusCode};
 use axum::routing::post;
+use futures_util::future::join_all;
 use idempotent_benches::{RawRedis, Refund, RefundResult, arg};
 use idempotent_core::record::Acquire;
 use idempotent_core::redis::{self, Value};
@@ -109,19 +115,34 @@ async fn replay(ctx: &RunContext, step: &str, payload: &Refund) {
     black_box(r);
 }
 
-/// Runs `call` `calls` times (after as many warm-up calls) and returns allocations and bytes per call.
-async fn per_call<F, Fut>(calls: u64, mut call: F) -> (f64, f64)
+/// Calls in flight at once (`--concurrency`, default 1: one after another).
+static CONCURRENCY: AtomicUsize = AtomicUsize::new(1);
+
+/// Runs `call` `calls` times (after as many warm-up calls) and returns allocations and bytes per
+/// call. With `--concurrency N`, N callers on the one thread each make their calls one after
+/// another, so that N are in flight at once: under load the Redis store sends its reads
+/// together, and this counts what that path costs. (The callers are made once per run, so they
+/// add nothing per call.)
+async fn per_call<F, Fut>(calls: u64, call: F) -> (f64, f64)
 where
     F: FnMut(u64) -> Fut,
     Fut: Future<Output = ()>,
 {
-    for i in 0..calls {
-        call(i).await;
-    }
+    let (call, next) = (RefCell::new(call), Cell::new(0));
+    let run = async |end: u64| {
+        let caller = async || {
+            while next.get() < end {
+                let i = next.get();
+                next.set(i + 1);
+                let call = call.borrow_mut()(i);
+                call.await;
+            }
+        };
+        join_all((0..CONCURRENCY.load(Ordering::Relaxed)).map(|_| caller())).await;
+    };
+    run(calls).await;
     let (a0, b0) = (ALLOCS.load(Ordering::Relaxed), BYTES.load(Ordering::Relaxed));
-    for i in calls..2 * calls {
-        call(i).await;
-    }
+    run(2 * calls).await;
     let (a1, b1) = (ALLOCS.load(Ordering::Relaxed), BYTES.load(Ordering::Relaxed));
     ((a1 - a0) as f64 / calls as f64, (b1 - b0) as f64 / calls as f64)
 }
@@ -183,8 +204,10 @@ async fn http_rows<const N: usize>(calls: u64, only: &str, layers: [(&str, Idemp
 
 fn main() {
     let calls: u64 = arg("--calls", 20_000);
+    CONCURRENCY.store(arg("--concurrency", 1usize).max(1), Ordering::Relaxed);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    println!("{}\n", idempotent_benches::metrics_setup());
+    println!("{}", idempotent_benches::metrics_setup());
+    println!("calls in flight at once: {}\n", CONCURRENCY.load(Ordering::Relaxed));
     println!("| path | allocations per call | vs floor | bytes asked per call |");
     println!("|---|--:|--:|--:|");
     // `--only <part of a row name>`: only the rows whose name contains it (for callgrind and
