@@ -49,12 +49,25 @@ struct Counting;
 
 static ALLOCS: AtomicU64 = AtomicU64::new(0);
 static BYTES: AtomicU64 = AtomicU64::new(0);
+/// Allocations of more than [`TCACHE_MAX`] bytes.
+static LARGE: AtomicU64 = AtomicU64::new(0);
+
+/// The largest block glibc's per-thread cache serves: a larger one takes malloc's slow path, and
+/// its arena's lock (see BENCHMARKS.md, "Allocator and future-size notes").
+const TCACHE_MAX: usize = 1032;
+
+fn count(size: usize) {
+    ALLOCS.fetch_add(1, Ordering::Relaxed);
+    BYTES.fetch_add(size as u64, Ordering::Relaxed);
+    if size > TCACHE_MAX {
+        LARGE.fetch_add(1, Ordering::Relaxed);
+    }
+}
 
 // SAFETY: every method forwards to `System` unchanged; the counters are plain atomics.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        BYTES.fetch_add(layout.size() as u64, Ordering::Relaxed);
+        count(layout.size());
         // SAFETY: the caller's contract is `System`'s.
         unsafe { System.alloc(layout) }
     }
@@ -65,8 +78,7 @@ unsafe impl GlobalAlloc for Counting {
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCS.fetch_add(1, Ordering::Relaxed);
-        BYTES.fetch_add(new_size as u64, Ordering::Relaxed);
+        count(new_size);
         // SAFETY: as above.
         unsafe { System.realloc(ptr, layout, new_size) }
     }
@@ -118,12 +130,12 @@ async fn replay(ctx: &RunContext, step: &str, payload: &Refund) {
 /// Calls in flight at once (`--concurrency`, default 1: one after another).
 static CONCURRENCY: AtomicUsize = AtomicUsize::new(1);
 
-/// Runs `call` `calls` times (after as many warm-up calls) and returns allocations and bytes per
-/// call. With `--concurrency N`, N callers on the one thread each make their calls one after
+/// Runs `call` `calls` times (after as many warm-up calls) and returns allocations, bytes and
+/// allocations over [`TCACHE_MAX`] bytes per call. With `--concurrency N`, N callers on the one thread each make their calls one after
 /// another, so that N are in flight at once: under load the Redis store sends its reads
 /// together, and this counts what that path costs. (The callers are made once per run, so they
 /// add nothing per call.)
-async fn per_call<F, Fut>(calls: u64, call: F) -> (f64, f64)
+async fn per_call<F, Fut>(calls: u64, call: F) -> (f64, f64, f64)
 where
     F: FnMut(u64) -> Fut,
     Fut: Future<Output = ()>,
@@ -141,15 +153,17 @@ where
         join_all((0..CONCURRENCY.load(Ordering::Relaxed)).map(|_| caller())).await;
     };
     run(calls).await;
-    let (a0, b0) = (ALLOCS.load(Ordering::Relaxed), BYTES.load(Ordering::Relaxed));
+    let counters = || [&ALLOCS, &BYTES, &LARGE].map(|c| c.load(Ordering::Relaxed));
+    let before = counters();
     run(2 * calls).await;
-    let (a1, b1) = (ALLOCS.load(Ordering::Relaxed), BYTES.load(Ordering::Relaxed));
-    ((a1 - a0) as f64 / calls as f64, (b1 - b0) as f64 / calls as f64)
+    let after = counters();
+    let [allocs, bytes, large] = std::array::from_fn(|i| (after[i] - before[i]) as f64 / calls as f64);
+    (allocs, bytes, large)
 }
 
-fn row(name: &str, (allocs, bytes): (f64, f64), floor: Option<(f64, f64)>) {
-    let vs = floor.map_or(String::new(), |(fa, _)| format!("{:+.1}", allocs - fa));
-    println!("| {name} | {allocs:.1} | {vs} | {bytes:.0} |");
+fn row(name: &str, (allocs, bytes, large): (f64, f64, f64), floor: Option<(f64, f64, f64)>) {
+    let vs = floor.map_or(String::new(), |(fa, ..)| format!("{:+.1}", allocs - fa));
+    println!("| {name} | {allocs:.1} | {vs} | {bytes:.0} | {large:.1} |");
 }
 
 /// The bare router's row, then a first-request and a replay row for each layer; only the rows
@@ -208,8 +222,8 @@ fn main() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     println!("{}", idempotent_benches::metrics_setup());
     println!("calls in flight at once: {}\n", CONCURRENCY.load(Ordering::Relaxed));
-    println!("| path | allocations per call | vs floor | bytes asked per call |");
-    println!("|---|--:|--:|--:|");
+    println!("| path | allocations per call | vs floor | bytes asked per call | of them over {TCACHE_MAX} B |");
+    println!("|---|--:|--:|--:|--:|");
     // `--only <part of a row name>`: only the rows whose name contains it (for callgrind and
     // dhat); the Redis server starts only when a Redis row is among them.
     let only: String = arg("--only", String::new());

@@ -172,9 +172,8 @@ impl RedisStore {
     /// The record under `key` (its bytes, or `Nil`): read at once, or under load together with
     /// the reads that arrive meanwhile (see the [module documentation](self)).
     pub(super) async fn read_record_bytes(&self, key: &Key) -> Result<Value, Error> {
-        let get = || read_cmd(&self.inner.prefix, std::iter::once(key));
         if self.is_cluster() {
-            return self.read("acquire", key, &get()).await;
+            return self.read_alone(key).await;
         }
         let waiting = {
             let mut queue = lock(&self.inner.reads.0);
@@ -187,29 +186,44 @@ impl RedisStore {
                 Some(waiting)
             }
         };
+        // Each way in a future of its own, so that this one holds the larger of the two rather
+        // than the locals of both: it is part of every acquire's boxed future (kept within
+        // glibc's per-thread cache, see BENCHMARKS.md).
         match waiting {
             None => {
                 let out = Out { store: self, keys: 1 };
-                let value = self.read("acquire", key, &get()).await;
+                let value = self.read_alone(key).await;
                 drop(out);
                 value
             }
-            Some(waiting) => {
-                let (start, timeout) = (Instant::now(), self.inner.timeout);
-                // Answered by its batch within half the timeout, or else read alone (its batch
-                // is late, or was never sent): a read out whose caller stopped polling holds
-                // no one up for longer. One timer while it waits, a second only for the read
-                // alone.
-                match tokio::time::timeout_at(start + timeout / 2, waiting).await {
-                    Ok(Ok(value)) => value,
-                    // Bounded like the read itself, from the start of the wait, but without
-                    // discarding the connections: a waiter's wait is not a sign that they broke.
-                    Ok(Err(_)) | Err(_) => tokio::time::timeout_at(start + timeout, self.read("acquire", key, &get()))
-                        .await
-                        .unwrap_or_else(|_| Err(self.timeout_error("acquire"))),
-                }
-            }
+            Some(waiting) => self.wait_for_batch(key, waiting).await,
         }
+    }
+
+    /// The record under `key`, read on its own (a `GET`).
+    async fn read_alone(&self, key: &Key) -> Result<Value, Error> {
+        self.read("acquire", key, &read_cmd(&self.inner.prefix, std::iter::once(key))).await
+    }
+
+    /// The record under `key` from the batch `waiting` is answered by, within half the command
+    /// timeout, or else read alone (its batch is late, or was never sent): a read out whose
+    /// caller stopped polling holds no one up for longer. One timer while it waits, a second
+    /// only for the read alone.
+    async fn wait_for_batch(
+        &self,
+        key: &Key,
+        waiting: oneshot::Receiver<Result<Value, Error>>,
+    ) -> Result<Value, Error> {
+        let (start, timeout) = (Instant::now(), self.inner.timeout);
+        if let Ok(Ok(value)) = tokio::time::timeout_at(start + timeout / 2, waiting).await {
+            return value;
+        }
+        // Bounded like the read itself, from the start of the wait, but without discarding the
+        // connections: a waiter's wait is not a sign that they broke. Boxed: only a late batch
+        // needs it, and inline it would grow every read's future.
+        Box::pin(tokio::time::timeout_at(start + timeout, self.read_alone(key)))
+            .await
+            .unwrap_or_else(|_| Err(self.timeout_error("acquire")))
     }
 
     /// What a waiter hears when its batch could not be sent.
