@@ -207,6 +207,26 @@ async fn reads_under_load_go_out_together_and_each_caller_gets_its_own_record() 
     assert_eq!(gets.len() + mgets.iter().sum::<usize>(), CALLERS as usize, "each caller's record is read once");
 }
 
+/// A command timeout too long to add to the clock (`Duration::MAX`, no bound in effect) is
+/// taken by reads that wait to go out together as by every other call: no panic, each caller
+/// its own record.
+#[tokio::test(flavor = "current_thread")]
+async fn waiting_reads_take_a_command_timeout_too_long_for_the_clock() {
+    const CALLERS: u32 = 40;
+    let server = RedisServer::start();
+    let s = RedisStore::builder(server.url()).pool_size(2).command_timeout(Duration::MAX).build().unwrap();
+    s.warm_up().await.unwrap();
+    let ctx = replaying(s, CALLERS).await;
+    let monitor = server.monitor();
+    let callers = replays_while_stopped(&server, &ctx, CALLERS).await;
+    server.resume();
+    for (i, caller) in (0..CALLERS).zip(callers) {
+        assert_eq!(caller.await.expect("a caller panicked").unwrap(), i * 7, "caller {i} did not get its own record");
+    }
+    let seen = monitor.finish();
+    assert!(seen.client.iter().any(|c| c == "mget"), "no read waited to go out together: {:?}", seen.client);
+}
+
 /// A caller that gives up while its read is out or waits holds up none of the others; and with
 /// no answer at all, a read that waits fails within the command timeout like one that is out.
 #[tokio::test(flavor = "current_thread")]

@@ -186,9 +186,8 @@ impl RedisStore {
                 Some(waiting)
             }
         };
-        // Each way in a future of its own, so that this one holds the larger of the two rather
-        // than the locals of both: it is part of every acquire's boxed future (kept within
-        // glibc's per-thread cache, see BENCHMARKS.md).
+        // Each way in a future of its own: this future is part of every acquire's boxed one,
+        // which this keeps within glibc's per-thread cache (see BENCHMARKS.md).
         match waiting {
             None => {
                 let out = Out { store: self, keys: 1 };
@@ -207,21 +206,24 @@ impl RedisStore {
 
     /// The record under `key` from the batch `waiting` is answered by, within half the command
     /// timeout, or else read alone (its batch is late, or was never sent): a read out whose
-    /// caller stopped polling holds no one up for longer. One timer while it waits, a second
-    /// only for the read alone.
+    /// caller stopped polling holds no one up for longer. One timer while it waits; a read alone
+    /// brings its own.
     async fn wait_for_batch(
         &self,
         key: &Key,
         waiting: oneshot::Receiver<Result<Value, Error>>,
     ) -> Result<Value, Error> {
+        // Durations, not deadlines: tokio's `timeout` takes a timeout too long to add to the
+        // clock as none at all.
         let (start, timeout) = (Instant::now(), self.inner.timeout);
-        if let Ok(Ok(value)) = tokio::time::timeout_at(start + timeout / 2, waiting).await {
+        if let Ok(Ok(value)) = tokio::time::timeout(timeout / 2, waiting).await {
             return value;
         }
         // Bounded like the read itself, from the start of the wait, but without discarding the
         // connections: a waiter's wait is not a sign that they broke. Boxed: only a late batch
         // needs it, and inline it would grow every read's future.
-        Box::pin(tokio::time::timeout_at(start + timeout, self.read_alone(key)))
+        let rest = timeout.saturating_sub(start.elapsed());
+        Box::pin(tokio::time::timeout(rest, self.read_alone(key)))
             .await
             .unwrap_or_else(|_| Err(self.timeout_error("acquire")))
     }
