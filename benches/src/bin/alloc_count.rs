@@ -131,10 +131,10 @@ async fn replay(ctx: &RunContext, step: &str, payload: &Refund) {
 static CONCURRENCY: AtomicUsize = AtomicUsize::new(1);
 
 /// Runs `call` `calls` times (after as many warm-up calls) and returns allocations, bytes and
-/// allocations over [`TCACHE_MAX`] bytes per call. With `--concurrency N`, N callers on the one thread each make their calls one after
-/// another, so that N are in flight at once: under load the Redis store sends its reads
-/// together, and this counts what that path costs. (The callers are made once per run, so they
-/// add nothing per call.)
+/// allocations over [`TCACHE_MAX`] bytes per call. With `--concurrency N`, N callers on the one
+/// thread each make their calls one after another, so that N are in flight at once: under load
+/// the Redis store sends its reads together, and this counts what that path costs. (The callers
+/// are made once per run, so they add nothing per call.)
 async fn per_call<F, Fut>(calls: u64, call: F) -> (f64, f64, f64)
 where
     F: FnMut(u64) -> Fut,
