@@ -11,9 +11,9 @@ use idempotent_core::state::{Scope, State};
 use idempotent_core::store::redis::{layout, source};
 use idempotent_core::store::{Cursor, Deleted, Filter, RecordState};
 use idempotent_core::{
-    Error, Fingerprint, Key, KeyScope, OnInFlight, RedisStore, Risk, RunContext, SharedStore, Store,
+    Error, Fingerprint, Key, KeyScope, OnInFlight, RedisStore, RedisStoreBuilder, Risk, RunContext, SharedStore, Store,
 };
-use idempotent_tests::{RedisOptions, RedisServer, unique};
+use idempotent_tests::{Monitored, RedisOptions, RedisServer, unique};
 use tokio::sync::Barrier;
 
 fn store(server: &RedisServer) -> RedisStore {
@@ -177,22 +177,29 @@ async fn replays_while_stopped(
     started
 }
 
+/// `callers` replays on a store of two connections from `builder`, all started while the server
+/// is stopped (`replays_while_stopped`), so that their reads go out under load; each caller must
+/// get its own record. Returns the commands `MONITOR` saw the replays send.
+async fn replayed_together(server: &RedisServer, builder: RedisStoreBuilder, callers: u32) -> Monitored {
+    let s = builder.pool_size(2).build().unwrap();
+    s.warm_up().await.unwrap();
+    let ctx = replaying(s, callers).await;
+    let monitor = server.monitor();
+    let started = replays_while_stopped(server, &ctx, callers).await;
+    server.resume();
+    for (i, caller) in (0..callers).zip(started) {
+        assert_eq!(caller.await.expect("a caller panicked").unwrap(), i * 7, "caller {i} did not get its own record");
+    }
+    monitor.finish()
+}
+
 /// Under load, replays' reads wait for a read out to come back and go out together as one
 /// `MGET`; each caller still gets its own record.
 #[tokio::test(flavor = "current_thread")]
 async fn reads_under_load_go_out_together_and_each_caller_gets_its_own_record() {
     const CALLERS: u32 = 100;
     let server = RedisServer::start();
-    let s = RedisStore::builder(server.url()).pool_size(2).build().unwrap();
-    s.warm_up().await.unwrap();
-    let ctx = replaying(s, CALLERS).await;
-    let monitor = server.monitor();
-    let callers = replays_while_stopped(&server, &ctx, CALLERS).await;
-    server.resume();
-    for (i, caller) in (0..CALLERS).zip(callers) {
-        assert_eq!(caller.await.unwrap().unwrap(), i * 7, "caller {i} did not get its own record");
-    }
-    let seen = monitor.finish();
+    let seen = replayed_together(&server, RedisStore::builder(server.url()), CALLERS).await;
     let keys = |name: &str| -> Vec<usize> {
         seen.client.iter().zip(&seen.args).filter(|(c, _)| *c == name).map(|(_, n)| *n).collect()
     };
@@ -214,16 +221,8 @@ async fn reads_under_load_go_out_together_and_each_caller_gets_its_own_record() 
 async fn waiting_reads_take_a_command_timeout_too_long_for_the_clock() {
     const CALLERS: u32 = 40;
     let server = RedisServer::start();
-    let s = RedisStore::builder(server.url()).pool_size(2).command_timeout(Duration::MAX).build().unwrap();
-    s.warm_up().await.unwrap();
-    let ctx = replaying(s, CALLERS).await;
-    let monitor = server.monitor();
-    let callers = replays_while_stopped(&server, &ctx, CALLERS).await;
-    server.resume();
-    for (i, caller) in (0..CALLERS).zip(callers) {
-        assert_eq!(caller.await.expect("a caller panicked").unwrap(), i * 7, "caller {i} did not get its own record");
-    }
-    let seen = monitor.finish();
+    let builder = RedisStore::builder(server.url()).command_timeout(Duration::MAX);
+    let seen = replayed_together(&server, builder, CALLERS).await;
     assert!(seen.client.iter().any(|c| c == "mget"), "no read waited to go out together: {:?}", seen.client);
 }
 
