@@ -19,6 +19,10 @@
 //!   every ratio is taken against the better of the two raw floors of its run. The floors send
 //!   one command per call, as a hand-written client would; the store, under load, sends
 //!   acquire's reads together as one `MGET` (its `reads.rs`), which `INFO commandstats` shows;
+//! - control rows: the pooled `GET` and `SET NX` + `SET` floors measured again as rows of their
+//!   own, so that each run prints how far two measures of the same work differ in it (the
+//!   "Noise" lines): a ratio between two rows of the run is readable only where it stands
+//!   further from 1 than that;
 //! - with `--wait` (a replica started with `REPLICAOF`, attached to the server for the whole run):
 //!   first execution and replay on a second store built with `wait_for_replicas(1, 100 ms)`, and
 //!   the floor with `WAIT 1 100` pipelined behind each of its two `SET`s;
@@ -73,6 +77,9 @@ enum Path {
     /// `FloorSetSet` on one connection.
     FloorSetSetOne,
     FloorEvalEval,
+    /// `FloorSetSet` again, as a row of its own: how far two measures of the same work differ
+    /// in this run.
+    FloorSetSetAgain,
     OursReplay,
     /// `OursReplay` on a store of one connection.
     OursReplayOne,
@@ -80,6 +87,8 @@ enum Path {
     /// `FloorGet` on one connection.
     FloorGetOne,
     FloorEvalGet,
+    /// `FloorGet` again (see `FloorSetSetAgain`).
+    FloorGetAgain,
     StoreFirst,
     StoreReplay,
     OursFirstWait,
@@ -90,7 +99,7 @@ enum Path {
 }
 
 impl Path {
-    const ALL: [Path; 19] = [
+    const ALL: [Path; 21] = [
         Path::OursFirst { heartbeat: true },
         Path::OursFirst { heartbeat: false },
         Path::OursFirstOne,
@@ -100,6 +109,7 @@ impl Path {
         Path::FloorSetSetOne,
         Path::FloorEvalEval,
         Path::PeerFirst,
+        Path::FloorSetSetAgain,
         Path::OursReplay,
         Path::OursReplayOne,
         Path::StoreReplay,
@@ -107,6 +117,7 @@ impl Path {
         Path::FloorGetOne,
         Path::FloorEvalGet,
         Path::PeerReplay,
+        Path::FloorGetAgain,
         Path::OursFirstWait,
         Path::FloorSetSetWait,
         Path::OursReplayWait,
@@ -126,11 +137,13 @@ impl Path {
             Path::FloorSetSet => "floor: SET NX + SET (2 round trips)",
             Path::FloorSetSetOne => "floor: SET NX + SET, 1 connection",
             Path::FloorEvalEval => "floor: 2 × EVALSHA trivial SET script",
+            Path::FloorSetSetAgain => "control: the SET NX + SET floor again",
             Path::OursReplay => "replay (ours)",
             Path::OursReplayOne => "replay (ours, pool_size 1)",
             Path::FloorGet => "floor: GET (1 round trip)",
             Path::FloorGetOne => "floor: GET, 1 connection",
             Path::FloorEvalGet => "floor: EVALSHA trivial GET script",
+            Path::FloorGetAgain => "control: the GET floor again",
             Path::StoreFirst => "diag: RedisStore acquire + complete, no executor",
             Path::StoreReplay => "diag: RedisStore acquire (replay), no executor",
             Path::OursFirstWait => "first execution (ours, WAIT 1 replica)",
@@ -305,9 +318,9 @@ async fn run(env: &Arc<Env>, path: Path, concurrency: usize, duration: Duration)
                     let a = env.store.acquire(key, fp, DEFAULT_LEASE, DEFAULT_RETENTION).await.expect("acquire");
                     assert!(matches!(a, Acquire::Replay(_)));
                 }
-                Path::FloorSetSet | Path::FloorSetSetOne => {
+                Path::FloorSetSet | Path::FloorSetSetOne | Path::FloorSetSetAgain => {
                     let key = format!("floor:first:{}", env.seq.fetch_add(1, Ordering::Relaxed));
-                    let raw = if path == Path::FloorSetSet { &env.raw } else { &env.raw_one };
+                    let raw = if path == Path::FloorSetSetOne { &env.raw_one } else { &env.raw };
                     raw.set_nx_then_set(&key, &env.claim, &env.stored).await;
                 }
                 Path::FloorEvalEval => {
@@ -340,8 +353,8 @@ async fn run(env: &Arc<Env>, path: Path, concurrency: usize, duration: Duration)
                     let replay = || panic!("peer: a replay ran its action");
                     black_box(env.peer.run("replayed_refund", &payload, replay).await);
                 }
-                Path::FloorGet | Path::FloorGetOne => {
-                    let raw = if path == Path::FloorGet { &env.raw } else { &env.raw_one };
+                Path::FloorGet | Path::FloorGetOne | Path::FloorGetAgain => {
+                    let raw = if path == Path::FloorGetOne { &env.raw_one } else { &env.raw };
                     let v: Value = redis::cmd("GET")
                         .arg(&env.floor_keys[replay_index(task, i) as usize])
                         .query_async(&mut raw.conn())
@@ -692,6 +705,23 @@ fn main() {
         }
     }
     drop(replica);
+
+    // The same work measured as two rows: a ratio between rows of this run is readable only
+    // where it stands further from 1 than these.
+    println!("\nNoise: the same floor measured as two rows of this run (second ÷ first; each round's ratio):\n");
+    for &c in &concurrencies {
+        for (floor, again) in [(Path::FloorSetSet, Path::FloorSetSetAgain), (Path::FloorGet, Path::FloorGetAgain)] {
+            let (Some(first), Some(second)) = (row_of(c, floor), row_of(c, again)) else { continue };
+            let rounds: Vec<String> = first
+                .rounds
+                .samples
+                .iter()
+                .zip(&second.rounds.samples)
+                .map(|(a, b)| format!("{:.2}", b.rate() / a.rate()))
+                .collect();
+            println!("- c={c} {}: {} ({})", floor.label(), show(ratio(c, again, floor)), rounds.join(", "));
+        }
+    }
 
     // Issue #21's targets, each against the better raw floor of this run (medians of the rounds).
     println!("\nTargets:");
