@@ -446,14 +446,18 @@ async fn out_of_memory_under_noeviction_fails_closed() {
     assert_eq!(report.executions, 1);
 }
 
-/// A 10 MiB result is stored within the default 16 MiB cap while another holder's heartbeats keep
+/// 10 MiB results are stored within the default 16 MiB cap while another holder's heartbeats keep
 /// its lease; a 20 MiB result is refused with a clear error.
+///
+/// The lease (1 s, renewed every third of it) is short next to the big writes, which go out on
+/// the same connections as the renewals, yet long enough that a loaded two-core machine running
+/// the whole suite does not lose it to scheduling alone (at 300 ms it did, once in a full run).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_results_are_capped_and_do_not_starve_heartbeats() {
     let server = RedisServer::start();
     let store = RedisStore::builder(server.url()).command_timeout(Duration::from_secs(2)).build().unwrap();
     let ctx = RunContext::new(store, unique("big"));
-    let lease = Duration::from_millis(300);
+    let lease = Duration::from_secs(1);
     let release = Arc::new(Notify::new());
     let (started_tx, started_rx) = oneshot::channel();
     let holder = {
@@ -470,10 +474,15 @@ async fn large_results_are_capped_and_do_not_starve_heartbeats() {
         })
     };
     started_rx.await.unwrap();
-    for _ in 0..3 {
+    // Written one after another for two leases (at least 3, at most 10 of them): the renewals
+    // must get through between (and on the connections of) the big writes.
+    let started = tokio::time::Instant::now();
+    let mut written = 0;
+    while written < 3 || (started.elapsed() < 2 * lease && written < 10) {
         let big: String =
             ctx.step("big").run(&unique("payload"), |_| async { Ok::<_, Error>("y".repeat(10 << 20)) }).await.unwrap();
         assert_eq!(big.len(), 10 << 20);
+        written += 1;
     }
     let dup = ctx
         .step("small")
@@ -481,7 +490,10 @@ async fn large_results_are_capped_and_do_not_starve_heartbeats() {
         .on_in_flight(OnInFlight::Reject)
         .run(&(), |_| async { Ok::<bool, Error>(true) })
         .await;
-    assert!(matches!(dup, Err(Error::InFlight { .. })), "the holder lost its lease while big results were written");
+    assert!(
+        matches!(dup, Err(Error::InFlight { .. })),
+        "the holder lost its lease while {written} big results were written: {dup:?}"
+    );
     release.notify_one();
     assert!(!holder.await.unwrap().unwrap(), "the heartbeat reported a lost lease");
 
