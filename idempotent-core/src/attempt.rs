@@ -130,6 +130,29 @@ impl Attempt {
         }
     }
 
+    /// Runs `future` with this attempt as the [`current_attempt`] of everything it does: the
+    /// state commits it makes derive their tokens from this attempt's key (see
+    /// [`CommitToken::for_update`](crate::state::CommitToken::for_update)), and code deep inside
+    /// it can read the fence.
+    ///
+    /// The executor does this for a step's action, and `idempotent-tower`'s layer for a covered
+    /// request's handler. Call it for work of your own that runs under an attempt handed to it
+    /// (a task you spawn from an action does not inherit the attempt: scope it again there).
+    ///
+    /// ```
+    /// use idempotent_core::{Attempt, Key, current_attempt};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let attempt = Attempt::new(Key::from_bytes([7; 32]), 3, 1, false);
+    /// let fence = attempt.clone().scope(async { current_attempt().map(|a| a.fence()) }).await;
+    /// assert_eq!(fence, Some(3));
+    /// assert!(current_attempt().is_none());
+    /// # }
+    /// ```
+    pub fn scope<F: std::future::Future>(self, future: F) -> tokio::task::futures::TaskLocalFuture<Attempt, F> {
+        CURRENT_ATTEMPT.scope(self, future)
+    }
+
     /// Completes when the lease is lost (never, if it is not). Race it against the work with
     /// `tokio::select!` to stop early (and return an error then: see
     /// [`lease_lost`](Self::lease_lost)).

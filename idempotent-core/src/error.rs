@@ -268,6 +268,40 @@ pub enum Error {
         history: u64,
     },
 
+    /// A state update ([`State::update`](crate::state::State::update) and the methods built on
+    /// it) gave up after a commit whose answer never came (the store failed on the way, or the
+    /// commit landed and reading the value back failed): the update **may have been applied**.
+    ///
+    /// Retry it under the same token, which applies it at most once:
+    /// `update_with_token(&error.commit_token().unwrap(), reducer)` (or, inside a step or a
+    /// request covered by `idempotent-tower`'s layer, run the step or the request again: its
+    /// updates derive the same tokens). A retry through `update` or `modify` outside a step
+    /// draws a new token, and may apply the update a second time: so this error is
+    /// [transient](Error::is_transient) only when the token is one a retry derives again
+    /// (`retry_derives_token`).
+    #[error(
+        "state {scope}: the update's commit got no answer ({source}), so it may have been applied. {}",
+        if *retry_derives_token {
+            "Retrying the same update (the step, or the request) is safe: it commits under the same token, and \
+             applies the update at most once"
+        } else {
+            "Retry it with update_with_token(&error.commit_token(), ..), which applies it at most once; \
+             calling update or modify again outside a step draws a new token and may apply it twice"
+        }
+    )]
+    CommitUnanswered {
+        /// The state's scope (`tenant/name`).
+        scope: String,
+        /// The update's commit token: the one to retry it under.
+        token: crate::state::CommitToken,
+        /// Whether a retry of the same call derives the same token (the update ran inside a
+        /// step or a covered request, or its token was given), rather than drawing a new one.
+        retry_derives_token: bool,
+        /// The store's error.
+        #[source]
+        source: Box<Error>,
+    },
+
     /// A configuration value was invalid.
     #[error("invalid configuration: {0}")]
     Config(String),
@@ -307,6 +341,15 @@ impl Error {
         }
     }
 
+    /// The commit token of a state update that may have been applied
+    /// ([`Error::CommitUnanswered`]): retry the update under it with `update_with_token`.
+    pub fn commit_token(&self) -> Option<crate::state::CommitToken> {
+        match self {
+            Error::CommitUnanswered { token, .. } => Some(*token),
+            _ => None,
+        }
+    }
+
     /// How long to wait before retrying, when the error says.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
@@ -334,6 +377,8 @@ impl Error {
                 | Error::ResultTooLarge { .. }
                 | Error::Unavailable { op: "complete" | "complete_in" | "commit", .. }
                 | Error::Timeout { op: "complete" | "complete_in" | "commit", .. }
+                | Error::CommitUnanswered { .. }
+                | Error::StateUncertain { .. }
         )
     }
 }
@@ -348,6 +393,7 @@ impl Error {
     /// | `LeaseLost` | yes | replays the outcome of the attempt that took over, or takes the key over itself |
     /// | `VerifyTimeout` | yes | verifies again (the record was left for the next call) |
     /// | `Contention` | yes | loads, reduces and commits again (a step's state update commits under the same token) |
+    /// | `CommitUnanswered` | when a retry derives the same token (inside a step or a covered request, or a token given) | replays the commit that may have landed, or applies it once; outside a step, retry with `update_with_token` ([`commit_token`](Self::commit_token)) |
     /// | `NeedsAttention` | no | is refused the same way until a person resolves the record |
     /// | `Payload`, `Mismatch`, `Corrupt`, `Encode`, `Decode`, `ResultTooLarge`, `Full`, `UnsafeStore`, `Config`, `Reducer`, `StateValue`, `StateUncertain` | no | fails the same way: the payload, the stored record, the result or the setup must change first |
     ///
@@ -404,6 +450,7 @@ impl Error {
                 | Error::LeaseLost { .. }
                 | Error::VerifyTimeout { .. }
                 | Error::Contention { .. }
+                | Error::CommitUnanswered { retry_derives_token: true, .. }
         )
     }
 }

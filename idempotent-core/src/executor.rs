@@ -194,6 +194,18 @@ impl RunContext {
         self
     }
 
+    /// The same run (run id, tenant and step defaults) on another store: the keys its steps
+    /// derive are the same as on this one.
+    ///
+    /// For a handler behind `idempotent-tower`'s layer, whose request context is on the layer's
+    /// store, to run a step whose record commits with its writes
+    /// ([`Step::run_in_transaction`]) on the SQL store of the database it writes to, under the
+    /// request's identity.
+    pub fn with_store(mut self, store: impl IntoSharedStore) -> Self {
+        self.store = store.into_shared();
+        self
+    }
+
     /// The run id.
     pub fn run_id(&self) -> &str {
         &self.run_id

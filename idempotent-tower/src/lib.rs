@@ -12,9 +12,10 @@
 //!   requests the server can recognise as duplicates.
 //!
 //! This crate is the one dependency a tower user needs: it re-exports the stores and options of
-//! [`idempotent_core`] (and the crate itself), `RedisStore` under the `redis` feature, the
-//! [`http`] crate whose types the tenant closure takes, and tower's retry budget
-//! ([`retry::TpsBudget`]).
+//! [`idempotent_core`] (and the crate itself), the [`RunContext`] a handler's steps run in and
+//! the versioned [`state`], `RedisStore` under the `redis` feature, `SqliteStore` and
+//! `PostgresStore` (with `sqlx`) under the `sqlite` and `postgres` features, the [`http`] crate
+//! whose types the tenant closure takes, and tower's retry budget ([`retry::TpsBudget`]).
 //!
 //! ```
 //! use std::time::Duration;
@@ -44,6 +45,9 @@
 //!   idempotent-core.
 //! - `cluster`: Redis Cluster support in `RedisStore` (`RedisStore::cluster_builder`).
 //! - `tls`: `rediss://` URLs.
+//! - `sqlite`: `SqliteStore` and `SqliteStoreBuilder` (idempotent-core's `sqlite`), and `sqlx`.
+//! - `postgres`: `PostgresStore` and `PostgresStoreBuilder` (idempotent-core's `postgres`), and
+//!   `sqlx`.
 //! - `reqwest`: `idempotent_tower::reqwest`, `IdempotencyKeyMiddleware` and `RetryMiddleware`
 //!   for `reqwest-middleware` (no TLS backend of its own: the application's reqwest picks it).
 //! - `hedge`: `idempotent_tower::client::hedge`, hedged requests under the key layer.
@@ -66,7 +70,7 @@ pub mod server;
 pub use grpc_code::GrpcCode;
 pub use header::IDEMPOTENCY_KEY;
 // server re-exports
-pub use server::{Attempt, Idempotency, IdempotencyLayer};
+pub use server::{Attempt, Idempotency, IdempotencyLayer, Unprotected};
 // client re-exports
 pub use client::{IdempotencyKey, IdempotencyKeyLayer};
 // retry re-exports
@@ -76,9 +80,19 @@ pub use retry::{Backoff, GrpcRetryPolicy, HttpRetryPolicy, TpsBudget};
 pub use idempotent_core;
 // The stores and the options a server needs, so that one dependency line is enough. (Plain
 // comments: a doc comment here would be prepended to each item's own docs.)
-pub use idempotent_core::{FailMode, IntoSharedStore, MemoryStore, OnInFlight, OnRecovered, SharedStore, Store};
+pub use idempotent_core::{
+    Error, FailMode, IntoSharedStore, MemoryStore, OnInFlight, OnRecovered, RunContext, SharedStore, Store, state,
+};
 #[cfg(feature = "redis")]
 pub use idempotent_core::{Preflight, RedisStore, RedisStoreBuilder};
+#[cfg(feature = "postgres")]
+pub use idempotent_core::{PostgresStore, PostgresStoreBuilder};
+#[cfg(feature = "sqlite")]
+pub use idempotent_core::{SqliteStore, SqliteStoreBuilder};
+/// The SQL driver of the SQL stores (features `sqlite`, `postgres`), whose transactions a
+/// handler's steps commit their writes in (`Step::run_in_transaction`).
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub use idempotent_core::sqlx;
 
 /// The `http` crate, whose types this crate's API takes (the tenant closure gets
 /// `&http::request::Parts`).

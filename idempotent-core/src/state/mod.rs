@@ -43,10 +43,34 @@
 //! [`current_attempt`](crate::current_attempt)) and the scope, and numbered by the order of the
 //! action's state updates: the n-th update of an action gets the same token on every attempt at
 //! the step, so a step retried after a lost reply (or a crash after the commit) replays its
-//! update instead of applying it again. Outside a step, each [`State::update`] draws a random
-//! token, which covers the retries inside that one call. [`State::update_with_token`] and
-//! [`State::commit_with_token`] take one explicitly (say, derived from a client's request id
-//! with [`CommitToken::derive`]).
+//! update instead of applying it again. A handler behind `idempotent-tower`'s `IdempotencyLayer`
+//! runs with its request's attempt in scope, so its updates are tied to the request's key the
+//! same way: a request retried after its response was lost replays them.
+//!
+//! Outside both, each [`State::update`] draws a random token, which covers the retries inside
+//! that one call only. When such an update gives up after a commit whose answer was lost, the
+//! commit may have landed, and it says so: [`Error::CommitUnanswered`]
+//! ([`action_may_have_run`](Error::action_may_have_run) is true, and it is not
+//! [transient](Error::is_transient), since calling `update` again would draw a new token). It
+//! carries the token ([`Error::commit_token`]): retry under it with [`State::update_with_token`],
+//! which applies the update at most once. A caller that retries logical updates of its own
+//! gives each one a token from the start, derived from the update's id with
+//! [`CommitToken::derive`] ([`State::update_with_token`], [`State::commit_with_token`]).
+//!
+//! ```
+//! use idempotent_core::state::{CommitToken, MemoryStateStore, Scope, State};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), idempotent_core::Error> {
+//! let counter: State<u64> = State::new(MemoryStateStore::new(), Scope::new("visits"));
+//! let token = CommitToken::derive("visit-7f3a"); // the logical update's own id
+//! for _retry in 0..3 {
+//!     // However often this runs (retried after a lost reply, after a crash), it counts once.
+//!     counter.update_with_token(&token, |n| Ok::<_, std::convert::Infallible>(n.unwrap_or(0) + 1)).await?;
+//! }
+//! assert_eq!(counter.load().await?.value, Some(1));
+//! # Ok(()) }
+//! ```
 //!
 //! **The bound.** A retry is recognised as long as fewer than [`StateStore::commit_history`] other
 //! commits (128; 1024 on Redis) landed on the scope between the lost reply and the retry. [`State::update`] sends a
@@ -258,9 +282,15 @@ impl CommitToken {
     /// The token of the next update of `scope` in the current step's action (see the
     /// [module documentation](self)), or a random one outside a step.
     pub fn for_update(scope: &Scope) -> CommitToken {
+        Self::for_update_derived(scope).0
+    }
+
+    /// [`for_update`](Self::for_update), and whether the token is derived (a retry of the
+    /// step gets it again) rather than random.
+    pub(crate) fn for_update_derived(scope: &Scope) -> (CommitToken, bool) {
         match crate::attempt::current_attempt() {
-            Some(attempt) => Self::of_attempt(&attempt, scope),
-            None => Self::random(),
+            Some(attempt) => (Self::of_attempt(&attempt, scope), true),
+            None => (Self::random(), false),
         }
     }
 
@@ -515,11 +545,22 @@ impl RawState {
         F: FnMut(Option<&[u8]>) -> Result<Bytes, E>,
         E: Into<BoxError>,
     {
-        self.update_with_token(&CommitToken::for_update(&self.scope), reducer).await
+        let (token, derived) = CommitToken::for_update_derived(&self.scope);
+        self.update_under(&token, derived, reducer).await
     }
 
     /// [`update`](Self::update) under `token`.
-    pub async fn update_with_token<E, F>(&self, token: &CommitToken, mut reducer: F) -> Result<Updated<Bytes>, Error>
+    pub async fn update_with_token<E, F>(&self, token: &CommitToken, reducer: F) -> Result<Updated<Bytes>, Error>
+    where
+        F: FnMut(Option<&[u8]>) -> Result<Bytes, E>,
+        E: Into<BoxError>,
+    {
+        self.update_under(token, true, reducer).await
+    }
+
+    /// The update loop, under `token`; `derived` says whether a retry of the caller's call gets
+    /// the same token (for the error an update that may have landed ends in).
+    async fn update_under<E, F>(&self, token: &CommitToken, derived: bool, mut reducer: F) -> Result<Updated<Bytes>, Error>
     where
         F: FnMut(Option<&[u8]>) -> Result<Bytes, E>,
         E: Into<BoxError>,
@@ -540,6 +581,19 @@ impl RawState {
         // still to be read.
         let mut applied: Option<Version> = None;
         let mut last_error: Option<Error> = None;
+        // Every way out with an error: when a commit of this update may have landed (or did),
+        // the caller must hear so, and under which token to retry.
+        let give_up = |error: Error, uncertain: Option<Version>, applied: Option<Version>| {
+            if uncertain.is_none() && applied.is_none() {
+                return error;
+            }
+            Error::CommitUnanswered {
+                scope: scope.to_string(),
+                token: *token,
+                retry_derives_token: derived,
+                source: Box::new(error),
+            }
+        };
         for round in 1..=attempts {
             let mut quick = false;
             'round: {
@@ -559,7 +613,7 @@ impl RawState {
                             quick = true;
                             break 'round;
                         }
-                        Err(e) => return Err(e),
+                        Err(e) => return Err(give_up(e, uncertain, applied)),
                     }
                 }
                 let (loaded, new) = match resend.take() {
@@ -573,7 +627,7 @@ impl RawState {
                                     last_error = Some(e);
                                     break 'round;
                                 }
-                                Err(e) => return Err(e),
+                                Err(e) => return Err(give_up(e, uncertain, applied)),
                             },
                         };
                         let new = reducer(loaded.value.as_deref())
@@ -622,14 +676,15 @@ impl RawState {
                         // Sent again soon, while the history surely still holds its token.
                         quick = true;
                     }
-                    Err(e) => return Err(e),
+                    Err(e) => return Err(give_up(e, uncertain, applied)),
                 }
             }
             if round == attempts || !self.pause(if quick { 1 } else { round }, started).await {
-                return Err(last_error.unwrap_or_else(|| self.contention(round, started)));
+                let error = last_error.unwrap_or_else(|| self.contention(round, started));
+                return Err(give_up(error, uncertain, applied));
             }
         }
-        Err(last_error.unwrap_or_else(|| self.contention(attempts, started)))
+        Err(give_up(last_error.unwrap_or_else(|| self.contention(attempts, started)), uncertain, applied))
     }
 
     fn contention(&self, attempts: u32, started: tokio::time::Instant) -> Error {
@@ -730,11 +785,21 @@ impl<T: Serialize + DeserializeOwned> State<T> {
         F: FnMut(Option<T>) -> Result<T, E>,
         E: Into<BoxError>,
     {
-        self.update_with_token(&CommitToken::for_update(self.scope()), reducer).await
+        let (token, derived) = CommitToken::for_update_derived(self.scope());
+        self.update_under(&token, derived, reducer).await
     }
 
-    /// [`update`](Self::update) under `token`.
-    pub async fn update_with_token<E, F>(&self, token: &CommitToken, mut reducer: F) -> Result<Updated<T>, Error>
+    /// [`update`](Self::update) under `token`: a retry of the same logical update under the
+    /// same token applies it at most once (see [`Error::CommitUnanswered`]).
+    pub async fn update_with_token<E, F>(&self, token: &CommitToken, reducer: F) -> Result<Updated<T>, Error>
+    where
+        F: FnMut(Option<T>) -> Result<T, E>,
+        E: Into<BoxError>,
+    {
+        self.update_under(token, true, reducer).await
+    }
+
+    async fn update_under<E, F>(&self, token: &CommitToken, derived: bool, mut reducer: F) -> Result<Updated<T>, Error>
     where
         F: FnMut(Option<T>) -> Result<T, E>,
         E: Into<BoxError>,
@@ -744,7 +809,7 @@ impl<T: Serialize + DeserializeOwned> State<T> {
         let mut codec_error: Option<Error> = None;
         let res = self
             .raw
-            .update_with_token(token, |bytes| {
+            .update_under(token, derived, |bytes| {
                 let current = match bytes.map(|b| self.decode(b)).transpose() {
                     Ok(current) => current,
                     Err(e) => {

@@ -56,12 +56,14 @@ pub(crate) fn parse<'h>(headers: &'h HeaderMap, name: &HeaderName) -> Result<Opt
 /// sf-string (`"8e03978e-40d5"`) or the bare value (`8e03978e-40d5`), which name the same key;
 /// `None` when the header is missing, repeated or not a valid key.
 ///
-/// For a handler behind [`IdempotencyLayer`](super::IdempotencyLayer) that keys work of its own
-/// on the request's key, such as a step whose database writes commit with its record (see
-/// [Database writes](super#database-writes-that-commit-exactly-once)): the raw header value
-/// would differ between the two forms, and a retry sent in the other form would be another
-/// operation. Add the tenant the layer scopes keys by (its
-/// [`tenant`](super::IdempotencyLayer::tenant) extractor) to whatever the key names.
+/// A handler behind [`IdempotencyLayer`](super::IdempotencyLayer) does not need it for its
+/// steps: the request's [`RunContext`](idempotent_core::RunContext) in its extensions is already
+/// keyed on (tenant, scope, key) (see [What the handler runs
+/// under](super#what-the-handler-runs-under)). For work keyed by hand on the request's key, use
+/// this rather than the raw header value, which differs between the two forms (a retry sent in
+/// the other form would be another operation), and add the tenant the layer scopes keys by (its
+/// [`tenant`](super::IdempotencyLayer::tenant) extractor) to whatever the key names: a key alone
+/// is shared by every tenant that sends it.
 pub fn client_key(headers: &HeaderMap, name: &HeaderName) -> Option<String> {
     parse(headers, name).ok().flatten().map(Cow::into_owned)
 }

@@ -45,8 +45,8 @@
 //! 1. **Key.** The `Idempotency-Key` header ([`header_name`](IdempotencyLayer::header_name)) is
 //!    read as a structured-field string (`"…"`, as the IETF httpapi draft defines it) or in the
 //!    bare form. Empty, longer than 255 bytes, not printable ASCII, malformed, or sent twice:
-//!    400. Missing: the request passes through unprotected, or 400 with
-//!    [`require_key`](IdempotencyLayer::require_key).
+//!    400. Missing: the request passes through unprotected (marked [`Unprotected::NoKey`]), or
+//!    400 with [`require_key`](IdempotencyLayer::require_key).
 //! 2. **Identity.** The record is keyed by a hash of (tenant, scope, key), never by the client's
 //!    key itself. The tenant comes from [`tenant`](IdempotencyLayer::tenant), so two principals'
 //!    equal keys never share a record.
@@ -75,13 +75,16 @@
 //!      [`on_recovered(OnRecovered::NeedsAttention)`](IdempotencyLayer::on_recovered) leaves a
 //!      record so itself when a request's previous attempt ended without a stored response.
 //!    - the store unreachable → **503** with `Retry-After`, the service not called
-//!      ([`fail_mode`](IdempotencyLayer::fail_mode) `Open` calls it unprotected instead).
+//!      ([`fail_mode`](IdempotencyLayer::fail_mode) `Open` calls it unprotected instead, with
+//!      [`Unprotected::StoreUnavailable`] and an [`Attempt::unprotected`] in its extensions).
 //!    - the key is free → the service is called, its lease renewed while it runs. The request
 //!      carries the [`Attempt`] as an extension (in axum: `Extension<Attempt>`), the same type a
 //!      step's action gets: its fence to pass downstream, its
 //!      [`downstream_key`](Attempt::downstream_key) (the same on every attempt under this
 //!      `Idempotency-Key`, for a payment provider's own `Idempotency-Key`), its attempt number,
-//!      whether it recovers from an attempt that ran out, and [`Attempt::lease_lost`].
+//!      whether it recovers from an attempt that ran out, and [`Attempt::lease_lost`]; and the
+//!      request's [`RunContext`] for the handler's steps (see
+//!      [What the handler runs under](#what-the-handler-runs-under)).
 //! 5. **Outcome.** The response is buffered (up to
 //!    [`max_stored_response`](IdempotencyLayer::max_stored_response)), then the
 //!    [`StorePolicy`] decides: stored for replay (by default 2xx and final 4xx), or the key is
@@ -105,6 +108,28 @@
 //! retry in that window gets 409, and the retry after it runs the request again with
 //! [`Attempt::recovered`] set.
 //!
+//! # What the handler runs under
+//!
+//! Everything a covered handler does is keyed on (tenant, [`scope`](IdempotencyLayer::scope),
+//! client key) and on the request's attempt, with no code of the handler's own (see
+//! [`Unprotected`] for the requests that run without a key):
+//!
+//! - its steps, through the [`RunContext`] in the request's extensions (axum:
+//!   `Extension<RunContext>`; tonic: `request.extensions().get::<RunContext>()`), on the layer's
+//!   store; [`RunContext::with_store`] moves it to another store under the same identity;
+//! - its state commits ([`State::update`](idempotent_core::state::State::update)), whose tokens
+//!   derive from the request's key, because the request's [`Attempt`] is
+//!   [`current_attempt`](idempotent_core::current_attempt) for the handler's whole future;
+//! - the calls it makes to providers, with [`Attempt::downstream_key`] as their own idempotency
+//!   key, and the verifiers of its steps, which ask those providers.
+//!
+//! Build the handler's context from the extension, never from the raw `Idempotency-Key` header:
+//! a context made from the client's key alone is shared by every tenant that sends the same key
+//! (one tenant would get another's result), and a header sent once quoted and once bare would
+//! name two operations. (If you must build one by hand, use [`client_key`] and add the tenant the
+//! layer's [`tenant`](IdempotencyLayer::tenant) extractor gives, with
+//! [`RunContext::with_tenant`].)
+//!
 //! # Database writes that commit exactly once
 //!
 //! The layer stores the response after the handler has answered, in its own store; the
@@ -116,27 +141,33 @@
 //! To make the database effect exactly once, the handler makes its writes a step whose record
 //! commits with them ([`Step::run_in_transaction`](idempotent_core::Step::run_in_transaction),
 //! on a [`SqliteStore`](idempotent_core::SqliteStore) or another SQL store of the database the
-//! handler writes to), keyed on the request's key ([`client_key`], plus the tenant). The writes
-//! and the step's record commit together or not at all; a retry that runs the handler again
-//! finds the step done, gets its stored result back without writing anything, builds the same
-//! response from it, and the layer stores that one. Build the response from the step's result
-//! only, so that the rebuilt response is the first one.
+//! handler writes to), in the request's [`RunContext`]. The writes and the step's record commit
+//! together or not at all; a retry that runs the handler again finds the step done, gets its
+//! stored result back without writing anything, builds the same response from it, and the layer
+//! stores that one. Build the response from the step's result only, so that the rebuilt response
+//! is the first one. Two tenants sending the same key each get their own step, their own row
+//! and their own response:
 //!
 //! ```
 //! use axum::extract::State;
-//! use axum::http::{HeaderMap, Request, StatusCode};
-//! use axum::{Router, body::Body, routing::post};
+//! use axum::http::{Request, StatusCode};
+//! use axum::{Extension, Router, body::Body, routing::post};
 //! use idempotent_core::sqlx::{self, SqliteTransaction};
-//! use idempotent_core::{Error, RunContext, SqliteStore};
-//! use idempotent_tower::IDEMPOTENCY_KEY;
-//! use idempotent_tower::server::{IdempotencyLayer, client_key};
+//! use idempotent_core::SqliteStore;
+//! use idempotent_tower::{Error, IdempotencyLayer, RunContext};
 //! use tower::ServiceExt;
 //!
-//! async fn create_invoice(State(db): State<SqliteStore>, headers: HeaderMap, order: String) -> (StatusCode, String) {
-//!     // The layer admitted the request, so it has a valid key.
-//!     let key = client_key(&headers, &IDEMPOTENCY_KEY).expect("a key");
-//!     let ctx = RunContext::new(db.clone(), format!("http-key:{key}"));
+//! /// The principal an authentication layer (outside this one) puts in the extensions.
+//! #[derive(Clone)]
+//! struct Principal(String);
+//!
+//! async fn create_invoice(
+//!     State(db): State<SqliteStore>,
+//!     Extension(ctx): Extension<RunContext>, // keyed on (tenant, scope, Idempotency-Key)
+//!     order: String,
+//! ) -> (StatusCode, String) {
 //!     let invoice = ctx
+//!         .with_store(db) // the database the writes go to (here the layer's store as well)
 //!         .step("create_invoice")
 //!         .run_in_transaction(&order, async |tx: &mut SqliteTransaction<'_>, _| {
 //!             let done = sqlx::query("INSERT INTO invoices (order_id) VALUES (?1)")
@@ -162,12 +193,23 @@
 //! let app = Router::new()
 //!     .route("/invoices", post(create_invoice))
 //!     .with_state(db.clone())
-//!     .layer(IdempotencyLayer::new(db.clone()));
-//! let request = || Request::post("/invoices").header("idempotency-key", "k-7").body(Body::from("order-7")).unwrap();
-//! assert_eq!(app.clone().oneshot(request()).await?.status(), 201);
-//! assert_eq!(app.clone().oneshot(request()).await?.headers()["idempotent-replayed"], "true");
+//!     .layer(
+//!         IdempotencyLayer::new(db.clone())
+//!             .tenant(|parts| parts.extensions.get::<Principal>().map(|p| p.0.clone()))
+//!             .require_key(true),
+//!     );
+//! let request = |tenant: &str| {
+//!     let mut req = Request::post("/invoices").header("idempotency-key", "k-7").body(Body::from("order-7")).unwrap();
+//!     req.extensions_mut().insert(Principal(tenant.into())); // what the authentication layer does
+//!     req
+//! };
+//! assert_eq!(app.clone().oneshot(request("acme")).await?.status(), 201);
+//! assert_eq!(app.clone().oneshot(request("acme")).await?.headers()["idempotent-replayed"], "true");
+//! let globex = app.clone().oneshot(request("globex")).await?; // the same key, another tenant
+//! assert_eq!(globex.status(), 201);
+//! assert!(globex.headers().get("idempotent-replayed").is_none());
 //! let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM invoices").fetch_one(db.pool()).await?;
-//! assert_eq!(rows, 1);
+//! assert_eq!(rows, 2); // one invoice per tenant, however often each retries
 //! # db.close().await;
 //! # for suffix in ["", "-wal", "-shm"] { let _ = std::fs::remove_file(format!("{}{suffix}", path.display())); }
 //! # Ok(()) }
@@ -311,6 +353,7 @@ mod buffer;
 mod fingerprint;
 mod future;
 mod grpc;
+mod identity;
 pub(crate) mod key;
 mod layer;
 mod outcome;
@@ -321,7 +364,8 @@ mod service;
 
 pub use body::{RequestBody, ResponseBody};
 pub use future::ResponseFuture;
-pub use idempotent_core::Attempt;
+pub use idempotent_core::{Attempt, RunContext};
+pub use identity::Unprotected;
 pub use key::client_key;
 pub use layer::{
     DEFAULT_KEY_HEADER, DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_STORED_RESPONSE, IdempotencyLayer, STORE_DOWN_RETRY_AFTER,

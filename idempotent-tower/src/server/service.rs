@@ -11,7 +11,7 @@ use http_body::Body;
 use idempotent_core::lease::{self, End, Taken};
 use idempotent_core::metrics::{self, Outcome as Counted, Timer};
 use idempotent_core::record::{Abandon, Labels};
-use idempotent_core::{Attempt, Error, FailMode, Key, OnRecovered};
+use idempotent_core::{Attempt, Error, FailMode, Key, OnRecovered, RunContext};
 use tower::{BoxError, Service};
 
 use super::body::{RequestBody, ResponseBody};
@@ -19,6 +19,7 @@ use super::buffer::{ReadError, read_body};
 use super::fingerprint::http_fingerprint;
 use super::future::ResponseFuture;
 use super::grpc;
+use super::identity::{Unprotected, run_context};
 use super::key;
 use super::layer::{Config, STORE_DOWN_RETRY_AFTER};
 use super::outcome::{replay, settle};
@@ -106,7 +107,8 @@ where
                 (Key::from_client_key(tenant.as_deref(), &config.scope, &client_key), tenant)
             }
             Ok(None) if !config.require_key => {
-                let req = Request::from_parts(parts, RequestBody::stream(body));
+                let mut req = Request::from_parts(parts, RequestBody::stream(body));
+                req.extensions_mut().insert(Unprotected::NoKey);
                 return ResponseFuture::passthrough(self.inner.call(req));
             }
             Ok(None) => {
@@ -156,11 +158,18 @@ where
             Admission::FailOpen { data, trailers } => (data, trailers, None),
             Admission::Respond(res) => return Ok(res),
         };
+        let ctx = run_context(&config, &key, tenant.as_deref());
         let Some(mut lease) = lease else {
-            let res = inner.call(service_request(parts, data, trailers, None)).await?;
+            let attempt = Attempt::unprotected(key);
+            let req = service_request(parts, data, trailers, attempt.clone(), ctx, Some(Unprotected::StoreUnavailable));
+            let res = attempt.scope(call_in_scope(&mut inner, req)).await?;
             return Ok(res.map(ResponseBody::stream));
         };
-        let call = inner.call(service_request(parts, data, trailers, Some(lease.attempt().clone())));
+        let attempt = lease.attempt().clone();
+        let req = service_request(parts, data, trailers, attempt.clone(), ctx, None);
+        // The attempt is in scope for the whole of the handler's future (and for the call that
+        // makes it), so that what the handler does derives from the request's key.
+        let call = attempt.scope(call_in_scope(&mut inner, req));
         // A statement of its own, so that the service's future is dropped before the key is
         // released or the response stored.
         let timer = Timer::start();
@@ -266,20 +275,36 @@ where
 }
 
 /// The request the service gets: the buffered body, marked so that a nested layer lets it pass,
-/// and the [`Attempt`] it runs (none when the store is down and the layer fails open). Built
-/// only for requests that reach the service (a replay or a refusal never does).
+/// with the request's identity (see [`identity`](super::identity)): the [`Attempt`] it runs
+/// (unprotected when the store is down and the layer fails open), its [`RunContext`], and why
+/// it is unprotected, if it is. Built only for requests that reach the service (a replay or a
+/// refusal never does).
 fn service_request<B>(
     parts: Parts,
     data: Bytes,
     trailers: Option<HeaderMap>,
-    attempt: Option<Attempt>,
+    attempt: Attempt,
+    ctx: RunContext,
+    unprotected: Option<Unprotected>,
 ) -> Request<RequestBody<B>> {
     let mut req = Request::from_parts(parts, RequestBody::full(data, trailers));
-    req.extensions_mut().insert(Handled);
-    if let Some(attempt) = attempt {
-        req.extensions_mut().insert(attempt);
+    let extensions = req.extensions_mut();
+    extensions.insert(Handled);
+    extensions.insert(attempt);
+    extensions.insert(ctx);
+    if let Some(why) = unprotected {
+        extensions.insert(why);
     }
     req
+}
+
+/// Calls the service inside the future, so that the call itself (which may start the handler's
+/// work before returning its future) also runs with the attempt in scope.
+async fn call_in_scope<S, R>(inner: &mut S, req: R) -> Result<S::Response, S::Error>
+where
+    S: Service<R>,
+{
+    inner.call(req).await
 }
 
 #[cfg(test)]
