@@ -24,6 +24,30 @@
 //! a verifier, to [resolve](crate::store::Store::resolve) it.
 //!
 //! Stores judge time by their own clock (Redis: `TIME`), never the caller's.
+//!
+//! # Retention
+//!
+//! A record is kept until its expiry, then forgotten: the key is absent again (the next call runs
+//! as attempt 1, though its fence still grows past the old ones). Every store sets the expiry
+//! the same way, by its clock at the transition:
+//!
+//! | call | expiry afterwards |
+//! |---|---|
+//! | acquire with `lease` and `retention` | `max(lease, retention)` from now (also for a record taken over: a released one, or one whose lease passed) |
+//! | renew with `lease` | the later of the expiry and the new lease's end (`lease` from now): a renewal never shortens it |
+//! | complete with `retention` | exactly `retention` from now, whether that is sooner or later than before (a repeat changes nothing) |
+//! | release, abandon [`Abandon::Uncertain`], [`release_fenced`](crate::store::Store::release_fenced) | unchanged |
+//! | abandon [`Abandon::NeedsAttention`] | none: the record waits, unpurged, until it is resolved |
+//! | resolve [`Resolution::Done`] | its `retention` from now |
+//! | resolve [`Resolution::NotDone`] | [`KEEP_RESOLVED_RELEASE`] from now |
+//! | [`delete`](crate::store::Store::delete) | now (the record is absent at once) |
+//!
+//! So an outcome is replayed for exactly the retention it was stored with (the step's retention),
+//! and a running or released record stays bound to its payload for at least the retention it was
+//! acquired with, and never expires under a live lease. [`RecordInfo::expires`] reads the expiry;
+//! the conformance suite (`tests/src/conformance/retention.rs`) holds every store to this table.
+//!
+//! [`RecordInfo::expires`]: crate::store::RecordInfo::expires
 
 use std::fmt;
 use std::sync::OnceLock;

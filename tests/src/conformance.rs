@@ -11,8 +11,10 @@ use idempotent_core::record::{Abandon, Acquire, Grant, Resolution, Resolved, Tra
 use idempotent_core::{Fingerprint, Key, SharedStore};
 
 mod admin;
+mod retention;
 
 pub use admin::run_admin;
+pub use retention::run_retention;
 
 const LEASE: Duration = Duration::from_secs(10);
 const KEEP: Duration = Duration::from_secs(60);
@@ -48,6 +50,7 @@ pub async fn run_all(store: SharedStore) {
     resolved_not_done_runs_afresh(&store).await;
     resolve_leaves_every_other_state_alone(&store).await;
     needs_attention_outlives_the_retention(&store).await;
+    run_retention(&store).await;
 }
 
 /// absent → Acquired(attempt 1); a second acquire sees the live lease.

@@ -26,12 +26,11 @@ const SWEEP_EVERY: usize = 1024;
 
 /// An in-process store: the default for one process, and for tests.
 ///
-/// Records live in a sharded hash map and expire like Redis keys: a running record after
-/// `max(lease, retention)`, a done record after its retention. Expired records are swept as the
-/// store is written to, at a constant cost per write, so memory stays within a constant factor
-/// of the live records (plus 1 024 per shard); [`MemoryStore::with_capacity`]
-/// also bounds their number (a full store refuses new keys rather than evicting live ones, which
-/// would let an operation run twice).
+/// Records live in a sharded hash map and expire as the record protocol says
+/// ([retention](crate::record#retention)). Expired records are swept as the store is written to,
+/// at a constant cost per write, so memory stays within a constant factor of the live records
+/// (plus 1 024 per shard); [`MemoryStore::with_capacity`] also bounds their number (a full store
+/// refuses new keys rather than evicting live ones, which would let an operation run twice).
 ///
 /// Time is read from `tokio::time::Instant`, so tests with paused time control lease expiry.
 /// Clones share the same records.

@@ -59,7 +59,8 @@ pub trait Store: std::any::Any + Send + Sync {
     /// Takes the key if it is free (absent, released, or its lease passed), or reports why not.
     ///
     /// `lease` bounds how long the caller may hold the key without renewing; `retention` is how
-    /// long the record is kept at least. `labels` are written into the record when the key is
+    /// long the record is kept (each transition's effect on that is in one table:
+    /// [retention](crate::record#retention)). `labels` are written into the record when the key is
     /// taken (and read back by [`inspect`](Self::inspect) and [`scan`](Self::scan)).
     fn acquire_labeled<'a>(
         &'a self,
@@ -82,7 +83,8 @@ pub trait Store: std::any::Any + Send + Sync {
         self.acquire_labeled(key, fingerprint, lease, retention, Labels::default())
     }
 
-    /// Stores the outcome and marks the operation done, if `token` still owns the key.
+    /// Stores the outcome and marks the operation done, if `token` still owns the key; it is kept
+    /// for `retention` from now.
     ///
     /// Must be idempotent for the token: a repeat by the token that completed the key (a retry
     /// after a lost reply, or the executor finishing a call its caller dropped) answers

@@ -146,18 +146,16 @@
 //!
 //! # Purging
 //!
-//! A row expires `retention` after its lease's end (acquire writes `expires_at = lease_until +
-//! retention`, and a renewal moves both), and `retention` after its completion, or, when it
-//! completed within its lease with the retention it was acquired with, `retention` after the
-//! lease's end: complete then keeps the `expires_at` acquire wrote, which is between `retention`
-//! and `retention` + one lease from now (a done record may be kept up to one lease longer than
-//! its retention). So complete changes no indexed column, and PostgreSQL updates the row in place
-//! (a HOT update: no new entry in the primary key, `expires_at` or `run_id` index, less WAL); the
-//! table is created with `fillfactor = 90`, so that the page holding a new row has room for its
-//! updated version. (`max(lease, retention)` from the acquisition, as `SqliteStore` and the other
-//! stores keep a running row, would have complete move `expires_at`: a new entry in every index.)
-//! A row that needs attention never expires, so no purge deletes it; once resolved, it expires
-//! after the resolution's retention (as done) or [`KEEP_RESOLVED_RELEASE`](crate::record::KEEP_RESOLVED_RELEASE) (as not done).
+//! `expires_at` is the record's expiry as the record protocol sets it
+//! ([retention](crate::record#retention)), on the database clock; `i64::MAX` while the row needs
+//! attention, so that no purge deletes it. The column is indexed for the purge, so a statement
+//! that moves it (acquire taking over a row, complete, resolve, abandon as needing attention, a
+//! renewal past the expiry) adds an entry to each of the table's indexes; release, an uncertain
+//! abandon and a renewal within the expiry change no indexed column, and PostgreSQL updates the
+//! row in place (a HOT update) when its page has room, which the table's `fillfactor = 90` leaves.
+//! Complete could keep acquire's expiry and be a HOT update too, but only by keeping a done record
+//! longer than its retention (acquire writing the retention past the lease's end), which no other
+//! store does.
 //! An expired row counts as absent at once (acquire takes it over, the fence still grows); it is
 //! deleted by a purge that takes up to 256 expired rows by the `expires_at` index (`FOR UPDATE
 //! SKIP LOCKED`, so it never waits for a call) and deletes them, one batch for every 64
@@ -356,13 +354,9 @@ impl Statements {
         let owned = format!("key = $1 AND token = $2 AND expires_at > {NOW_US}");
         // A repeat by the same token (its row already in the state it asks for) changes nothing.
         let touched = format!("updated_at = CASE WHEN state = 'running' THEN {NOW_US} ELSE updated_at END");
-        // Acquire wrote `expires_at = lease_until + retention`; a completion within the lease with
-        // that retention keeps it (at least the retention from now, at most a lease more), so
-        // that it changes no indexed column and the update is HOT.
-        let keeps_expiry = format!("(lease_until >= {NOW_US} AND expires_at - lease_until = $4)");
         let complete = format!(
             "UPDATE {t} SET result = CASE WHEN state = 'done' THEN result ELSE $3 END,\n\
-             expires_at = CASE WHEN state = 'done' OR {keeps_expiry} THEN expires_at ELSE {NOW_US} + $4 END,\n\
+             expires_at = CASE WHEN state = 'done' THEN expires_at ELSE {NOW_US} + $4 END,\n\
              updated_at = CASE WHEN state = 'done' THEN updated_at ELSE {NOW_US} END,\n\
              state = 'done'\n\
              WHERE {owned} AND state IN ('running', 'done')"
@@ -386,10 +380,9 @@ impl Statements {
              {NOW_US}\n\
              WHERE key = $1 AND state = 'needs_attention'"
         );
-        // The lease moves, and the expiry with it, so that it stays the retention past the lease.
         let renew = format!(
-            "UPDATE {t} SET lease_until = {NOW_US} + $3,\n\
-             expires_at = greatest(expires_at + ({NOW_US} + $3 - lease_until), {NOW_US} + $3), updated_at = {NOW_US}\n\
+            "UPDATE {t} SET lease_until = {NOW_US} + $3, expires_at = greatest(expires_at, {NOW_US} + $3), \
+             updated_at = {NOW_US}\n\
              WHERE {owned} AND state = 'running'"
         );
         let purge = format!(
@@ -895,7 +888,7 @@ impl PostgresStore {
                 .bind(&fp.as_bytes()[..])
                 .bind(token.as_str())
                 .bind(micros(lease))
-                .bind(micros(lease.saturating_add(retention)))
+                .bind(micros(lease.max(retention)))
                 .bind(labels.step.clone())
                 .bind(labels.run.clone())
                 .bind(labels.tenant.clone());

@@ -112,9 +112,9 @@
 //!
 //! # Purging
 //!
-//! A row expires `max(lease, retention)` after its acquisition, `retention` after its completion.
-//! A row that needs attention never expires, so no purge deletes it; once resolved, it expires
-//! after the resolution's retention (as done) or [`KEEP_RESOLVED_RELEASE`](crate::record::KEEP_RESOLVED_RELEASE) (as not done).
+//! `expires_at` is the record's expiry as the record protocol sets it
+//! ([retention](crate::record#retention)); `i64::MAX` while the row needs attention, so that no
+//! purge deletes it.
 //! An expired row counts as absent at once (acquire takes it over, the fence still grows); it is
 //! deleted by a sweep that walks the table in `rowid` order, 256 rows per batch, one batch for
 //! every 64 acquisitions of a store (in a background task), so a sweep costs a bounded amount per

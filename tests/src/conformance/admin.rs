@@ -75,12 +75,8 @@ async fn labels_and_times_are_read_back(store: &SharedStore) {
     assert_eq!(done.result_bytes, Some(12));
     assert_eq!(done.lease_until, None);
     assert!(done.updated >= done.created);
-    // Kept for the retention from the completion; PostgreSQL keeps a record completed within its
-    // lease until the retention past the lease's end, at most a lease more (store/postgres.rs).
-    assert!(
-        done.expires.is_some_and(|e| near(e, now + KEEP) || (e > now + KEEP && near(e, now + LEASE + KEEP))),
-        "kept for the retention: {done:?}"
-    );
+    // Kept for the retention from the completion (exactly: `retention.rs`).
+    assert!(done.expires.is_some_and(|e| near(e, now + KEEP)), "kept for the retention: {done:?}");
 
     // No labels: an empty step, no run, no tenant.
     let bare = fresh_key();

@@ -116,9 +116,11 @@ pub mod source {
 /// documented in `layout.lua`; records of the earlier layout, without labels, are still read);
 /// a done record costs the result and its labels plus 190 bytes. [`Store::inspect`] and
 /// [`Store::scan`] read records with the `read` script (`scan`: `SCAN … MATCH <prefix>*` on the
-/// server, or on each cluster master in turn, never `KEYS`). A record that needs attention ([`Abandon::NeedsAttention`]) has no TTL: it stays
-/// until [resolved](Store::resolve). A key that holds anything else (another type, a string this
-/// store did not write) is answered with [`Error::Corrupt`], never a replay or a second run.
+/// server, or on each cluster master in turn, never `KEYS`). A record's TTL is its expiry as the
+/// record protocol sets it ([retention](crate::record#retention)); a record that needs attention
+/// ([`Abandon::NeedsAttention`]) has none: it stays until [resolved](Store::resolve). A key that
+/// holds anything else (another type, a string this store did not write) is answered with
+/// [`Error::Corrupt`], never a replay or a second run.
 ///
 /// **Replication and failover.** On Redis Cluster the store follows a failover by itself:
 /// redirects (`MOVED`, `ASK`) and a refreshed slot map lead it to the new master, dead
