@@ -6,6 +6,15 @@
 //! tenant is distinct from an empty one. The identity payload enters the key through its own hash,
 //! so when identity and payload are the same value (the default) the payload is hashed once.
 //!
+//! The operation key ([`Key::derive`], [`Key::from_identity_hash`]) hashes, in this order, each
+//! field length-prefixed (its length as a big-endian `u64`, then its bytes) unless said
+//! otherwise: the namespace `idempotent/v1` (domain separation, bumped if the framing ever
+//! changes); the tag `operation`; the tenant, as one byte `0` when there is none or a byte `1`
+//! and the length-prefixed tenant; the run id; the step name; the step version, 4 bytes
+//! big-endian; the 32-byte sha256 of the identity payload's canonical JSON. The key of a client's
+//! key ([`Key::from_client_key`]) hashes the namespace, the tag `client-key`, the tenant framed
+//! the same way, the scope and the client's key.
+//!
 //! A [`Fingerprint`] is the sha256 of the canonical JSON of the *whole* payload. Keeping the two
 //! apart lets a caller key an operation on part of its arguments (an order id) while a retry that
 //! changes another argument (the amount) under the same key is reported as a mismatch instead of

@@ -31,7 +31,7 @@
 //! Durations are in seconds (`metrics::Unit::Seconds` in the descriptions that
 //! [`describe`] registers). Each call with the feature on and a recorder installed costs a
 //! few allocations (the step label is copied, and the facade builds each metric's key): see
-//! BENCHMARKS.md ("Metrics").
+//! BENCHMARKS.md (the `metrics` row).
 
 use crate::error::Error;
 use crate::lease::Taken;

@@ -7,8 +7,8 @@
 //!   execution is that request and the complete (2); a replay is that request alone (1), but
 //!   pays for a write that writes nothing: on SQLite it takes the file's one write lock, so
 //!   replays queue behind each other; on PostgreSQL the `INSERT … ON CONFLICT` node is set up
-//!   (25–35 µs of server CPU) for a row it does not insert; on Redis `SET NX GET` costs the
-//!   server 1.6× a `GET` and sends the whole new record.
+//!   for a row it does not insert; on Redis `SET NX GET` costs the server more than a `GET` and
+//!   sends the whole new record (BENCHMARKS.md has the figures).
 //! - **read first**: a plain read of the live record (SQL `SELECT`, Redis `GET`), then the write
 //!   only when the record does not decide the answer. A replay is one pure read, as cheap as the
 //!   database's own; a first execution is 3 requests (read, write, complete).

@@ -61,9 +61,9 @@ impl RedisStoreBuilder {
     ///
     /// Tuning: more connections spread the client's work over more of its threads, fewer put
     /// more commands in each socket write and each pass of Redis' event loop. With 64 callers on
-    /// two cores shared with Redis (BENCHMARKS.md, "the connection count"), 4 connections made
-    /// 1.1–1.25× the first executions of 1. A cluster, or callers spread over many cores, may
-    /// want more. Measure your own with `redis_bench --pool <n>` (see BENCHMARKS.md).
+    /// two cores shared with Redis, 4 connections made more first executions than 1
+    /// (BENCHMARKS.md, "Measurements behind other decisions"). A cluster, or callers spread over
+    /// many cores, may want more. Measure your own with `redis_bench --pool <n>`.
     pub fn pool_size(mut self, size: usize) -> Self {
         self.pool_size = size;
         self
@@ -98,8 +98,8 @@ impl RedisStoreBuilder {
     /// LOAD`, `FCALL`), loaded on first use (default on), rather than by `EVALSHA`.
     ///
     /// Every script reads records through the same prelude of constants and helpers; in a library
-    /// that prelude runs once, at load, instead of on every call, which saves Redis about 1–2 µs
-    /// of a 3–5 µs script call (see BENCHMARKS.md). The library is named `idempotent_<digest>`
+    /// that prelude runs once, at load, instead of on every call, which saves Redis part of every
+    /// script call (see BENCHMARKS.md). The library is named `idempotent_<digest>`
     /// after its text, so versions of this crate sharing a server each call their own; an old
     /// version's library can be removed with `FUNCTION DELETE`. Functions need Redis 7.0 or
     /// Valkey, and an ACL that allows `FCALL` and `FUNCTION LOAD`; on a server that refuses them

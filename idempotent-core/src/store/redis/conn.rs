@@ -78,8 +78,8 @@ pub(super) enum Lane {
     /// A plain read (acquire's `GET` first, a state load): always the first connection. A `GET`
     /// costs Redis about a microsecond, less than the system calls around it; on one socket, the
     /// reads of many callers share each write, each read of the replies and each pass of
-    /// Redis' event loop. At 64 callers this took Redis' CPU per replay from 9.2–9.6 µs to
-    /// 5.2–6.2 µs and replays from 0.45–0.48× to 0.65–0.71× the raw `GET` (BENCHMARKS.md).
+    /// Redis' event loop. At 64 callers this cut Redis' CPU per replay and raised the replay rate
+    /// (BENCHMARKS.md, "Measurements behind other decisions").
     /// Under load acquire's reads also go out together, as one `MGET` (`reads.rs`).
     Read,
     /// Everything else: the other connections in turn (the one connection when the store keeps

@@ -5,6 +5,43 @@
 //! variable part (labels, result) in place, without allocating.
 //!
 //! Public only so that the tests crate can write records by hand; not API.
+//!
+//! # The key and the record
+//!
+//! One Redis key per operation: the store's prefix (`idem:` by default), then the operation's
+//! [`Key`](crate::Key) as 64 lowercase hex digits, so that no command ever spans two keys and
+//! Redis Cluster never sees a cross-slot one. The record is one string: [`HEADER_LEN`] bytes of
+//! fixed-width fields, the labels' text, then, once done, the result; a done record costs its
+//! result and labels plus 190 bytes.
+//!
+//! The numbers are fixed-width decimal digits rather than binary, so that `renew` rewrites the
+//! lease deadline (and the update time) with one `SETRANGE` each, and so that every number can be
+//! checked for corruption: digits only ([`digits`]; Lua's `tonumber` would also take signs, `nan`
+//! or `0x..`), fences below [`MAX_FENCE`], where Lua's doubles count exactly. Binary fields
+//! measured a little cheaper per script call and could not be checked (BENCHMARKS.md,
+//! "Measurements behind other decisions").
+//!
+//! # Times
+//!
+//! `created` and `updated` are milliseconds of the server's clock. A record `SET NX` wrote
+//! ([`NEW`]) has no server time to hand: its times are the client's estimate of the server's
+//! clock, the fence in milliseconds (`clock.rs`; off by the estimate's error, well under a
+//! second). `complete` stamps the done record's update time with the same estimate, sent as its
+//! fourth argument and never before the record's last change, because `TIME` inside the script
+//! cost Redis about a quarter of the function's time (BENCHMARKS.md); the script reads `TIME`
+//! itself when the client has no fresh estimate (a store whose acquires never take the `SET NX`
+//! path never measures the clock).
+//!
+//! # Records of an earlier release
+//!
+//! Running, released and needs-attention records of [`OLD_RUNNING_LEN`] bytes (no times, no
+//! labels) and done records [`OLD_DONE`] (the result right after the token, no fence or attempt)
+//! are still read by every script and by `inspect` and `scan`. A script that changes an old
+//! running record writes it in this layout first (times unknown, no labels unless an acquisition
+//! brings its own); `inspect` reads an old done record with attempt and fence 0, and an old
+//! record's times as unknown (the Unix epoch). The other way does not work: a process of the
+//! earlier release reads a record of this layout as one it did not write and fails closed
+//! (`Corrupt`, or a lease lost on complete), so upgrade every process on a store together.
 
 use std::ops::{Range, RangeFrom};
 

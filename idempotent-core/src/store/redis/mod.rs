@@ -100,11 +100,23 @@ pub mod source {
 /// 2 s), which covers connecting too; a call that fails or times out returns an error, and the
 /// executor then does not run the action. A connection found dead is replaced and the call tried
 /// once more: every command is idempotent for its owner token, so a retried call cannot act
-/// twice.
+/// twice. After an acquire that failed once it may have reached Redis (a timeout, a dropped
+/// connection), the store releases the key that acquire may have taken, from a task of its own,
+/// at once and once more a command timeout later (a late copy of the acquire then finds its
+/// token's released record and changes nothing): without it, a key nobody holds would stay
+/// blocked for a lease.
 ///
-/// Records are keyed `{prefix}{hex digest}`: one key per operation, so Redis Cluster never sees a
-/// cross-slot script. Leases are judged by the server: by its clock (`TIME`) in the scripts, and
-/// for a record `SET NX` wrote, by the key's TTL. Fences grow with every acquisition of a key;
+/// **Round trips.** A first execution is two commands (`SET … NX GET`, the `complete`
+/// function), a replay one; an acquire that finds a running or released record of its payload
+/// one more (the `acquire` function), a heartbeat one `renew` per third of the lease. After a run
+/// of replays acquire sends a plain `GET` first (the learnt order of `store/acquire_order.rs`):
+/// a replay is then that `GET`, which costs Redis less than `SET … NX GET` and sends no record,
+/// and a first execution is three commands until first executions in a row switch the order back.
+///
+/// Records are keyed `{prefix}{64 hex digits of the key}` (prefix `idem:` by default): one key
+/// per operation, so Redis Cluster never sees a cross-slot script. Leases are judged by the
+/// server: by its clock (`TIME`) in the scripts, and for a record `SET NX` wrote, by the key's
+/// TTL. Fences grow with every acquisition of a key;
 /// a key taken by `SET NX` gets the server's clock in microseconds as its fence, estimated from
 /// this process's monotonic clock and an offset measured with `TIME` in the background every
 /// minute (until the first measure lands, acquires take the script path), so a key's fences
@@ -112,8 +124,9 @@ pub mod source {
 /// plus a minute's drift between the two clocks (on a cluster, plus the skew between the node
 /// that answered `TIME` and the key's node). A record is one string: a fixed-width header
 /// (state, fingerprint, owner token, lease, fence, attempt, created and updated times, the
-/// labels' lengths), the labels' text, then the stored result once it is done (the layout is
-/// documented in `layout.lua`; records of the earlier layout, without labels, are still read);
+/// labels' lengths), the labels' text, then the stored result once it is done (the layout, and
+/// why it is so, is documented in `layout.rs` and `layout.lua`; records of the earlier layout,
+/// without labels, are still read);
 /// a done record costs the result and its labels plus 190 bytes. [`Store::inspect`] and
 /// [`Store::scan`] read records with the `read` script (`scan`: `SCAN … MATCH <prefix>*` on the
 /// server, or on each cluster master in turn, never `KEYS`). A record's TTL is its expiry as the

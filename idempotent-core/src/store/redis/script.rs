@@ -3,9 +3,8 @@
 //!
 //! Every script reads the record through the layout prelude (`layout.lua`): some forty constants
 //! and five helper functions. Sent by `EVALSHA`, the prelude runs on every call, and making its
-//! helpers (closures over the constants) costs Redis more than a `GET` does (`redis-benchmark`
-//! of the repeated `complete`: 3.4–4.5 µs per `EVALSHA`, 2.3–2.4 µs per `FCALL` of the same
-//! body; BENCHMARKS.md). In a library the prelude runs once, when the library is loaded, and
+//! helpers (closures over the constants) costs Redis more than a `GET` does (BENCHMARKS.md has
+//! the figures). In a library the prelude runs once, when the library is loaded, and
 //! each function is only its own body.
 //!
 //! The library is named after a digest of its text (`idempotent_<12 hex>`), and so are its
