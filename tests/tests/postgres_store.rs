@@ -1,5 +1,5 @@
 //! `PostgresStore` beyond the conformance suite: contention between pools, a database killed or
-//! paused mid-run, garbage rows, statements per call, schema checks and upgrades, purging,
+//! paused mid-run, garbage rows, statements per call, schema checks, purging,
 //! connections held, a step's writes committed with its record, and records that need attention
 //! (never purged, resolved once). Each test runs its own throwaway server.
 
@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures_util::future::join_all;
-use idempotent_core::record::{Abandon, Acquire, Grant, Labels, Resolution, Resolved, Transition};
-use idempotent_core::store::{Cursor, Filter, RecordState, TransactionalStore};
+use idempotent_core::record::{Abandon, Acquire, Grant, Resolution, Resolved, Transition};
+use idempotent_core::store::TransactionalStore;
 use idempotent_core::{Error, Fingerprint, Key, PostgresStore, RunContext, SharedStore, Store};
 use idempotent_tests::{PgServer, acquire_order, contention};
 use sqlx::PgConnection;
@@ -446,7 +446,7 @@ async fn an_incompatible_table_is_refused_and_left_alone() {
     sqlx::raw_sql("UPDATE idempotent_schema SET version = 4 WHERE name = 'records'").execute(&mut conn).await.unwrap();
     let err = PostgresStore::builder(server.url()).table("records").connect().await.unwrap_err();
     assert!(matches!(&err, Error::Config(m) if m.contains("version 4")), "{err:?}");
-    let changed = "UPDATE idempotent_schema SET version = 1 WHERE name = 'records';
+    let changed = "UPDATE idempotent_schema SET version = 3 WHERE name = 'records';
                    ALTER TABLE records ALTER COLUMN attempt TYPE integer";
     sqlx::raw_sql(changed).execute(&mut conn).await.unwrap();
     let err = PostgresStore::builder(server.url()).table("records").connect().await.unwrap_err();
@@ -728,59 +728,6 @@ CREATE INDEX idempotent_records_expires_at ON idempotent_records (expires_at);
 CREATE TABLE idempotent_schema (name text PRIMARY KEY NOT NULL, version integer NOT NULL);
 INSERT INTO idempotent_schema VALUES ('idempotent_records', 1)";
 
-/// A table of version 1 is upgraded in place when a store connects: its records are kept (a
-/// done one replays, a released one is taken afresh: version 1's `recovered` on a released row
-/// said something else), and it can hold records that need attention. A version 1 table whose
-/// state constraint is gone is refused and left alone.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_version_1_table_is_upgraded_in_place_keeping_its_records() {
-    let server = PgServer::start();
-    let mut conn = server.connection().await;
-    sqlx::raw_sql(V1_TABLE).execute(&mut conn).await.unwrap();
-    let far = 9_000_000_000_000_000i64;
-    for (k, state, recovered, result) in [(1u8, "done", false, Some(&b"old"[..])), (2, "released", true, None)] {
-        sqlx::query("INSERT INTO idempotent_records VALUES ($1, $2, $3, 'old-token', 5, 2, $4, 0, $5, $6)")
-            .bind(&key(k).as_bytes()[..])
-            .bind(&FP.as_bytes()[..])
-            .bind(state)
-            .bind(recovered)
-            .bind(far)
-            .bind(result)
-            .execute(&mut conn)
-            .await
-            .unwrap();
-    }
-    let store = PostgresStore::connect(server.url()).await.unwrap();
-    assert_eq!(count(&mut conn, "SELECT version::bigint FROM idempotent_schema").await, 3, "through 2 to 3");
-    assert_eq!(store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap(), Acquire::Replay(Bytes::from_static(b"old")));
-    let next = acquired(&store, &key(2), LEASE).await;
-    assert_eq!((next.attempt.number(), next.attempt.recovered()), (3, false));
-    assert!(next.attempt.fence() > 5);
-    assert_eq!(store.abandon(&key(2), &next.token, Abandon::NeedsAttention).await.unwrap(), Transition::Ok);
-    let waiting = Acquire::NeedsAttention { attempt: 3, fence: next.attempt.fence() };
-    assert_eq!(store.acquire(&key(2), &FP, LEASE, KEEP).await.unwrap(), waiting);
-    store.close().await;
-    // Connected again: nothing to upgrade, nothing changed.
-    let store = PostgresStore::connect(server.url()).await.unwrap();
-    assert_eq!(store.acquire(&key(2), &FP, LEASE, KEEP).await.unwrap(), waiting);
-    assert_eq!(count(&mut conn, "SELECT count(*) FROM idempotent_records").await, 2);
-    store.close().await;
-
-    // Version 1 without its state constraint: refused, and not altered.
-    sqlx::raw_sql("DROP TABLE idempotent_records, idempotent_schema").execute(&mut conn).await.unwrap();
-    sqlx::raw_sql(V1_TABLE).execute(&mut conn).await.unwrap();
-    sqlx::raw_sql("ALTER TABLE idempotent_records DROP CONSTRAINT idempotent_records_state_check")
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    let err = PostgresStore::connect(server.url()).await.unwrap_err();
-    assert!(
-        matches!(&err, Error::Config(m) if m.contains("version 1") && m.contains("idempotent_records_state_check")),
-        "{err:?}"
-    );
-    assert_eq!(count(&mut conn, "SELECT version::bigint FROM idempotent_schema").await, 1, "the table was upgraded");
-}
-
 /// The table of schema version 2, as idempotent-core created it before labels and times.
 const V2_TABLE: &str = "CREATE TABLE idempotent_records (
     key bytea PRIMARY KEY NOT NULL CHECK (length(key) = 32),
@@ -799,74 +746,33 @@ CREATE INDEX idempotent_records_expires_at ON idempotent_records (expires_at);
 CREATE TABLE idempotent_schema (name text PRIMARY KEY NOT NULL, version integer NOT NULL);
 INSERT INTO idempotent_schema VALUES ('idempotent_records', 2)";
 
-/// A table of version 2 is upgraded in place (columns added, an index by run) when a store
-/// connects: its records are kept and read back, with no labels and their last acquisition's
-/// time (the fence) as created and updated; new acquisitions carry labels, and scans by run find
-/// them. A version 2 table changed by hand is refused and left alone.
+/// The pre-release schema versions 1 and 2 were never published: a table marked with either is
+/// refused with a clear error and left as it is, its records untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_version_2_table_is_upgraded_in_place_keeping_its_records() {
+async fn a_table_of_a_pre_release_version_is_refused_and_left_alone() {
     let server = PgServer::start();
     let mut conn = server.connection().await;
-    sqlx::raw_sql(V2_TABLE).execute(&mut conn).await.unwrap();
-    let far = 9_000_000_000_000_000i64;
-    let fence = 1_700_000_000_000_000i64;
-    let rows = [
-        (1u8, "done", false, far, Some(&b"old"[..])),
-        (2, "released", true, far, None),
-        (3, "needs_attention", false, i64::MAX, None),
-    ];
-    for (k, state, recovered, expires, result) in rows {
-        sqlx::query("INSERT INTO idempotent_records VALUES ($1, $2, $3, 'old-token', $4, 2, $5, 0, $6, $7)")
-            .bind(&key(k).as_bytes()[..])
+    for (n, ddl) in [(1, V1_TABLE), (2, V2_TABLE)] {
+        sqlx::raw_sql("DROP TABLE IF EXISTS idempotent_records, idempotent_schema").execute(&mut conn).await.unwrap();
+        sqlx::raw_sql(ddl).execute(&mut conn).await.unwrap();
+        sqlx::query("INSERT INTO idempotent_records VALUES ($1, $2, 'done', 'old-token', 5, 2, false, 0, $3, $4)")
+            .bind(&key(1).as_bytes()[..])
             .bind(&FP.as_bytes()[..])
-            .bind(state)
-            .bind(fence)
-            .bind(recovered)
-            .bind(expires)
-            .bind(result)
+            .bind(9_000_000_000_000_000i64)
+            .bind(&b"old"[..])
             .execute(&mut conn)
             .await
             .unwrap();
+        let err = PostgresStore::connect(server.url()).await.unwrap_err();
+        assert!(
+            matches!(&err, Error::Config(m) if m.contains(&format!("version {n}")) && m.contains("reads version 3 only")
+                && m.contains("PostgresStoreBuilder::table")),
+            "{err:?}"
+        );
+        let version = count(&mut conn, "SELECT version::bigint FROM idempotent_schema").await;
+        assert_eq!(version, n, "the table was upgraded");
+        let columns = "SELECT count(*) FROM information_schema.columns WHERE table_name = 'idempotent_records'";
+        assert_eq!(count(&mut conn, columns).await, 10, "the table was altered");
+        assert_eq!(count(&mut conn, "SELECT count(*) FROM idempotent_records").await, 1);
     }
-    let store = PostgresStore::connect(server.url()).await.unwrap();
-    assert_eq!(count(&mut conn, "SELECT version::bigint FROM idempotent_schema").await, 3);
-    let index = "SELECT count(*) FROM pg_indexes WHERE indexname = 'idempotent_records_run_id'";
-    assert_eq!(count(&mut conn, index).await, 1, "the index by run was made");
-
-    let done = store.inspect(&key(1)).await.unwrap().expect("the done record is kept");
-    assert_eq!(
-        (done.state, done.attempt, done.fence, done.result_bytes),
-        (RecordState::Done, 2, fence as u64, Some(3))
-    );
-    assert_eq!((done.step.as_str(), done.run.as_deref(), done.tenant.as_deref()), ("", None, None));
-    let then = std::time::UNIX_EPOCH + Duration::from_micros(fence as u64);
-    assert_eq!((done.created, done.updated), (then, then), "times read as the last acquisition's");
-    assert_eq!(store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap(), Acquire::Replay(Bytes::from_static(b"old")));
-    assert_eq!(store.inspect(&key(2)).await.unwrap().unwrap().state, RecordState::Stuck, "released uncertain");
-    let waiting = store.inspect(&key(3)).await.unwrap().unwrap();
-    assert_eq!((waiting.state, waiting.expires), (RecordState::NeedsAttention, None));
-
-    // The uncertain record is taken over as recovered; a new key carries its labels.
-    let next = acquired(&store, &key(2), LEASE).await;
-    assert_eq!((next.attempt.number(), next.attempt.recovered()), (3, true));
-    assert!(next.attempt.fence() > fence as u64);
-    let labels = Labels::step("refund").run("run-9").tenant(Some("acme"));
-    store.acquire_labeled(&key(4), &FP, LEASE, KEEP, labels).await.unwrap();
-    let by_run = store.scan(&Filter::all().run("run-9"), &Cursor::start(), 10).await.unwrap();
-    let found: Vec<_> = by_run.records.iter().map(|r| (r.key, r.step.as_str(), r.tenant.as_deref())).collect();
-    assert_eq!(found, [(key(4), "refund", Some("acme"))]);
-    store.close().await;
-    // Connected again: nothing to upgrade, nothing changed.
-    let store = PostgresStore::connect(server.url()).await.unwrap();
-    assert_eq!(store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap(), Acquire::Replay(Bytes::from_static(b"old")));
-    assert_eq!(count(&mut conn, "SELECT count(*) FROM idempotent_records").await, 4);
-    store.close().await;
-
-    // Version 2, changed by hand: refused, and not altered.
-    sqlx::raw_sql("DROP TABLE idempotent_records, idempotent_schema").execute(&mut conn).await.unwrap();
-    sqlx::raw_sql(V2_TABLE).execute(&mut conn).await.unwrap();
-    sqlx::raw_sql("ALTER TABLE idempotent_records DROP COLUMN result").execute(&mut conn).await.unwrap();
-    let err = PostgresStore::connect(server.url()).await.unwrap_err();
-    assert!(matches!(&err, Error::Config(m) if m.contains("version 2") && m.contains("changed by hand")), "{err:?}");
-    assert_eq!(count(&mut conn, "SELECT version::bigint FROM idempotent_schema").await, 2, "the table was upgraded");
 }

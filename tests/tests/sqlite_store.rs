@@ -1,5 +1,5 @@
 //! `SqliteStore` beyond the conformance suite: contention between stores and processes on one
-//! file, durability across a reopen, purging, schema checks and upgrades, statements per call, and
+//! file, durability across a reopen, purging, schema checks, statements per call, and
 //! records that need attention (never purged, resolved once).
 
 use std::collections::HashMap;
@@ -9,8 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use idempotent_core::record::{Abandon, Acquire, Labels, Resolution, Resolved, Transition};
-use idempotent_core::store::{Cursor, Filter, RecordState};
+use idempotent_core::record::{Abandon, Acquire, Resolution, Resolved, Transition};
 use idempotent_core::{Error, Fingerprint, Key, RunContext, SharedStore, SqliteStore, Store};
 use idempotent_tests::{acquire_order, contention};
 use sqlx::{Connection, SqliteConnection};
@@ -467,57 +466,6 @@ const V1_TABLE: &str = "CREATE TABLE idempotent_records (
 CREATE TABLE idempotent_schema (name TEXT PRIMARY KEY NOT NULL, version INTEGER NOT NULL);
 INSERT INTO idempotent_schema VALUES ('idempotent_records', 1)";
 
-/// A table of version 1 is upgraded in place when the store opens it: its records are kept (a
-/// done one replays, a released one is taken afresh: version 1's `recovered` on a released row
-/// said something else), and it can hold records that need attention. A version 1 table changed
-/// by hand is refused and left alone.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_version_1_table_is_upgraded_in_place_keeping_its_records() {
-    let dir = TempDir::new().unwrap();
-    let path = dir.path().join("v1.db");
-    let mut conn = raw(&path).await;
-    sqlx::raw_sql(V1_TABLE).execute(&mut conn).await.unwrap();
-    let far = 9_000_000_000_000_000i64;
-    for (k, state, recovered, result) in [(1u8, "done", 0, Some(&b"old"[..])), (2, "released", 1, None)] {
-        sqlx::query("INSERT INTO idempotent_records VALUES (?1, ?2, ?3, 'old-token', 5, 2, ?4, 0, ?5, ?6)")
-            .bind(&key(k).as_bytes()[..])
-            .bind(&FP.as_bytes()[..])
-            .bind(state)
-            .bind(recovered)
-            .bind(far)
-            .bind(result)
-            .execute(&mut conn)
-            .await
-            .unwrap();
-    }
-    let store = SqliteStore::open(&path).await.unwrap();
-    let version: i64 = sqlx::query_scalar("SELECT version FROM idempotent_schema").fetch_one(&mut conn).await.unwrap();
-    assert_eq!(version, 3, "upgraded through version 2 to 3");
-    assert_eq!(store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap(), Acquire::Replay(Bytes::from_static(b"old")));
-    let Acquire::Acquired(next) = store.acquire(&key(2), &FP, LEASE, KEEP).await.unwrap() else { panic!() };
-    assert_eq!((next.attempt.number(), next.attempt.recovered()), (3, false));
-    assert!(next.attempt.fence() > 5);
-    assert_eq!(store.abandon(&key(2), &next.token, Abandon::NeedsAttention).await.unwrap(), Transition::Ok);
-    let waiting = Acquire::NeedsAttention { attempt: 3, fence: next.attempt.fence() };
-    assert_eq!(store.acquire(&key(2), &FP, LEASE, KEEP).await.unwrap(), waiting);
-    store.close().await;
-    // Opened again: nothing to upgrade, nothing changed.
-    let store = SqliteStore::open(&path).await.unwrap();
-    assert_eq!(store.acquire(&key(2), &FP, LEASE, KEEP).await.unwrap(), waiting);
-    assert_eq!(count_rows(&path, "idempotent_records").await, 2);
-    store.close().await;
-
-    // Version 1, changed by hand: refused, and not altered.
-    let path = dir.path().join("v1-changed.db");
-    let mut conn = raw(&path).await;
-    sqlx::raw_sql(V1_TABLE).execute(&mut conn).await.unwrap();
-    sqlx::raw_sql("ALTER TABLE idempotent_records DROP COLUMN result").execute(&mut conn).await.unwrap();
-    let err = SqliteStore::open(&path).await.unwrap_err();
-    assert!(matches!(&err, Error::Config(m) if m.contains("version 1") && m.contains("changed by hand")), "{err:?}");
-    let version: i64 = sqlx::query_scalar("SELECT version FROM idempotent_schema").fetch_one(&mut conn).await.unwrap();
-    assert_eq!(version, 1, "the table was upgraded");
-}
-
 /// The table of schema version 2, as idempotent-core created it before labels and times.
 const V2_TABLE: &str = "CREATE TABLE idempotent_records (
     key BLOB PRIMARY KEY NOT NULL CHECK (length(key) = 32),
@@ -534,95 +482,46 @@ const V2_TABLE: &str = "CREATE TABLE idempotent_records (
 CREATE TABLE idempotent_schema (name TEXT PRIMARY KEY NOT NULL, version INTEGER NOT NULL);
 INSERT INTO idempotent_schema VALUES ('idempotent_records', 2)";
 
-/// A table of version 2 is upgraded in place (columns added, no copy) when the store opens it:
-/// its records are kept and read back, with no labels and their last acquisition's time (the
-/// fence) as created and updated; new acquisitions carry labels. A version 2 table changed by
-/// hand is refused and left alone.
+/// The pre-release schema versions 1 and 2 were never published: a table marked with either is
+/// refused with a clear error and left as it is, its records untouched. A table of the current
+/// version changed by hand is refused too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_version_2_table_is_upgraded_in_place_keeping_its_records() {
+async fn a_table_of_a_pre_release_version_or_changed_by_hand_is_refused_and_left_alone() {
     let dir = TempDir::new().unwrap();
-    let path = dir.path().join("v2.db");
-    let mut conn = raw(&path).await;
-    sqlx::raw_sql(V2_TABLE).execute(&mut conn).await.unwrap();
-    let far = 9_000_000_000_000_000i64;
-    let fence = 1_700_000_000_000_000i64;
-    let rows = [
-        (1u8, "done", 0, far, Some(&b"old"[..])),
-        (2, "released", 1, far, None),
-        (3, "needs_attention", 0, i64::MAX, None),
-    ];
-    for (k, state, recovered, expires, result) in rows {
-        sqlx::query("INSERT INTO idempotent_records VALUES (?1, ?2, ?3, 'old-token', ?4, 2, ?5, 0, ?6, ?7)")
-            .bind(&key(k).as_bytes()[..])
+    for (n, ddl) in [(1, V1_TABLE), (2, V2_TABLE)] {
+        let path = dir.path().join(format!("v{n}.db"));
+        let mut conn = raw(&path).await;
+        sqlx::raw_sql(ddl).execute(&mut conn).await.unwrap();
+        sqlx::query("INSERT INTO idempotent_records VALUES (?1, ?2, 'done', 'old-token', 5, 2, 0, 0, ?3, ?4)")
+            .bind(&key(1).as_bytes()[..])
             .bind(&FP.as_bytes()[..])
-            .bind(state)
-            .bind(fence)
-            .bind(recovered)
-            .bind(expires)
-            .bind(result)
+            .bind(9_000_000_000_000_000i64)
+            .bind(&b"old"[..])
             .execute(&mut conn)
             .await
             .unwrap();
+        let err = SqliteStore::open(&path).await.unwrap_err();
+        assert!(
+            matches!(&err, Error::Config(m) if m.contains(&format!("version {n}")) && m.contains("reads version 3 only")
+                && m.contains("SqliteStoreBuilder::table")),
+            "{err:?}"
+        );
+        let version: i64 =
+            sqlx::query_scalar("SELECT version FROM idempotent_schema").fetch_one(&mut conn).await.unwrap();
+        assert_eq!(version, n, "the table was upgraded");
+        let columns: Vec<String> = sqlx::query_scalar("SELECT name FROM pragma_table_info('idempotent_records')")
+            .fetch_all(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(columns.len(), 10, "the table was altered: {columns:?}");
+        assert_eq!(count_rows(&path, "idempotent_records").await, 1);
     }
-    let store = SqliteStore::open(&path).await.unwrap();
-    let version: i64 = sqlx::query_scalar("SELECT version FROM idempotent_schema").fetch_one(&mut conn).await.unwrap();
-    assert_eq!(version, 3);
-    let columns: Vec<String> = sqlx::query_scalar("SELECT name FROM pragma_table_info('idempotent_records')")
-        .fetch_all(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(columns[10..], ["step", "run_id", "tenant", "created_at", "updated_at"], "added after the old ones");
 
-    let done = store.inspect(&key(1)).await.unwrap().expect("the done record is kept");
-    assert_eq!(
-        (done.state, done.attempt, done.fence, done.result_bytes),
-        (RecordState::Done, 2, fence as u64, Some(3))
-    );
-    assert_eq!((done.step.as_str(), done.run.as_deref(), done.tenant.as_deref()), ("", None, None));
-    let then = std::time::UNIX_EPOCH + Duration::from_micros(fence as u64);
-    assert_eq!((done.created, done.updated), (then, then), "times read as the last acquisition's");
-    assert_eq!(store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap(), Acquire::Replay(Bytes::from_static(b"old")));
-    assert_eq!(store.inspect(&key(2)).await.unwrap().unwrap().state, RecordState::Stuck, "released uncertain");
-    let waiting = store.inspect(&key(3)).await.unwrap().unwrap();
-    assert_eq!((waiting.state, waiting.expires), (RecordState::NeedsAttention, None));
-    let stuck = store.scan(&Filter::all().state(RecordState::Stuck), &Cursor::start(), 10).await.unwrap();
-    assert_eq!(stuck.records.iter().map(|r| r.key).collect::<Vec<_>>(), [key(2)]);
-
-    // The uncertain record is taken over as recovered, now with labels.
-    let labels = Labels::step("refund").run("run-9").tenant(Some("acme"));
-    let Acquire::Acquired(next) = store.acquire_labeled(&key(2), &FP, LEASE, KEEP, labels).await.unwrap() else {
-        panic!()
-    };
-    assert_eq!((next.attempt.number(), next.attempt.recovered()), (3, true));
-    assert!(next.attempt.fence() > fence as u64);
-    let running = store.inspect(&key(2)).await.unwrap().unwrap();
-    assert_eq!(
-        (running.state, running.step.as_str(), running.tenant.as_deref()),
-        (RecordState::Running, "", None),
-        "a record that lives on keeps its labels"
-    );
-    assert!(running.updated > then && running.created == then);
-    let fresh = key(4);
-    store.acquire_labeled(&fresh, &FP, LEASE, KEEP, labels).await.unwrap();
-    let read = store.inspect(&fresh).await.unwrap().unwrap();
-    assert_eq!(
-        (read.step.as_str(), read.run.as_deref(), read.tenant.as_deref()),
-        ("refund", Some("run-9"), Some("acme"))
-    );
-    store.close().await;
-    // Opened again: nothing to upgrade, nothing changed.
-    let store = SqliteStore::open(&path).await.unwrap();
-    assert_eq!(store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap(), Acquire::Replay(Bytes::from_static(b"old")));
-    assert_eq!(count_rows(&path, "idempotent_records").await, 4);
-    store.close().await;
-
-    // Version 2, changed by hand: refused, and not altered.
-    let path = dir.path().join("v2-changed.db");
+    // The current version, changed by hand: refused, and not altered.
+    let path = dir.path().join("v3-changed.db");
+    SqliteStore::open(&path).await.unwrap().close().await;
     let mut conn = raw(&path).await;
-    sqlx::raw_sql(V2_TABLE).execute(&mut conn).await.unwrap();
-    sqlx::raw_sql("ALTER TABLE idempotent_records DROP COLUMN result").execute(&mut conn).await.unwrap();
+    sqlx::raw_sql("ALTER TABLE idempotent_records DROP COLUMN updated_at").execute(&mut conn).await.unwrap();
     let err = SqliteStore::open(&path).await.unwrap_err();
-    assert!(matches!(&err, Error::Config(m) if m.contains("version 2") && m.contains("changed by hand")), "{err:?}");
-    let version: i64 = sqlx::query_scalar("SELECT version FROM idempotent_schema").fetch_one(&mut conn).await.unwrap();
-    assert_eq!(version, 2, "the table was upgraded");
+    assert!(matches!(&err, Error::Config(m) if m.contains("version 3") && m.contains("changed by hand")), "{err:?}");
 }

@@ -133,8 +133,6 @@ use crate::store::BoxFuture;
 mod memory;
 #[cfg(feature = "redis")]
 mod redis;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-mod sql;
 
 pub use memory::MemoryStateStore;
 

@@ -23,14 +23,10 @@ mod acquire_order;
 pub mod admin;
 pub mod memory;
 mod open;
-#[cfg(feature = "postgres")]
-pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub mod sql;
-#[cfg(feature = "sqlite")]
-pub mod sqlite;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{Preflight, Problem, RedisStore, RedisStoreBuilder, Risk};
@@ -39,12 +35,12 @@ pub(crate) use acquire_order::AcquireOrder;
 pub use admin::{Cursor, Deleted, Filter, MAX_PAGE, Page, Purged, RecordInfo, RecordState, delete_all};
 pub use memory::MemoryStore;
 pub use open::open;
-#[cfg(feature = "postgres")]
-pub use postgres::{PostgresStore, PostgresStoreBuilder};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub use sql::{CommitsWith, TransactionalStore};
+pub use sql::{CommitsWith, SqlStore, TransactionalStore};
+#[cfg(feature = "postgres")]
+pub use sql::{PostgresStore, PostgresStoreBuilder};
 #[cfg(feature = "sqlite")]
-pub use sqlite::{SqliteStore, SqliteStoreBuilder};
+pub use sql::{SqliteStore, SqliteStoreBuilder};
 
 /// A boxed, sendable future, so that [`Store`] stays object safe.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

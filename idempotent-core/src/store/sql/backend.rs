@@ -1,0 +1,236 @@
+//! What differs between the SQL databases, and nothing else: the [`Backend`] a [`SqlStore`] is
+//! generic over.
+//!
+//! As sqlx keeps one `Pool<DB>` and a narrow per-driver trait (`Migrate`), the store is written
+//! once and asks its backend only for what the two databases do differently: acquire's upsert,
+//! the purge, how a statement is run and bounded in time (and what a failure may have left
+//! behind), how driver errors map to ours, how a row's columns decode, and the DDL and lock of a
+//! migration. Every statement the backends share is built once, in `statements.rs`.
+
+use std::future::Future;
+use std::time::Duration;
+
+use sqlx::{Database, SqlStr, Transaction};
+
+use super::SqlStore;
+use super::rows::Found;
+use crate::error::Error;
+use crate::key::Key;
+use crate::store::admin::RecordInfo;
+
+pub(crate) mod sealed {
+    /// Only this crate's backends implement [`Backend`](super::Backend).
+    pub trait Sealed {}
+}
+
+/// A value bound to a statement's next placeholder (`$1`, `$2`, … in order). Borrowed where the
+/// caller holds the value; owned where it was made for the statement (a scan's filter).
+#[derive(Debug)]
+pub enum Value<'a> {
+    /// `bytea` / `BLOB`.
+    Bytes(&'a [u8]),
+    /// `bytea` / `BLOB`, made for the statement.
+    OwnedBytes(Vec<u8>),
+    /// `bytea` / `BLOB`, or `NULL`.
+    OptBytes(Option<&'a [u8]>),
+    /// `text`.
+    Text(&'a str),
+    /// `text`, made for the statement.
+    OwnedText(String),
+    /// `text`, or `NULL`.
+    OptText(Option<&'a str>),
+    /// `bigint` / `INTEGER`.
+    Int(i64),
+}
+
+/// A statement that failed, and whether it may have taken effect.
+#[derive(Debug)]
+pub struct Failed {
+    /// The error the call answers.
+    pub(crate) error: Error,
+    /// What the statement may have done.
+    pub(crate) effect: Effect,
+}
+
+impl Failed {
+    /// A failure of a statement that cannot have changed anything (a read, a decoding error).
+    pub(crate) fn not_sent(error: Error) -> Self {
+        Failed { error, effect: Effect::NotSent }
+    }
+}
+
+/// A state row as a commit reads it: version, value, token history.
+pub(crate) type StateRow = (i64, Vec<u8>, Vec<u8>);
+
+/// Whether a failed statement may have changed the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Effect {
+    /// It was not sent (no connection), or the database answered that it did nothing.
+    NotSent,
+    /// The database rolled it back (a serialization failure or a deadlock): it may run again.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    RolledBack,
+    /// It was sent and may have been committed (PostgreSQL: a paused server runs it when it
+    /// resumes, a crash may lose the reply of a committed one).
+    Unknown,
+}
+
+/// A database a [`SqlStore`] can keep its records in: SQLite ([`SqliteBackend`](super::SqliteBackend))
+/// or PostgreSQL ([`PostgresBackend`](super::PostgresBackend)). Sealed: its methods are the
+/// store's internals.
+pub trait Backend: sealed::Sealed + Send + Sync + Sized + 'static {
+    /// The sqlx database.
+    type Db: Database;
+    /// The backend's purge: its statements and where its sweep goes on from.
+    type Purge: Send + Sync;
+
+    /// The name users write (`SqliteStore`), for `Debug` and error messages.
+    const STORE: &'static str;
+    /// The builder's `table` setter, which error messages point to.
+    const BUILDER_TABLE: &'static str;
+    /// [`Store::kind`](crate::Store::kind).
+    const KIND: &'static str;
+    /// The database clock in µs since the Unix epoch, fixed for the statement.
+    const NOW_US: &'static str;
+    /// The SQL function of the larger of two values (`max`, `greatest`).
+    const GREATEST: &'static str;
+
+    /// Acquire's upsert on `table` (a validated identifier), with the placeholders of
+    /// [`Statements`](super::statements::Statements)'s acquire, returning a [`Found`] row of the
+    /// key whatever happened (the caller's token in it if the key was taken), or, on PostgreSQL,
+    /// no row when the record changed between the statement's read and its write.
+    fn acquire_sql(table: &str) -> String;
+
+    /// The purge's statements and state for `table`.
+    fn purge_for(table: &str) -> Self::Purge;
+
+    /// The store's error for the driver's `e` during `op`.
+    fn error(describe: &str, op: &'static str, timeout: Duration, e: sqlx::Error) -> Error;
+
+    /// Runs `sql` with `args` on a connection of the store's pool, counted in
+    /// [`statements`](SqlStore::statements), and returns its first row.
+    fn fetch_optional<'a>(
+        store: &'a SqlStore<Self>,
+        op: &'static str,
+        sql: &'a SqlStr,
+        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
+    ) -> impl Future<Output = Result<Option<<Self::Db as Database>::Row>, Failed>> + Send + 'a;
+
+    /// [`fetch_optional`](Self::fetch_optional), all the rows.
+    fn fetch_all<'a>(
+        store: &'a SqlStore<Self>,
+        op: &'static str,
+        sql: &'a SqlStr,
+        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
+    ) -> impl Future<Output = Result<Vec<<Self::Db as Database>::Row>, Failed>> + Send + 'a;
+
+    /// [`fetch_optional`](Self::fetch_optional), answering how many rows the statement changed.
+    fn execute<'a>(
+        store: &'a SqlStore<Self>,
+        op: &'static str,
+        sql: &'a SqlStr,
+        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
+    ) -> impl Future<Output = Result<u64, Failed>> + Send + 'a;
+
+    /// [`execute`](Self::execute) inside `tx`, within the store's timeout.
+    fn execute_in<'a>(
+        store: &'a SqlStore<Self>,
+        tx: &'a mut Transaction<'static, Self::Db>,
+        op: &'static str,
+        sql: &'a SqlStr,
+        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
+    ) -> impl Future<Output = Result<u64, Error>> + Send + 'a;
+
+    /// Begins a step's transaction on the store's pool (SQLite: `BEGIN IMMEDIATE`).
+    fn begin(store: &SqlStore<Self>)
+    -> impl Future<Output = Result<Transaction<'static, Self::Db>, Error>> + Send + '_;
+
+    /// See [`TransactionalStore::renews_during_transaction`](super::TransactionalStore::renews_during_transaction).
+    fn renews_during_transaction(store: &SqlStore<Self>) -> bool;
+
+    /// One purge batch; answers how many rows it deleted.
+    fn purge(store: &SqlStore<Self>) -> impl Future<Output = Result<u64, Error>> + Send + '_;
+
+    /// The row of acquire's read or upsert, or [`Error::Corrupt`] for a column of the wrong type.
+    fn found(key: &Key, row: &<Self::Db as Database>::Row) -> Result<Found, Error>;
+
+    /// A row of an admin select ([`AdminSql`](super::statements::AdminSql)).
+    fn record(row: &<Self::Db as Database>::Row) -> Result<RecordInfo, Error>;
+
+    /// The one boolean column of `delete`'s answer.
+    fn kept(row: &<Self::Db as Database>::Row) -> Result<bool, sqlx::Error>;
+
+    /// Begins a migration's transaction, holding what keeps two processes from migrating at once
+    /// (SQLite: `BEGIN IMMEDIATE`; PostgreSQL: an advisory lock).
+    fn begin_migration(
+        store: &SqlStore<Self>,
+    ) -> impl Future<Output = Result<Transaction<'static, Self::Db>, sqlx::Error>> + Send + '_;
+
+    /// Bounds a migration in time where the database does not (PostgreSQL: the store's timeout,
+    /// reported as `op`).
+    fn bound_migration<'a, T: Send + 'a>(
+        store: &'a SqlStore<Self>,
+        op: &'static str,
+        work: impl Future<Output = Result<T, Error>> + Send + 'a,
+    ) -> impl Future<Output = Result<T, Error>> + Send + 'a;
+
+    /// Creates the schema registry `idempotent_schema` if it is missing, and answers the version
+    /// it holds for `table` (`None`: this crate did not create that table).
+    fn registered_version<'a>(
+        tx: &'a mut Transaction<'static, Self::Db>,
+        table: &'a str,
+    ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send + 'a;
+
+    /// Registers `table` at `version`.
+    fn register<'a>(
+        tx: &'a mut Transaction<'static, Self::Db>,
+        table: &'a str,
+        version: i64,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// Whether a relation named `table` exists (where the store would create it).
+    fn exists<'a>(
+        tx: &'a mut Transaction<'static, Self::Db>,
+        table: &'a str,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+
+    /// The columns of `table` as the records' check compares them (SQLite: names; PostgreSQL:
+    /// names and types), in order; none when it does not exist.
+    fn columns<'a>(
+        tx: &'a mut Transaction<'static, Self::Db>,
+        table: &'a str,
+    ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send + 'a;
+
+    /// What [`columns`](Self::columns) answers for a table of the current schema.
+    fn expected_columns() -> Vec<String>;
+
+    /// The DDL of the records' table (and its indexes).
+    fn create_records(table: &str) -> String;
+
+    /// The DDL of a state table.
+    fn create_state(table: &str) -> String;
+
+    /// Runs `ddl` (several statements) in `tx`.
+    fn run_ddl(
+        tx: &mut Transaction<'static, Self::Db>,
+        ddl: String,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
+
+    /// The state table is missing, or lacks a column (then `migrate_state` says why).
+    fn state_missing(e: &sqlx::Error) -> bool;
+
+    /// The state statements' runner: `sql` with `args` on the pool, not counted, answering the
+    /// `(version, value, tokens)` of the row read.
+    fn state_read<'a>(
+        store: &'a SqlStore<Self>,
+        sql: SqlStr,
+        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
+    ) -> impl Future<Output = Result<Option<StateRow>, sqlx::Error>> + Send + 'a;
+
+    /// The state statements' runner for a write: how many rows it changed.
+    fn state_write<'a>(
+        store: &'a SqlStore<Self>,
+        sql: SqlStr,
+        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
+}

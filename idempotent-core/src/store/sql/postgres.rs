@@ -1,0 +1,687 @@
+//! PostgreSQL, the backend of [`PostgresStore`]: one table, shared by every process that
+//! reaches the database. What it does differently from SQLite is here; the layout, the
+//! statements and the durability notes are in the [module docs](super).
+//!
+//! # Timeouts and failures
+//!
+//! [`PostgresStoreBuilder::timeout`] (5 s unless set) bounds each call as a whole: taking a
+//! connection from the pool (opening one included: the TCP connect and the handshake) and running
+//! the statement. A database that is down, unreachable or stopped fails the call with
+//! [`Error::Timeout`] or [`Error::Unavailable`] within it: acquire fails closed. A statement given
+//! up on closes its connection rather than return it to the pool. The store's own connections
+//! also run with `statement_timeout` set to the timeout, so that a statement the client gave up
+//! on (waiting for a row lock, say) does not go on in the server for long; this applies to the
+//! statements of a step's transaction on the store's pool too (raise it there with `SET LOCAL
+//! statement_timeout` if a step needs longer).
+//!
+//! An acquire that failed after its statement was sent may still take the key in the server (a
+//! paused server runs it when it resumes; a crash may lose the reply of a committed one). Nobody
+//! would run under that acquisition, so a task releases the key for the acquire's token: until
+//! the database answers (trying once a timeout, at most 32 times), then once more two timeouts
+//! later, once any statement still under way for it has ended. Releasing is safe whatever
+//! happened: it acts only on a record that token holds. A serialization failure or a deadlock
+//! (under a default isolation stricter than `READ COMMITTED`) rolled the statement back: acquire
+//! runs it again.
+//!
+//! Connections that sat idle for more than a second are pinged before use, so that after a
+//! database restart the pool replaces them rather than fail a call on each; connections in
+//! steady use are not, so a call waits for one round trip. (sqlx itself checks each connection
+//! with a `Sync` message as it goes back to the pool, after the call has answered.)
+//!
+//! # Indexes and HOT updates
+//!
+//! `expires_at` is indexed for the purge, so a statement that moves it (acquire taking over a
+//! row, complete, resolve, abandon as needing attention, a renewal past the expiry) adds an entry
+//! to each of the table's indexes; release, an uncertain abandon and a renewal within the expiry
+//! change no indexed column, and PostgreSQL updates the row in place (a HOT update) when its page
+//! has room, which the table's `fillfactor = 90` leaves. Complete could keep acquire's expiry and
+//! be a HOT update too, but only by keeping a done record longer than its retention, which no
+//! other store does.
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgArguments, PgConnectOptions, PgPool, PgPoolOptions, PgRow, Postgres};
+use sqlx::query::Query;
+use sqlx::{AssertSqlSafe, Connection, Row, SqlSafeStr, SqlStr, Transaction};
+use tokio::time::Instant;
+
+use super::backend::{Backend, Effect, Failed, StateRow, Value, sealed};
+use super::rows::{Found, found_of, read_record};
+use super::{CommitsWith, SqlStore};
+use crate::error::{BoxError, Error};
+use crate::key::Key;
+use crate::store::admin::RecordInfo;
+
+/// A store in one PostgreSQL table, safe for many tasks and for many processes on many hosts.
+///
+/// See the [module documentation](super) for the schema, the statements, the timeouts and the
+/// durability choices. Clones share the same pool.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use idempotent_core::{PostgresStore, RunContext, Store};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idempotent_core::Error> {
+/// let store = PostgresStore::builder("postgres://app:secret@127.0.0.1:5432/app")
+///     .timeout(Duration::from_secs(2))
+///     .connect()
+///     .await?;
+/// let ctx = RunContext::new(store.clone(), "order-7");
+/// let id: String = ctx
+///     .step("charge")
+///     .run(&("order-7", 1500), |attempt| async move {
+///         Ok::<_, idempotent_core::Error>(format!("ch_{}", attempt.fence()))
+///     })
+///     .await?;
+/// println!("{id}");
+/// // The password is never shown.
+/// assert_eq!(store.describe(), "postgres://app@127.0.0.1:5432/app");
+/// store.close().await;
+/// # Ok(()) }
+/// ```
+pub type PostgresStore = SqlStore<PostgresBackend>;
+
+/// The PostgreSQL [`Backend`] of [`PostgresStore`].
+#[derive(Debug)]
+pub struct PostgresBackend;
+
+/// The states a row can be in (the table's `CHECK` constraint).
+const STATES: &str = "'running', 'released', 'done', 'needs_attention'";
+/// Expired rows deleted per purge batch at most.
+const PURGE_BATCH: i64 = 256;
+/// The database clock in µs since the Unix epoch, fixed for the statement.
+const NOW_US: &str = "(extract(epoch FROM statement_timestamp()) * 1000000)::bigint";
+/// The columns of the records' table and their types (as `format_type` spells them), in order.
+const COLUMNS: [(&str, &str); 15] = [
+    ("key", "bytea"),
+    ("fingerprint", "bytea"),
+    ("state", "text"),
+    ("token", "text"),
+    ("fence", "bigint"),
+    ("attempt", "bigint"),
+    ("recovered", "boolean"),
+    ("lease_until", "bigint"),
+    ("expires_at", "bigint"),
+    ("result", "bytea"),
+    ("step", "text"),
+    ("run_id", "text"),
+    ("tenant", "text"),
+    ("created_at", "bigint"),
+    ("updated_at", "bigint"),
+];
+/// The advisory lock migrations hold for their transaction ("idempote" in ASCII).
+const MIGRATE_LOCK: i64 = 0x6964_656d_706f_7465;
+/// Connections idle for longer are pinged before use.
+const IDLE_PING: Duration = Duration::from_secs(1);
+/// The longest table name: the index names (`<table>_expires_at`, `<table>_run_id`) must fit
+/// PostgreSQL's 63 bytes.
+const MAX_TABLE_LEN: usize = 48;
+
+/// Where a [`PostgresStore`] gets its connections.
+#[derive(Debug, Clone)]
+enum Target {
+    Url(String),
+    Pool(PgPool),
+}
+
+/// Settings of a [`PostgresStore`], from [`PostgresStore::builder`] or
+/// [`PostgresStore::builder_with_pool`].
+#[derive(Debug, Clone)]
+pub struct PostgresStoreBuilder {
+    target: Target,
+    table: String,
+    timeout: Duration,
+    max_connections: u32,
+}
+
+impl PostgresStoreBuilder {
+    /// The table holding the records (default `idempotent_records`): an identifier of ASCII
+    /// letters, digits and `_`, not starting with a digit, at most 48 characters, not
+    /// `idempotent_schema`. It is created in the connection's `current_schema()`.
+    pub fn table(mut self, name: impl Into<String>) -> Self {
+        self.table = name.into();
+        self
+    }
+
+    /// How long a call may take as a whole, connecting included, before it fails with
+    /// [`Error::Timeout`] (default 5 s; at least 1 ms). The store's own connections also get it
+    /// as `statement_timeout`.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The most connections the store opens (default 8; at least 1). Ignored for a store on a
+    /// pool of the application's ([`PostgresStore::builder_with_pool`]).
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n.max(1);
+        self
+    }
+
+    /// Makes the pool (connections are opened as calls need them) and creates or checks the
+    /// table ([`PostgresStore::migrate`]).
+    ///
+    /// Fails with [`Error::Config`] for an invalid URL or table name or an incompatible existing
+    /// table, and with [`Error::Unavailable`] or [`Error::Timeout`] (op `open`) when the database
+    /// cannot be reached within the timeout.
+    pub async fn connect(self) -> Result<PostgresStore, Error> {
+        validate_table(&self.table)?;
+        let timeout = self.timeout;
+        let (pool, describe) = match self.target {
+            Target::Url(url) => {
+                let options = PgConnectOptions::from_str(&url).map_err(|e| {
+                    Error::Config(format!(
+                        "invalid PostgreSQL URL {}: {e}; expected postgres://user[:password]@host[:port]/database",
+                        redact(&url)
+                    ))
+                })?;
+                let describe = describe(&options);
+                let options = options.options([("statement_timeout", format!("{}ms", timeout.as_millis().max(1)))]);
+                let pool = PgPoolOptions::new()
+                    .max_connections(self.max_connections)
+                    .min_connections(0)
+                    .acquire_timeout(timeout)
+                    .test_before_acquire(false)
+                    .before_acquire(|conn, meta| {
+                        Box::pin(async move {
+                            if meta.idle_for > IDLE_PING {
+                                conn.ping().await?;
+                            }
+                            Ok(true)
+                        })
+                    })
+                    .connect_lazy_with(options);
+                (pool, describe)
+            }
+            Target::Pool(pool) => {
+                let describe = describe(&pool.connect_options());
+                (pool, describe)
+            }
+        };
+        let store = PostgresStore::on(pool, describe, self.table, timeout);
+        store.migrate_as("open").await?;
+        Ok(store)
+    }
+}
+
+fn validate_table(name: &str) -> Result<(), Error> {
+    let mut chars = name.chars();
+    let ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && name.len() <= MAX_TABLE_LEN
+        && !name.eq_ignore_ascii_case("idempotent_schema");
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Config(format!(
+            "PostgreSQL table name {name:?} is not a plain identifier (ASCII letters, digits and `_`, not starting \
+             with a digit, at most {MAX_TABLE_LEN} characters, not `idempotent_schema`); choose another with \
+             PostgresStoreBuilder::table"
+        )))
+    }
+}
+
+impl SqlStore<PostgresBackend> {
+    /// Connects with the default settings (see [`PostgresStore::builder`]) and creates or checks
+    /// the table.
+    pub async fn connect(url: impl Into<String>) -> Result<PostgresStore, Error> {
+        PostgresStore::builder(url).connect().await
+    }
+
+    /// A store on a pool of the application's, with the default settings (see
+    /// [`PostgresStore::builder_with_pool`]); creates or checks the table.
+    pub async fn from_pool(pool: PgPool) -> Result<PostgresStore, Error> {
+        PostgresStore::builder_with_pool(pool).connect().await
+    }
+
+    /// Settings for a store on the database at `url` (`postgres://user:password@host:port/db`,
+    /// with the query parameters sqlx's `PgConnectOptions` reads), in its own pool.
+    pub fn builder(url: impl Into<String>) -> PostgresStoreBuilder {
+        PostgresStoreBuilder::new(Target::Url(url.into()))
+    }
+
+    /// Settings for a store on `pool`, shared with the application: the store takes a connection
+    /// for each statement and gives it back before it answers. Its connections keep the pool's
+    /// own settings (no `statement_timeout` is added; the store's timeout still bounds each call).
+    pub fn builder_with_pool(pool: PgPool) -> PostgresStoreBuilder {
+        PostgresStoreBuilder::new(Target::Pool(pool))
+    }
+}
+
+impl PostgresStoreBuilder {
+    fn new(target: Target) -> Self {
+        PostgresStoreBuilder {
+            target,
+            table: "idempotent_records".to_owned(),
+            timeout: Duration::from_secs(5),
+            max_connections: 8,
+        }
+    }
+}
+
+/// `postgres://user@host:port/database`: the connection's target without its password.
+fn describe(options: &PgConnectOptions) -> String {
+    let user = options.get_username();
+    let db = options.get_database().unwrap_or(user);
+    match options.get_socket() {
+        Some(dir) => format!("postgres://{user}@/{db}?host={}&port={}", dir.display(), options.get_port()),
+        None => format!("postgres://{user}@{}:{}/{db}", options.get_host(), options.get_port()),
+    }
+}
+
+/// The URL with the password of its user part, if any, replaced by `***`.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return "(not a URL)".to_owned() };
+    let Some((userinfo, host)) = rest.rsplit_once('@') else { return url.to_owned() };
+    match userinfo.split_once(':') {
+        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+        None => url.to_owned(),
+    }
+}
+
+/// A serialization failure or a deadlock: the statement was rolled back and may run again.
+fn serialization_failure(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("40001" | "40P01")))
+}
+
+/// `sql` with `args` bound in order.
+fn query<'a>(sql: &SqlStr, args: impl IntoIterator<Item = Value<'a>>) -> Query<'a, Postgres, PgArguments> {
+    let mut q = sqlx::query(sql.clone());
+    for arg in args {
+        q = match arg {
+            Value::Bytes(b) => q.bind(b),
+            Value::OwnedBytes(b) => q.bind(b),
+            Value::OptBytes(b) => q.bind(b),
+            Value::Text(t) => q.bind(t),
+            Value::OwnedText(t) => q.bind(t),
+            Value::OptText(t) => q.bind(t),
+            Value::Int(n) => q.bind(n),
+        };
+    }
+    q
+}
+
+impl PostgresStore {
+    /// The timeout error of `op`.
+    fn timed_out(&self, op: &'static str) -> Error {
+        Error::Timeout { store: self.inner.describe.clone(), op, after: self.inner.timeout }
+    }
+
+    /// A connection of the pool for one statement, counted, and the deadline of the call (the
+    /// timeout from now), which taking the connection counts against.
+    async fn connection(&self, op: &'static str) -> Result<(PoolConnection<Postgres>, Instant), Failed> {
+        let deadline = Instant::now() + self.inner.timeout;
+        match tokio::time::timeout_at(deadline, self.inner.pool.acquire()).await {
+            Ok(Ok(conn)) => {
+                self.count();
+                Ok((conn, deadline))
+            }
+            Ok(Err(e)) => Err(Failed::not_sent(self.error(op, e))),
+            Err(_) => Err(Failed::not_sent(self.timed_out(op))),
+        }
+    }
+
+    /// What a statement run on `conn` came to.
+    fn ended<T>(
+        &self,
+        op: &'static str,
+        mut conn: PoolConnection<Postgres>,
+        outcome: Result<Result<T, sqlx::Error>, tokio::time::error::Elapsed>,
+    ) -> Result<T, Failed> {
+        match outcome {
+            Ok(Ok(done)) => Ok(done),
+            Ok(Err(e)) => {
+                let effect = if serialization_failure(&e) { Effect::RolledBack } else { Effect::Unknown };
+                Err(Failed { error: self.error(op, e), effect })
+            }
+            Err(_) => {
+                // The statement may still be in the connection's pipe: never hand it out again.
+                conn.close_on_drop();
+                Err(Failed { error: self.timed_out(op), effect: Effect::Unknown })
+            }
+        }
+    }
+
+    /// Runs `query` on a connection of its own within the timeout, and returns its rows.
+    async fn fetch(&self, op: &'static str, query: Query<'_, Postgres, PgArguments>) -> Result<Vec<PgRow>, Failed> {
+        let (mut conn, deadline) = self.connection(op).await?;
+        let outcome = tokio::time::timeout_at(deadline, query.fetch_all(&mut *conn)).await;
+        self.ended(op, conn, outcome)
+    }
+
+    /// Within the store's timeout.
+    async fn within<T>(
+        &self,
+        op: &'static str,
+        work: impl Future<Output = Result<T, sqlx::Error>>,
+    ) -> Result<T, Error> {
+        match tokio::time::timeout(self.inner.timeout, work).await {
+            Ok(done) => done.map_err(|e| self.error(op, e)),
+            Err(_) => Err(self.timed_out(op)),
+        }
+    }
+}
+
+impl sealed::Sealed for PostgresBackend {}
+
+impl CommitsWith for Postgres {
+    type Store = PostgresStore;
+}
+
+impl Backend for PostgresBackend {
+    type Db = Postgres;
+    type Purge = SqlStr;
+
+    const STORE: &'static str = "PostgresStore";
+    const BUILDER_TABLE: &'static str = "PostgresStoreBuilder::table";
+    const KIND: &'static str = "postgres";
+    const NOW_US: &'static str = NOW_US;
+    const GREATEST: &'static str = "greatest";
+
+    fn acquire_sql(table: &str) -> String {
+        let t = format!("\"{table}\"");
+        let cols = COLUMNS.map(|(name, _)| name).join(", ");
+        // Judged on the snapshot's row `r` at the statement's time.
+        let free_now = format!(
+            "(r.expires_at <= {NOW_US} OR (r.fingerprint = $2 AND (r.state = 'released' OR (r.state = 'running' AND \
+             r.lease_until <= {NOW_US}))))"
+        );
+        // Judged on the newest row version `r`, which the upsert has locked; `excluded` is the
+        // row it would insert, whose `fence` column holds the clock.
+        let now = "excluded.fence";
+        let expired = format!("r.expires_at <= {now}");
+        let free = format!(
+            "({expired} OR (r.fingerprint = excluded.fingerprint AND (r.state = 'released' OR (r.state = 'running' \
+             AND r.lease_until <= {now}))))"
+        );
+        format!(
+            "WITH cur AS (\n\
+             SELECT r.token, r.fingerprint, r.state, r.fence, r.attempt, r.recovered, r.lease_until - {NOW_US} AS \
+             left_us, r.result, {free_now} AS free\n\
+             FROM {t} r WHERE r.key = $1\n\
+             ), taken AS (\n\
+             INSERT INTO {t} AS r ({cols})\n\
+             SELECT $1, $2, 'running', $3, {NOW_US}, 1, false, {NOW_US} + $4, {NOW_US} + $5, NULL, $6, $7, $8, \
+             {NOW_US}, {NOW_US}\n\
+             WHERE NOT EXISTS (SELECT FROM cur WHERE NOT cur.free)\n\
+             ON CONFLICT (key) DO UPDATE SET\n  \
+             fingerprint = excluded.fingerprint, state = 'running', token = excluded.token,\n  \
+             fence = greatest(r.fence + 1, {now}),\n  \
+             attempt = CASE WHEN {expired} THEN 1 ELSE r.attempt + 1 END,\n  \
+             recovered = NOT {expired} AND (r.state = 'running' OR r.recovered),\n  \
+             lease_until = excluded.lease_until, expires_at = excluded.expires_at, result = NULL,\n  \
+             step = CASE WHEN {expired} THEN excluded.step ELSE r.step END,\n  \
+             run_id = CASE WHEN {expired} THEN excluded.run_id ELSE r.run_id END,\n  \
+             tenant = CASE WHEN {expired} THEN excluded.tenant ELSE r.tenant END,\n  \
+             created_at = CASE WHEN {expired} THEN {now} ELSE r.created_at END, updated_at = {now}\n\
+             WHERE {free}\n\
+             RETURNING r.token, r.fingerprint, r.state, r.fence, r.attempt, r.recovered\n\
+             )\n\
+             SELECT token, fingerprint, state, fence, attempt, recovered, 0::bigint, NULL::bytea FROM taken\n\
+             UNION ALL\n\
+             SELECT token, fingerprint, state, fence, attempt, recovered, left_us, result FROM cur WHERE NOT free"
+        )
+    }
+
+    fn purge_for(table: &str) -> SqlStr {
+        let t = format!("\"{table}\"");
+        let purge = format!(
+            "DELETE FROM {t} WHERE key IN (\n\
+             SELECT key FROM {t} WHERE expires_at <= {NOW_US} ORDER BY expires_at LIMIT {PURGE_BATCH} FOR UPDATE SKIP \
+             LOCKED\n\
+             ) AND expires_at <= {NOW_US}"
+        );
+        AssertSqlSafe(Arc::<str>::from(purge)).into_sql_str()
+    }
+
+    fn error(describe: &str, op: &'static str, timeout: Duration, e: sqlx::Error) -> Error {
+        let timed_out = match &e {
+            sqlx::Error::PoolTimedOut => true,
+            // query_canceled (`statement_timeout`) and lock_not_available (`lock_timeout`).
+            sqlx::Error::Database(db) => matches!(db.code().as_deref(), Some("57014" | "55P03")),
+            _ => false,
+        };
+        if timed_out {
+            return Error::Timeout { store: describe.to_owned(), op, after: timeout };
+        }
+        Error::Unavailable {
+            store: describe.to_owned(),
+            op,
+            reason: e.to_string(),
+            source: Some(Box::new(e) as BoxError),
+        }
+    }
+
+    async fn fetch_optional<'a>(
+        store: &'a PostgresStore,
+        op: &'static str,
+        sql: &'a SqlStr,
+        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
+    ) -> Result<Option<PgRow>, Failed> {
+        // All the rows, as acquire's statement must run to its end (its read may answer and its
+        // write not, or the other way round).
+        Ok(store.fetch(op, query(sql, args)).await?.into_iter().next())
+    }
+
+    async fn fetch_all<'a>(
+        store: &'a PostgresStore,
+        op: &'static str,
+        sql: &'a SqlStr,
+        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
+    ) -> Result<Vec<PgRow>, Failed> {
+        store.fetch(op, query(sql, args)).await
+    }
+
+    async fn execute<'a>(
+        store: &'a PostgresStore,
+        op: &'static str,
+        sql: &'a SqlStr,
+        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
+    ) -> Result<u64, Failed> {
+        let q = query(sql, args);
+        let (mut conn, deadline) = store.connection(op).await?;
+        let outcome = tokio::time::timeout_at(deadline, q.execute(&mut *conn)).await;
+        store.ended(op, conn, outcome).map(|done| done.rows_affected())
+    }
+
+    async fn execute_in<'a>(
+        store: &'a PostgresStore,
+        tx: &'a mut Transaction<'static, Postgres>,
+        op: &'static str,
+        sql: &'a SqlStr,
+        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
+    ) -> Result<u64, Error> {
+        let q = query(sql, args);
+        store.count();
+        Ok(store.within(op, q.execute(&mut **tx)).await?.rows_affected())
+    }
+
+    async fn begin(store: &PostgresStore) -> Result<Transaction<'static, Postgres>, Error> {
+        store.within("begin", store.inner.pool.begin()).await
+    }
+
+    fn renews_during_transaction(store: &PostgresStore) -> bool {
+        store.pool().options().get_max_connections() >= 2
+    }
+
+    async fn purge(store: &PostgresStore) -> Result<u64, Error> {
+        Self::execute(store, "purge", &store.inner.purge, []).await.map_err(|f| f.error)
+    }
+
+    fn found(key: &Key, row: &PgRow) -> Result<Found, Error> {
+        found_of(key, row, |row| row.try_get(5))
+    }
+
+    fn record(row: &PgRow) -> Result<RecordInfo, Error> {
+        read_record(row)
+    }
+
+    fn kept(row: &PgRow) -> Result<bool, sqlx::Error> {
+        row.try_get(0)
+    }
+
+    async fn begin_migration(store: &PostgresStore) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
+        let mut tx = store.inner.pool.begin().await?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(MIGRATE_LOCK).execute(&mut *tx).await?;
+        Ok(tx)
+    }
+
+    async fn bound_migration<'a, T: Send + 'a>(
+        store: &'a PostgresStore,
+        op: &'static str,
+        work: impl Future<Output = Result<T, Error>> + Send + 'a,
+    ) -> Result<T, Error> {
+        match tokio::time::timeout(store.inner.timeout, work).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(store.timed_out(op)),
+        }
+    }
+
+    async fn registered_version<'a>(
+        tx: &'a mut Transaction<'static, Postgres>,
+        table: &'a str,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        sqlx::raw_sql(
+            "CREATE TABLE IF NOT EXISTS idempotent_schema (name text PRIMARY KEY NOT NULL, version integer NOT NULL)",
+        )
+        .execute(&mut **tx)
+        .await?;
+        let version: Option<i32> = sqlx::query_scalar("SELECT version FROM idempotent_schema WHERE name = $1")
+            .bind(table)
+            .fetch_optional(&mut **tx)
+            .await?;
+        Ok(version.map(i64::from))
+    }
+
+    async fn register<'a>(
+        tx: &'a mut Transaction<'static, Postgres>,
+        table: &'a str,
+        version: i64,
+    ) -> Result<(), sqlx::Error> {
+        let version = i32::try_from(version).unwrap_or(i32::MAX);
+        sqlx::query("INSERT INTO idempotent_schema (name, version) VALUES ($1, $2)")
+            .bind(table)
+            .bind(version)
+            .execute(&mut **tx)
+            .await
+            .map(drop)
+    }
+
+    async fn exists<'a>(tx: &'a mut Transaction<'static, Postgres>, table: &'a str) -> Result<bool, sqlx::Error> {
+        sqlx::query_scalar("SELECT to_regclass(format('%I.%I', current_schema(), $1::text)) IS NOT NULL")
+            .bind(table)
+            .fetch_one(&mut **tx)
+            .await
+    }
+
+    async fn columns<'a>(
+        tx: &'a mut Transaction<'static, Postgres>,
+        table: &'a str,
+    ) -> Result<Vec<String>, sqlx::Error> {
+        let columns: Vec<(String, String)> = sqlx::query_as(
+            "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
+             WHERE a.attrelid = to_regclass(format('%I.%I', current_schema(), $1::text)) AND a.attnum > 0 \
+             AND NOT a.attisdropped ORDER BY a.attnum",
+        )
+        .bind(table)
+        .fetch_all(&mut **tx)
+        .await?;
+        Ok(columns.into_iter().map(|(name, ty)| format!("{name} {ty}")).collect())
+    }
+
+    fn expected_columns() -> Vec<String> {
+        COLUMNS.iter().map(|(name, ty)| format!("{name} {ty}")).collect()
+    }
+
+    fn create_records(table: &str) -> String {
+        format!(
+            "CREATE TABLE \"{table}\" (\n\
+             key bytea PRIMARY KEY NOT NULL CHECK (length(key) = 32),\n\
+             fingerprint bytea NOT NULL,\n\
+             state text NOT NULL CONSTRAINT \"{table}_state_check\" CHECK (state IN ({STATES})),\n\
+             token text NOT NULL,\n\
+             fence bigint NOT NULL,\n\
+             attempt bigint NOT NULL,\n\
+             recovered boolean NOT NULL,\n\
+             lease_until bigint NOT NULL,\n\
+             expires_at bigint NOT NULL,\n\
+             result bytea,\n\
+             step text NOT NULL DEFAULT '',\n\
+             run_id text,\n\
+             tenant text,\n\
+             created_at bigint NOT NULL DEFAULT 0,\n\
+             updated_at bigint NOT NULL DEFAULT 0\n\
+             ) WITH (fillfactor = 90);\n\
+             CREATE INDEX \"{table}_expires_at\" ON \"{table}\" (expires_at);\n\
+             CREATE INDEX \"{table}_run_id\" ON \"{table}\" (run_id, key)"
+        )
+    }
+
+    fn create_state(table: &str) -> String {
+        format!(
+            "CREATE TABLE \"{table}\" (\n\
+             scope bytea PRIMARY KEY NOT NULL CHECK (length(scope) = 32),\n\
+             tenant text,\n\
+             name text NOT NULL,\n\
+             version bigint NOT NULL CHECK (version > 0),\n\
+             value bytea NOT NULL,\n\
+             tokens bytea NOT NULL\n\
+             )"
+        )
+    }
+
+    async fn run_ddl(tx: &mut Transaction<'static, Postgres>, ddl: String) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(AssertSqlSafe(ddl)).execute(&mut **tx).await.map(drop)
+    }
+
+    fn state_missing(e: &sqlx::Error) -> bool {
+        // undefined_table, undefined_column.
+        matches!(e, sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("42P01" | "42703")))
+    }
+
+    async fn state_read<'a>(
+        store: &'a PostgresStore,
+        sql: SqlStr,
+        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
+    ) -> Result<Option<StateRow>, sqlx::Error> {
+        let row = query(&sql, args).fetch_optional(&store.inner.pool).await?;
+        row.map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))).transpose()
+    }
+
+    async fn state_write<'a>(
+        store: &'a PostgresStore,
+        sql: SqlStr,
+        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
+    ) -> Result<u64, sqlx::Error> {
+        Ok(query(&sql, args).execute(&store.inner.pool).await?.rows_affected())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names_must_be_identifiers() {
+        for good in ["idempotent_records", "_x", "Records2", &"a".repeat(48)] {
+            assert!(validate_table(good).is_ok(), "{good}");
+        }
+        for bad in
+            ["", "x; DROP TABLE y", "2x", "a-b", "\"q\"", "idempotent_schema", "IDEMPOTENT_SCHEMA", &"a".repeat(49)]
+        {
+            assert!(matches!(validate_table(bad), Err(Error::Config(_))), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn descriptions_and_errors_never_show_the_password() {
+        let options = PgConnectOptions::from_str("postgres://app:s3cret@db.internal:6543/orders").unwrap();
+        assert_eq!(describe(&options), "postgres://app@db.internal:6543/orders");
+        assert_eq!(redact("postgres://app:s3cret@db/x"), "postgres://app:***@db/x");
+        assert_eq!(redact("postgres://app@db/x"), "postgres://app@db/x");
+        assert!(!redact("postgres://a:b:c@d/x").contains('b'));
+    }
+}

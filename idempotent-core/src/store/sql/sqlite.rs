@@ -1,0 +1,577 @@
+//! SQLite, the backend of [`SqliteStore`]: one file in WAL mode, shared by the tasks of a process
+//! and by the processes of one host. What it does differently from PostgreSQL is here; the
+//! layout, the statements and the durability notes are in the [module docs](super).
+//!
+//! - Acquire's upsert always updates the row (`DO UPDATE SET <column> = CASE WHEN <free> …`): a
+//!   write statement takes the file's one write lock whatever it changes, and a row written with
+//!   its own values writes no page. In `excluded`, the row the statement would insert, `fence`
+//!   holds the clock, so `excluded.fence` is "now" throughout the statement.
+//! - A statement waits for another connection's (or process's) write lock up to the busy timeout
+//!   (`SQLITE_BUSY` and `SQLITE_LOCKED` are [`Error::Timeout`]), and for a connection of the pool
+//!   as long; a failed statement changed nothing (the file is local: no reply is lost).
+//! - The purge sweeps by `rowid`, 256 rows a batch (there is no index on `expires_at`).
+//! - A step's transaction is `BEGIN IMMEDIATE`, and the lease is not renewed while it holds the
+//!   write lock; migrations take the same lock.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use sqlx::sqlite::{
+    SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
+use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr, Sqlite, Transaction};
+
+use super::backend::{Backend, Failed, StateRow, Value, sealed};
+use super::rows::{Found, found_of, read_record};
+use super::{CommitsWith, SqlStore};
+use crate::error::{BoxError, Error};
+use crate::key::Key;
+use crate::store::admin::RecordInfo;
+
+/// A store in one SQLite file, safe for many tasks and for several processes on one host.
+///
+/// See the [module documentation](super) for the layout, the statements and the durability
+/// choices. Clones share the same pool.
+///
+/// ```
+/// use idempotent_core::{RunContext, SqliteStore};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idempotent_core::Error> {
+/// let path = std::env::temp_dir().join(format!("idempotent-doc-{}.db", std::process::id()));
+/// let store = SqliteStore::open(&path).await?;
+/// let ctx = RunContext::new(store.clone(), "run-1");
+/// let n: u32 = ctx.step("count").run(&(), |_| async { Ok::<_, idempotent_core::Error>(7) }).await?;
+/// assert_eq!(n, 7);
+/// assert_eq!(store.describe(), format!("sqlite://{}", path.display()));
+/// # store.close().await;
+/// # for suffix in ["", "-wal", "-shm"] { let _ = std::fs::remove_file(format!("{}{suffix}", path.display())); }
+/// # Ok(()) }
+/// # use idempotent_core::Store;
+/// ```
+pub type SqliteStore = SqlStore<SqliteBackend>;
+
+/// The SQLite [`Backend`] of [`SqliteStore`].
+#[derive(Debug)]
+pub struct SqliteBackend;
+
+/// Rows examined per purge batch.
+const PURGE_BATCH: i64 = 256;
+/// The database clock in µs since the Unix epoch, read inside a statement.
+const NOW_US: &str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
+/// The columns of the records' table, in order.
+const COLUMNS: [&str; 15] = [
+    "key",
+    "fingerprint",
+    "state",
+    "token",
+    "fence",
+    "attempt",
+    "recovered",
+    "lease_until",
+    "expires_at",
+    "result",
+    "step",
+    "run_id",
+    "tenant",
+    "created_at",
+    "updated_at",
+];
+
+/// The purge's statements, and the last rowid the sweep examined (0: start a new pass).
+pub struct SqlitePurge {
+    range: SqlStr,
+    delete: SqlStr,
+    cursor: AtomicI64,
+}
+
+/// Settings of a [`SqliteStore`], from [`SqliteStore::builder`].
+#[derive(Debug, Clone)]
+pub struct SqliteStoreBuilder {
+    path: PathBuf,
+    table: String,
+    busy_timeout: Duration,
+    max_connections: u32,
+}
+
+impl SqliteStoreBuilder {
+    /// The table holding the records (default `idempotent_records`): an identifier of ASCII
+    /// letters, digits and `_`, not starting with a digit or `sqlite_`, at most 64 characters.
+    pub fn table(mut self, name: impl Into<String>) -> Self {
+        self.table = name.into();
+        self
+    }
+
+    /// How long a statement waits for another connection's (or process's) write lock, and a
+    /// call for a connection from the pool, before failing with [`Error::Timeout`] (default 5 s).
+    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
+        self.busy_timeout = timeout;
+        self
+    }
+
+    /// The most connections the store opens on the file (default 8; at least 1).
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n.max(1);
+        self
+    }
+
+    /// Opens (creating if missing) the file and creates or checks the table
+    /// ([`SqliteStore::migrate`]).
+    ///
+    /// Fails with [`Error::Config`] for an invalid table name or an incompatible existing table,
+    /// and with [`Error::Unavailable`] or [`Error::Timeout`] (op `open`) when the file cannot be
+    /// opened.
+    pub async fn open(self) -> Result<SqliteStore, Error> {
+        validate_table(&self.table)?;
+        let describe = format!("sqlite://{}", self.path.display());
+        let options = SqliteConnectOptions::new()
+            .filename(&self.path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(self.busy_timeout);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(self.max_connections)
+            .min_connections(0)
+            .acquire_timeout(self.busy_timeout)
+            // A connection to a local file does not go stale: no ping before each statement.
+            .test_before_acquire(false)
+            .connect_with(options)
+            .await;
+        let busy_timeout = self.busy_timeout;
+        let pool = pool.map_err(|e| SqliteBackend::error(&describe, "open", busy_timeout, e))?;
+        let store = SqliteStore::on(pool, describe, self.table, busy_timeout);
+        store.migrate().await?;
+        Ok(store)
+    }
+}
+
+fn validate_table(name: &str) -> Result<(), Error> {
+    let mut chars = name.chars();
+    let ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && name.len() <= 64
+        && !name.to_ascii_lowercase().starts_with("sqlite_")
+        && !name.eq_ignore_ascii_case("idempotent_schema");
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Config(format!(
+            "SQLite table name {name:?} is not a plain identifier (ASCII letters, digits and `_`, not starting with \
+             a digit or `sqlite_`, at most 64 characters, not `idempotent_schema`); choose another with \
+             SqliteStoreBuilder::table"
+        )))
+    }
+}
+
+impl SqlStore<SqliteBackend> {
+    /// Opens the store in the file at `path` with the default settings (see [`SqliteStore::builder`]).
+    pub async fn open(path: impl AsRef<Path>) -> Result<SqliteStore, Error> {
+        SqliteStore::builder(path).open().await
+    }
+
+    /// A store on an application's own pool, with its records in `table` (created if missing,
+    /// or checked, as [`migrate`](Self::migrate) does): the application's queries, the store's
+    /// statements and the transactions of [`Step::run_in_transaction`](crate::Step::run_in_transaction)
+    /// then share one pool and one file.
+    ///
+    /// The pool's settings are kept as they are (its size, its timeouts, its `busy_timeout`), with
+    /// one requirement: its connections sync every commit (`synchronous = FULL` or `EXTRA`; sqlx's
+    /// default is `FULL`). With `NORMAL` or `OFF` a power loss can undo a committed `done`, and the
+    /// step runs again: that is an [`Error::Config`] saying how to set it. WAL mode
+    /// (`SqliteConnectOptions::journal_mode(SqliteJournalMode::Wal)`) is advised, not required: in
+    /// the rollback journal a reader blocks the writers' commits.
+    ///
+    /// ```
+    /// use idempotent_core::SqliteStore;
+    /// use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = std::env::temp_dir().join(format!("idempotent-doc-pool-{}", std::process::id()));
+    /// # std::fs::create_dir_all(&dir)?;
+    /// let options = SqliteConnectOptions::new()
+    ///     .filename(dir.join("app.db"))
+    ///     .create_if_missing(true)
+    ///     .journal_mode(SqliteJournalMode::Wal);
+    /// let pool = SqlitePoolOptions::new().connect_with(options).await?;
+    /// let store = SqliteStore::from_pool(pool.clone(), "idempotent_records").await?;
+    /// assert!(store.pool().size() >= 1);
+    /// # pool.close().await;
+    /// # std::fs::remove_dir_all(&dir)?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn from_pool(pool: SqlitePool, table: impl Into<String>) -> Result<SqliteStore, Error> {
+        let table = table.into();
+        validate_table(&table)?;
+        let describe = format!("sqlite://{}", pool.connect_options().get_filename().display());
+        // Until the pool's own busy timeout is read: sqlx's default.
+        let mut busy_timeout = Duration::from_secs(5);
+        let err = |busy_timeout, e| SqliteBackend::error(&describe, "open", busy_timeout, e);
+        let mut conn = pool.acquire().await.map_err(|e| err(busy_timeout, e))?;
+        let busy_ms: i64 =
+            sqlx::query_scalar("PRAGMA busy_timeout").fetch_one(&mut *conn).await.map_err(|e| err(busy_timeout, e))?;
+        busy_timeout = Duration::from_millis(busy_ms.max(0).unsigned_abs());
+        let synchronous: i64 =
+            sqlx::query_scalar("PRAGMA synchronous").fetch_one(&mut *conn).await.map_err(|e| err(busy_timeout, e))?;
+        drop(conn);
+        // 2 is FULL, 3 EXTRA.
+        if synchronous < 2 {
+            let mode = if synchronous == 1 { "NORMAL" } else { "OFF" };
+            return Err(Error::Config(format!(
+                "{describe}: the pool's connections run with synchronous = {mode}, so a power loss or OS crash can \
+                 undo the last commits, and an undone `done` makes the step run again; open the pool with \
+                 SqliteConnectOptions::synchronous(SqliteSynchronous::Full)"
+            )));
+        }
+        let store = SqliteStore::on(pool, describe, table, busy_timeout);
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// Settings for a store in the file at `path` (created if missing).
+    pub fn builder(path: impl AsRef<Path>) -> SqliteStoreBuilder {
+        SqliteStoreBuilder {
+            path: path.as_ref().to_owned(),
+            table: "idempotent_records".to_owned(),
+            busy_timeout: Duration::from_secs(5),
+            max_connections: 8,
+        }
+    }
+}
+
+/// `sql` with `args` bound in order.
+fn query<'a>(
+    sql: &SqlStr,
+    args: impl IntoIterator<Item = Value<'a>>,
+) -> sqlx::query::Query<'a, Sqlite, SqliteArguments> {
+    let mut q = sqlx::query(sql.clone());
+    for arg in args {
+        q = match arg {
+            Value::Bytes(b) => q.bind(b),
+            Value::OwnedBytes(b) => q.bind(b),
+            Value::OptBytes(b) => q.bind(b),
+            Value::Text(t) => q.bind(t),
+            Value::OwnedText(t) => q.bind(t),
+            Value::OptText(t) => q.bind(t),
+            Value::Int(n) => q.bind(n),
+        };
+    }
+    q
+}
+
+impl sealed::Sealed for SqliteBackend {}
+
+impl CommitsWith for Sqlite {
+    type Store = SqliteStore;
+}
+
+impl Backend for SqliteBackend {
+    type Db = Sqlite;
+    type Purge = SqlitePurge;
+
+    const STORE: &'static str = "SqliteStore";
+    const BUILDER_TABLE: &'static str = "SqliteStoreBuilder::table";
+    const KIND: &'static str = "sqlite";
+    const NOW_US: &'static str = NOW_US;
+    const GREATEST: &'static str = "max";
+
+    fn acquire_sql(table: &str) -> String {
+        let t = format!("\"{table}\"");
+        // The existing row is `r`; `excluded` the row acquire would insert.
+        let now = "excluded.fence";
+        let expired = format!("r.expires_at <= {now}");
+        let free = format!(
+            "({expired} OR (r.fingerprint = excluded.fingerprint AND (r.state = 'released' OR (r.state = \
+             'running' AND r.lease_until <= {now}))))"
+        );
+        let pick = |col: &str, new: &str| format!("{col} = CASE WHEN {free} THEN {new} ELSE r.{col} END");
+        let set = [
+            pick("fingerprint", "excluded.fingerprint"),
+            pick("state", "'running'"),
+            pick("token", "excluded.token"),
+            pick("fence", &format!("max(r.fence + 1, {now})")),
+            pick("attempt", &format!("CASE WHEN {expired} THEN 1 ELSE r.attempt + 1 END")),
+            // A released row's `recovered` says its release was uncertain.
+            pick(
+                "recovered",
+                &format!("CASE WHEN {expired} THEN 0 WHEN r.state = 'running' THEN 1 ELSE r.recovered END"),
+            ),
+            pick("lease_until", "excluded.lease_until"),
+            pick("expires_at", "excluded.expires_at"),
+            pick("result", "NULL"),
+            // A row that lives on keeps its labels and creation time; an expired one starts anew.
+            pick("step", &format!("CASE WHEN {expired} THEN excluded.step ELSE r.step END")),
+            pick("run_id", &format!("CASE WHEN {expired} THEN excluded.run_id ELSE r.run_id END")),
+            pick("tenant", &format!("CASE WHEN {expired} THEN excluded.tenant ELSE r.tenant END")),
+            pick("created_at", &format!("CASE WHEN {expired} THEN {now} ELSE r.created_at END")),
+            pick("updated_at", now),
+        ]
+        .join(",\n  ");
+        format!(
+            "INSERT INTO {t} AS r ({cols})\n\
+             SELECT ?1, ?2, 'running', ?3, now, 1, 0, now + ?4, now + ?5, NULL, ?6, ?7, ?8, now, now\n\
+             FROM (SELECT {NOW_US} AS now)\n\
+             WHERE true\n\
+             ON CONFLICT(key) DO UPDATE SET\n  {set}\n\
+             RETURNING token, fingerprint, state, fence, attempt, recovered, lease_until - {NOW_US}, result",
+            cols = COLUMNS.join(", "),
+        )
+    }
+
+    fn purge_for(table: &str) -> SqlitePurge {
+        let t = format!("\"{table}\"");
+        let range = format!(
+            "SELECT max(rowid) FROM (SELECT rowid FROM {t} WHERE rowid > ?1 ORDER BY rowid LIMIT {PURGE_BATCH})"
+        );
+        let delete = format!("DELETE FROM {t} WHERE rowid > ?1 AND rowid <= ?2 AND expires_at <= {NOW_US}");
+        let sql = |s: String| AssertSqlSafe(Arc::<str>::from(s)).into_sql_str();
+        SqlitePurge { range: sql(range), delete: sql(delete), cursor: AtomicI64::new(0) }
+    }
+
+    fn error(describe: &str, op: &'static str, busy_timeout: Duration, e: sqlx::Error) -> Error {
+        let busy = match &e {
+            sqlx::Error::PoolTimedOut => true,
+            // SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their extended codes.
+            sqlx::Error::Database(db) => {
+                db.code().and_then(|c| c.parse::<i32>().ok()).is_some_and(|c| matches!(c & 0xff, 5 | 6))
+            }
+            _ => false,
+        };
+        if busy {
+            return Error::Timeout { store: describe.to_owned(), op, after: busy_timeout };
+        }
+        Error::Unavailable {
+            store: describe.to_owned(),
+            op,
+            reason: e.to_string(),
+            source: Some(Box::new(e) as BoxError),
+        }
+    }
+
+    async fn fetch_optional<'a>(
+        store: &'a SqliteStore,
+        op: &'static str,
+        sql: &'a SqlStr,
+        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
+    ) -> Result<Option<SqliteRow>, Failed> {
+        store.count();
+        let q = query(sql, args);
+        q.fetch_optional(&store.inner.pool).await.map_err(|e| Failed::not_sent(store.error(op, e)))
+    }
+
+    async fn fetch_all<'a>(
+        store: &'a SqliteStore,
+        op: &'static str,
+        sql: &'a SqlStr,
+        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
+    ) -> Result<Vec<SqliteRow>, Failed> {
+        store.count();
+        let q = query(sql, args);
+        q.fetch_all(&store.inner.pool).await.map_err(|e| Failed::not_sent(store.error(op, e)))
+    }
+
+    async fn execute<'a>(
+        store: &'a SqliteStore,
+        op: &'static str,
+        sql: &'a SqlStr,
+        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
+    ) -> Result<u64, Failed> {
+        store.count();
+        let q = query(sql, args);
+        let done = q.execute(&store.inner.pool).await.map_err(|e| Failed::not_sent(store.error(op, e)))?;
+        Ok(done.rows_affected())
+    }
+
+    async fn execute_in<'a>(
+        store: &'a SqliteStore,
+        tx: &'a mut Transaction<'static, Sqlite>,
+        op: &'static str,
+        sql: &'a SqlStr,
+        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
+    ) -> Result<u64, Error> {
+        store.count();
+        let q = query(sql, args);
+        let done = q.execute(&mut **tx).await.map_err(|e| store.error(op, e))?;
+        Ok(done.rows_affected())
+    }
+
+    async fn begin(store: &SqliteStore) -> Result<Transaction<'static, Sqlite>, Error> {
+        store.inner.pool.begin_with("BEGIN IMMEDIATE").await.map_err(|e| store.error("begin", e))
+    }
+
+    fn renews_during_transaction(_: &SqliteStore) -> bool {
+        false
+    }
+
+    async fn purge(store: &SqliteStore) -> Result<u64, Error> {
+        let purge = &store.inner.purge;
+        let from = purge.cursor.load(Ordering::Relaxed);
+        store.count();
+        let to: Option<i64> = sqlx::query_scalar(purge.range.clone())
+            .bind(from)
+            .fetch_one(&store.inner.pool)
+            .await
+            .map_err(|e| store.error("purge", e))?;
+        let Some(to) = to else {
+            // Past the last row: the next batch starts a new pass.
+            purge.cursor.store(0, Ordering::Relaxed);
+            return Ok(0);
+        };
+        store.count();
+        let done = sqlx::query(purge.delete.clone())
+            .bind(from)
+            .bind(to)
+            .execute(&store.inner.pool)
+            .await
+            .map_err(|e| store.error("purge", e))?;
+        purge.cursor.store(to, Ordering::Relaxed);
+        Ok(done.rows_affected())
+    }
+
+    fn found(key: &Key, row: &SqliteRow) -> Result<Found, Error> {
+        found_of(key, row, |row| row.try_get::<i64, _>(5).map(|recovered| recovered != 0))
+    }
+
+    fn record(row: &SqliteRow) -> Result<RecordInfo, Error> {
+        read_record(row)
+    }
+
+    fn kept(row: &SqliteRow) -> Result<bool, sqlx::Error> {
+        row.try_get(0)
+    }
+
+    async fn begin_migration(store: &SqliteStore) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
+        store.inner.pool.begin_with("BEGIN IMMEDIATE").await
+    }
+
+    async fn bound_migration<'a, T: Send + 'a>(
+        _: &'a SqliteStore,
+        _: &'static str,
+        work: impl Future<Output = Result<T, Error>> + Send + 'a,
+    ) -> Result<T, Error> {
+        // Each statement waits for the write lock up to the busy timeout already.
+        work.await
+    }
+
+    async fn registered_version<'a>(
+        tx: &'a mut Transaction<'static, Sqlite>,
+        table: &'a str,
+    ) -> Result<Option<i64>, sqlx::Error> {
+        sqlx::raw_sql(
+            "CREATE TABLE IF NOT EXISTS idempotent_schema (name TEXT PRIMARY KEY NOT NULL, version INTEGER NOT NULL)",
+        )
+        .execute(&mut **tx)
+        .await?;
+        sqlx::query_scalar("SELECT version FROM idempotent_schema WHERE name = ?1")
+            .bind(table)
+            .fetch_optional(&mut **tx)
+            .await
+    }
+
+    async fn register<'a>(
+        tx: &'a mut Transaction<'static, Sqlite>,
+        table: &'a str,
+        version: i64,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query("INSERT INTO idempotent_schema (name, version) VALUES (?1, ?2)")
+            .bind(table)
+            .bind(version)
+            .execute(&mut **tx)
+            .await
+            .map(drop)
+    }
+
+    async fn exists<'a>(tx: &'a mut Transaction<'static, Sqlite>, table: &'a str) -> Result<bool, sqlx::Error> {
+        sqlx::query_scalar("SELECT count(*) > 0 FROM sqlite_master WHERE name = ?1")
+            .bind(table)
+            .fetch_one(&mut **tx)
+            .await
+    }
+
+    async fn columns<'a>(tx: &'a mut Transaction<'static, Sqlite>, table: &'a str) -> Result<Vec<String>, sqlx::Error> {
+        sqlx::query_scalar("SELECT name FROM pragma_table_info(?1) ORDER BY cid").bind(table).fetch_all(&mut **tx).await
+    }
+
+    fn expected_columns() -> Vec<String> {
+        COLUMNS.map(str::to_owned).to_vec()
+    }
+
+    fn create_records(table: &str) -> String {
+        format!(
+            "CREATE TABLE \"{table}\" (\n\
+             key BLOB PRIMARY KEY NOT NULL CHECK (length(key) = 32),\n\
+             fingerprint BLOB NOT NULL,\n\
+             state TEXT NOT NULL CHECK (state IN ('running', 'released', 'done', 'needs_attention')),\n\
+             token TEXT NOT NULL,\n\
+             fence INTEGER NOT NULL,\n\
+             attempt INTEGER NOT NULL,\n\
+             recovered INTEGER NOT NULL,\n\
+             lease_until INTEGER NOT NULL,\n\
+             expires_at INTEGER NOT NULL,\n\
+             result BLOB,\n\
+             step text NOT NULL DEFAULT '',\n\
+             run_id text,\n\
+             tenant text,\n\
+             created_at bigint NOT NULL DEFAULT 0,\n\
+             updated_at bigint NOT NULL DEFAULT 0\n\
+             )"
+        )
+    }
+
+    fn create_state(table: &str) -> String {
+        format!(
+            "CREATE TABLE \"{table}\" (\n\
+             scope BLOB PRIMARY KEY NOT NULL CHECK (length(scope) = 32),\n\
+             tenant TEXT,\n\
+             name TEXT NOT NULL,\n\
+             version INTEGER NOT NULL CHECK (version > 0),\n\
+             value BLOB NOT NULL,\n\
+             tokens BLOB NOT NULL\n\
+             )"
+        )
+    }
+
+    async fn run_ddl(tx: &mut Transaction<'static, Sqlite>, ddl: String) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(AssertSqlSafe(ddl)).execute(&mut **tx).await.map(drop)
+    }
+
+    fn state_missing(e: &sqlx::Error) -> bool {
+        matches!(e, sqlx::Error::Database(db)
+            if db.message().contains("no such table") || db.message().contains("no such column"))
+    }
+
+    async fn state_read<'a>(
+        store: &'a SqliteStore,
+        sql: SqlStr,
+        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
+    ) -> Result<Option<StateRow>, sqlx::Error> {
+        let row = query(&sql, args).fetch_optional(&store.inner.pool).await?;
+        row.map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))).transpose()
+    }
+
+    async fn state_write<'a>(
+        store: &'a SqliteStore,
+        sql: SqlStr,
+        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
+    ) -> Result<u64, sqlx::Error> {
+        Ok(query(&sql, args).execute(&store.inner.pool).await?.rows_affected())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names_must_be_identifiers() {
+        for good in ["idempotent_records", "_x", "Records2"] {
+            assert!(validate_table(good).is_ok(), "{good}");
+        }
+        for bad in ["", "x; DROP TABLE y", "2x", "a-b", "\"q\"", "sqlite_master", "idempotent_schema", &"a".repeat(65)]
+        {
+            assert!(matches!(validate_table(bad), Err(Error::Config(_))), "{bad:?}");
+        }
+    }
+}
