@@ -10,7 +10,8 @@
 use std::future::Future;
 use std::time::Duration;
 
-use sqlx::{Database, SqlStr, Transaction};
+use sqlx::query::Query;
+use sqlx::{Database, Encode, SqlStr, Transaction, Type};
 
 use super::SqlStore;
 use super::rows::Found;
@@ -41,6 +42,33 @@ pub enum Value<'a> {
     OptText(Option<&'a str>),
     /// `bigint` / `INTEGER`.
     Int(i64),
+}
+
+/// `sql` with `args` bound in order, in a database that encodes each kind of [`Value`].
+pub(crate) fn query<'a, DB>(sql: &SqlStr, args: impl IntoIterator<Item = Value<'a>>) -> Query<'a, DB, DB::Arguments>
+where
+    DB: Database,
+    &'a [u8]: Encode<'a, DB> + Type<DB>,
+    Vec<u8>: Encode<'a, DB> + Type<DB>,
+    Option<&'a [u8]>: Encode<'a, DB> + Type<DB>,
+    &'a str: Encode<'a, DB> + Type<DB>,
+    String: Encode<'a, DB> + Type<DB>,
+    Option<&'a str>: Encode<'a, DB> + Type<DB>,
+    i64: Encode<'a, DB> + Type<DB>,
+{
+    let mut q = sqlx::query(sql.clone());
+    for arg in args {
+        q = match arg {
+            Value::Bytes(b) => q.bind(b),
+            Value::OwnedBytes(b) => q.bind(b),
+            Value::OptBytes(b) => q.bind(b),
+            Value::Text(t) => q.bind(t),
+            Value::OwnedText(t) => q.bind(t),
+            Value::OptText(t) => q.bind(t),
+            Value::Int(n) => q.bind(n),
+        };
+    }
+    q
 }
 
 /// A statement that failed, and whether it may have taken effect.
@@ -96,7 +124,7 @@ pub trait Backend: sealed::Sealed + Send + Sync + Sized + 'static {
     const GREATEST: &'static str;
 
     /// Acquire's upsert on `table` (a validated identifier), with the placeholders of
-    /// [`Statements`](super::statements::Statements)'s acquire, returning a [`Found`] row of the
+    /// `Statements`' acquire, returning a `Found` row of the
     /// key whatever happened (the caller's token in it if the key was taken), or, on PostgreSQL,
     /// no row when the record changed between the statement's read and its write.
     fn acquire_sql(table: &str) -> String;
@@ -154,7 +182,7 @@ pub trait Backend: sealed::Sealed + Send + Sync + Sized + 'static {
     /// The row of acquire's read or upsert, or [`Error::Corrupt`] for a column of the wrong type.
     fn found(key: &Key, row: &<Self::Db as Database>::Row) -> Result<Found, Error>;
 
-    /// A row of an admin select ([`AdminSql`](super::statements::AdminSql)).
+    /// A row of an admin select (`AdminSql`'s).
     fn record(row: &<Self::Db as Database>::Row) -> Result<RecordInfo, Error>;
 
     /// The one boolean column of `delete`'s answer.

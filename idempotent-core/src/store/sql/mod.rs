@@ -14,7 +14,8 @@
 //! | `migrate.rs` | creating and checking the tables |
 //! | `state.rs` | the [`StateStore`](crate::state::StateStore) implementation |
 //! | `transaction.rs` | [`TransactionalStore`], [`CommitsWith`] |
-//! | `sqlite.rs`, `postgres.rs` | the backends, their builders and constructors |
+//! | `sqlite.rs` | the SQLite backend, [`SqliteStoreBuilder`] and `SqliteStore::open`/`from_pool`/`builder` |
+//! | `postgres/mod.rs`, `postgres/builder.rs` | the PostgreSQL backend; [`PostgresStoreBuilder`] and `PostgresStore::connect`/`from_pool`/`builder` |
 //!
 //! # Layout (schema version 3)
 //!
@@ -45,7 +46,7 @@
 //! The tables are created on first use (by `open`/`connect`/`from_pool`, or `migrate`) in one
 //! transaction that two processes cannot run at once (SQLite: `BEGIN IMMEDIATE`; PostgreSQL:
 //! under an advisory lock). A table of that name that this crate did not create, or of another
-//! schema version or shape, is an [`Error::Config`](crate::Error::Config) saying what to do, and
+//! schema version or shape, is an [`Error::Config`] saying what to do, and
 //! is never altered.
 //!
 //! SQLite has no index besides the primary key: its acquire upsert sets every column (to its own

@@ -19,12 +19,11 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use sqlx::sqlite::{
-    SqliteArguments, SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
-    SqliteSynchronous,
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
 };
 use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr, Sqlite, Transaction};
 
-use super::backend::{Backend, Failed, StateRow, Value, sealed};
+use super::backend::{Backend, Failed, StateRow, Value, query, sealed};
 use super::rows::{Found, found_of, read_record};
 use super::{CommitsWith, SqlStore};
 use crate::error::{BoxError, Error};
@@ -241,26 +240,6 @@ impl SqlStore<SqliteBackend> {
     }
 }
 
-/// `sql` with `args` bound in order.
-fn query<'a>(
-    sql: &SqlStr,
-    args: impl IntoIterator<Item = Value<'a>>,
-) -> sqlx::query::Query<'a, Sqlite, SqliteArguments> {
-    let mut q = sqlx::query(sql.clone());
-    for arg in args {
-        q = match arg {
-            Value::Bytes(b) => q.bind(b),
-            Value::OwnedBytes(b) => q.bind(b),
-            Value::OptBytes(b) => q.bind(b),
-            Value::Text(t) => q.bind(t),
-            Value::OwnedText(t) => q.bind(t),
-            Value::OptText(t) => q.bind(t),
-            Value::Int(n) => q.bind(n),
-        };
-    }
-    q
-}
-
 impl sealed::Sealed for SqliteBackend {}
 
 impl CommitsWith for Sqlite {
@@ -350,51 +329,60 @@ impl Backend for SqliteBackend {
         }
     }
 
-    async fn fetch_optional<'a>(
+    fn fetch_optional<'a>(
         store: &'a SqliteStore,
         op: &'static str,
         sql: &'a SqlStr,
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
-    ) -> Result<Option<SqliteRow>, Failed> {
-        store.count();
-        let q = query(sql, args);
-        q.fetch_optional(&store.inner.pool).await.map_err(|e| Failed::not_sent(store.error(op, e)))
+    ) -> impl Future<Output = Result<Option<SqliteRow>, Failed>> + Send + 'a {
+        // Bound before the future, which then holds the query only.
+        let q = query::<Sqlite>(sql, args);
+        async move {
+            store.count();
+            q.fetch_optional(&store.inner.pool).await.map_err(|e| Failed::not_sent(store.error(op, e)))
+        }
     }
 
-    async fn fetch_all<'a>(
+    fn fetch_all<'a>(
         store: &'a SqliteStore,
         op: &'static str,
         sql: &'a SqlStr,
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
-    ) -> Result<Vec<SqliteRow>, Failed> {
-        store.count();
-        let q = query(sql, args);
-        q.fetch_all(&store.inner.pool).await.map_err(|e| Failed::not_sent(store.error(op, e)))
+    ) -> impl Future<Output = Result<Vec<SqliteRow>, Failed>> + Send + 'a {
+        let q = query::<Sqlite>(sql, args);
+        async move {
+            store.count();
+            q.fetch_all(&store.inner.pool).await.map_err(|e| Failed::not_sent(store.error(op, e)))
+        }
     }
 
-    async fn execute<'a>(
+    fn execute<'a>(
         store: &'a SqliteStore,
         op: &'static str,
         sql: &'a SqlStr,
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
-    ) -> Result<u64, Failed> {
-        store.count();
-        let q = query(sql, args);
-        let done = q.execute(&store.inner.pool).await.map_err(|e| Failed::not_sent(store.error(op, e)))?;
-        Ok(done.rows_affected())
+    ) -> impl Future<Output = Result<u64, Failed>> + Send + 'a {
+        let q = query::<Sqlite>(sql, args);
+        async move {
+            store.count();
+            let done = q.execute(&store.inner.pool).await.map_err(|e| Failed::not_sent(store.error(op, e)))?;
+            Ok(done.rows_affected())
+        }
     }
 
-    async fn execute_in<'a>(
+    fn execute_in<'a>(
         store: &'a SqliteStore,
         tx: &'a mut Transaction<'static, Sqlite>,
         op: &'static str,
         sql: &'a SqlStr,
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
-    ) -> Result<u64, Error> {
-        store.count();
-        let q = query(sql, args);
-        let done = q.execute(&mut **tx).await.map_err(|e| store.error(op, e))?;
-        Ok(done.rows_affected())
+    ) -> impl Future<Output = Result<u64, Error>> + Send + 'a {
+        let q = query::<Sqlite>(sql, args);
+        async move {
+            store.count();
+            let done = q.execute(&mut **tx).await.map_err(|e| store.error(op, e))?;
+            Ok(done.rows_affected())
+        }
     }
 
     async fn begin(store: &SqliteStore) -> Result<Transaction<'static, Sqlite>, Error> {
@@ -542,21 +530,25 @@ impl Backend for SqliteBackend {
             if db.message().contains("no such table") || db.message().contains("no such column"))
     }
 
-    async fn state_read<'a>(
+    fn state_read<'a>(
         store: &'a SqliteStore,
         sql: SqlStr,
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
-    ) -> Result<Option<StateRow>, sqlx::Error> {
-        let row = query(&sql, args).fetch_optional(&store.inner.pool).await?;
-        row.map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))).transpose()
+    ) -> impl Future<Output = Result<Option<StateRow>, sqlx::Error>> + Send + 'a {
+        let q = query::<Sqlite>(&sql, args);
+        async move {
+            let row = q.fetch_optional(&store.inner.pool).await?;
+            row.map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))).transpose()
+        }
     }
 
-    async fn state_write<'a>(
+    fn state_write<'a>(
         store: &'a SqliteStore,
         sql: SqlStr,
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
-    ) -> Result<u64, sqlx::Error> {
-        Ok(query(&sql, args).execute(&store.inner.pool).await?.rows_affected())
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a {
+        let q = query::<Sqlite>(&sql, args);
+        async move { Ok(q.execute(&store.inner.pool).await?.rows_affected()) }
     }
 }
 

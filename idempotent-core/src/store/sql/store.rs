@@ -96,9 +96,8 @@ impl<B: Backend> SqlStore<B> {
     ) -> Result<Acquire, Failed> {
         let inner = &self.inner;
         if inner.order.read_first() {
-            let args = [Value::Bytes(&key.as_bytes()[..])];
             // A read takes nothing, so its failure leaves nothing to release.
-            let row = B::fetch_optional(self, "acquire", &inner.sql.acquire_read, args)
+            let row = B::fetch_optional(self, "acquire", &inner.sql.acquire_read, [Value::Bytes(&key.as_bytes()[..])])
                 .await
                 .map_err(|f| Failed::not_sent(f.error))?;
             if let Some(row) = row {
@@ -110,6 +109,7 @@ impl<B: Backend> SqlStore<B> {
             }
         }
         for _ in 0..ACQUIRE_TRIES {
+            // The values are bound before the statement's future is made, and not kept in ours.
             let args = [
                 Value::Bytes(&key.as_bytes()[..]),
                 Value::Bytes(&fp.as_bytes()[..]),
@@ -120,7 +120,8 @@ impl<B: Backend> SqlStore<B> {
                 Value::OptText(labels.run.as_deref()),
                 Value::OptText(labels.tenant.as_deref()),
             ];
-            let row = match B::fetch_optional(self, "acquire", &inner.sql.acquire, args).await {
+            let upsert = B::fetch_optional(self, "acquire", &inner.sql.acquire, args);
+            let row = match upsert.await {
                 Ok(row) => row,
                 // Nothing was committed: run it again on a fresh snapshot.
                 Err(Failed { effect: Effect::RolledBack, .. }) => continue,

@@ -38,22 +38,25 @@
 //! be a HOT update too, but only by keeping a done record longer than its retention, which no
 //! other store does.
 
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
-use sqlx::postgres::{PgArguments, PgConnectOptions, PgPool, PgPoolOptions, PgRow, Postgres};
+use sqlx::postgres::{PgArguments, PgRow, Postgres};
 use sqlx::query::Query;
-use sqlx::{AssertSqlSafe, Connection, Row, SqlSafeStr, SqlStr, Transaction};
+use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr, Transaction};
 use tokio::time::Instant;
 
-use super::backend::{Backend, Effect, Failed, StateRow, Value, sealed};
+use super::backend::{Backend, Effect, Failed, StateRow, Value, query, sealed};
 use super::rows::{Found, found_of, read_record};
 use super::{CommitsWith, SqlStore};
 use crate::error::{BoxError, Error};
 use crate::key::Key;
 use crate::store::admin::RecordInfo;
+
+mod builder;
+
+pub use builder::PostgresStoreBuilder;
 
 /// A store in one PostgreSQL table, safe for many tasks and for many processes on many hosts.
 ///
@@ -114,194 +117,10 @@ const COLUMNS: [(&str, &str); 15] = [
 ];
 /// The advisory lock migrations hold for their transaction ("idempote" in ASCII).
 const MIGRATE_LOCK: i64 = 0x6964_656d_706f_7465;
-/// Connections idle for longer are pinged before use.
-const IDLE_PING: Duration = Duration::from_secs(1);
-/// The longest table name: the index names (`<table>_expires_at`, `<table>_run_id`) must fit
-/// PostgreSQL's 63 bytes.
-const MAX_TABLE_LEN: usize = 48;
-
-/// Where a [`PostgresStore`] gets its connections.
-#[derive(Debug, Clone)]
-enum Target {
-    Url(String),
-    Pool(PgPool),
-}
-
-/// Settings of a [`PostgresStore`], from [`PostgresStore::builder`] or
-/// [`PostgresStore::builder_with_pool`].
-#[derive(Debug, Clone)]
-pub struct PostgresStoreBuilder {
-    target: Target,
-    table: String,
-    timeout: Duration,
-    max_connections: u32,
-}
-
-impl PostgresStoreBuilder {
-    /// The table holding the records (default `idempotent_records`): an identifier of ASCII
-    /// letters, digits and `_`, not starting with a digit, at most 48 characters, not
-    /// `idempotent_schema`. It is created in the connection's `current_schema()`.
-    pub fn table(mut self, name: impl Into<String>) -> Self {
-        self.table = name.into();
-        self
-    }
-
-    /// How long a call may take as a whole, connecting included, before it fails with
-    /// [`Error::Timeout`] (default 5 s; at least 1 ms). The store's own connections also get it
-    /// as `statement_timeout`.
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout.max(Duration::from_millis(1));
-        self
-    }
-
-    /// The most connections the store opens (default 8; at least 1). Ignored for a store on a
-    /// pool of the application's ([`PostgresStore::builder_with_pool`]).
-    pub fn max_connections(mut self, n: u32) -> Self {
-        self.max_connections = n.max(1);
-        self
-    }
-
-    /// Makes the pool (connections are opened as calls need them) and creates or checks the
-    /// table ([`PostgresStore::migrate`]).
-    ///
-    /// Fails with [`Error::Config`] for an invalid URL or table name or an incompatible existing
-    /// table, and with [`Error::Unavailable`] or [`Error::Timeout`] (op `open`) when the database
-    /// cannot be reached within the timeout.
-    pub async fn connect(self) -> Result<PostgresStore, Error> {
-        validate_table(&self.table)?;
-        let timeout = self.timeout;
-        let (pool, describe) = match self.target {
-            Target::Url(url) => {
-                let options = PgConnectOptions::from_str(&url).map_err(|e| {
-                    Error::Config(format!(
-                        "invalid PostgreSQL URL {}: {e}; expected postgres://user[:password]@host[:port]/database",
-                        redact(&url)
-                    ))
-                })?;
-                let describe = describe(&options);
-                let options = options.options([("statement_timeout", format!("{}ms", timeout.as_millis().max(1)))]);
-                let pool = PgPoolOptions::new()
-                    .max_connections(self.max_connections)
-                    .min_connections(0)
-                    .acquire_timeout(timeout)
-                    .test_before_acquire(false)
-                    .before_acquire(|conn, meta| {
-                        Box::pin(async move {
-                            if meta.idle_for > IDLE_PING {
-                                conn.ping().await?;
-                            }
-                            Ok(true)
-                        })
-                    })
-                    .connect_lazy_with(options);
-                (pool, describe)
-            }
-            Target::Pool(pool) => {
-                let describe = describe(&pool.connect_options());
-                (pool, describe)
-            }
-        };
-        let store = PostgresStore::on(pool, describe, self.table, timeout);
-        store.migrate_as("open").await?;
-        Ok(store)
-    }
-}
-
-fn validate_table(name: &str) -> Result<(), Error> {
-    let mut chars = name.chars();
-    let ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-        && name.len() <= MAX_TABLE_LEN
-        && !name.eq_ignore_ascii_case("idempotent_schema");
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::Config(format!(
-            "PostgreSQL table name {name:?} is not a plain identifier (ASCII letters, digits and `_`, not starting \
-             with a digit, at most {MAX_TABLE_LEN} characters, not `idempotent_schema`); choose another with \
-             PostgresStoreBuilder::table"
-        )))
-    }
-}
-
-impl SqlStore<PostgresBackend> {
-    /// Connects with the default settings (see [`PostgresStore::builder`]) and creates or checks
-    /// the table.
-    pub async fn connect(url: impl Into<String>) -> Result<PostgresStore, Error> {
-        PostgresStore::builder(url).connect().await
-    }
-
-    /// A store on a pool of the application's, with the default settings (see
-    /// [`PostgresStore::builder_with_pool`]); creates or checks the table.
-    pub async fn from_pool(pool: PgPool) -> Result<PostgresStore, Error> {
-        PostgresStore::builder_with_pool(pool).connect().await
-    }
-
-    /// Settings for a store on the database at `url` (`postgres://user:password@host:port/db`,
-    /// with the query parameters sqlx's `PgConnectOptions` reads), in its own pool.
-    pub fn builder(url: impl Into<String>) -> PostgresStoreBuilder {
-        PostgresStoreBuilder::new(Target::Url(url.into()))
-    }
-
-    /// Settings for a store on `pool`, shared with the application: the store takes a connection
-    /// for each statement and gives it back before it answers. Its connections keep the pool's
-    /// own settings (no `statement_timeout` is added; the store's timeout still bounds each call).
-    pub fn builder_with_pool(pool: PgPool) -> PostgresStoreBuilder {
-        PostgresStoreBuilder::new(Target::Pool(pool))
-    }
-}
-
-impl PostgresStoreBuilder {
-    fn new(target: Target) -> Self {
-        PostgresStoreBuilder {
-            target,
-            table: "idempotent_records".to_owned(),
-            timeout: Duration::from_secs(5),
-            max_connections: 8,
-        }
-    }
-}
-
-/// `postgres://user@host:port/database`: the connection's target without its password.
-fn describe(options: &PgConnectOptions) -> String {
-    let user = options.get_username();
-    let db = options.get_database().unwrap_or(user);
-    match options.get_socket() {
-        Some(dir) => format!("postgres://{user}@/{db}?host={}&port={}", dir.display(), options.get_port()),
-        None => format!("postgres://{user}@{}:{}/{db}", options.get_host(), options.get_port()),
-    }
-}
-
-/// The URL with the password of its user part, if any, replaced by `***`.
-fn redact(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else { return "(not a URL)".to_owned() };
-    let Some((userinfo, host)) = rest.rsplit_once('@') else { return url.to_owned() };
-    match userinfo.split_once(':') {
-        Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-        None => url.to_owned(),
-    }
-}
 
 /// A serialization failure or a deadlock: the statement was rolled back and may run again.
 fn serialization_failure(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("40001" | "40P01")))
-}
-
-/// `sql` with `args` bound in order.
-fn query<'a>(sql: &SqlStr, args: impl IntoIterator<Item = Value<'a>>) -> Query<'a, Postgres, PgArguments> {
-    let mut q = sqlx::query(sql.clone());
-    for arg in args {
-        q = match arg {
-            Value::Bytes(b) => q.bind(b),
-            Value::OwnedBytes(b) => q.bind(b),
-            Value::OptBytes(b) => q.bind(b),
-            Value::Text(t) => q.bind(t),
-            Value::OwnedText(t) => q.bind(t),
-            Value::OptText(t) => q.bind(t),
-            Value::Int(n) => q.bind(n),
-        };
-    }
-    q
 }
 
 impl PostgresStore {
@@ -455,48 +274,54 @@ impl Backend for PostgresBackend {
         }
     }
 
-    async fn fetch_optional<'a>(
+    fn fetch_optional<'a>(
         store: &'a PostgresStore,
         op: &'static str,
         sql: &'a SqlStr,
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
-    ) -> Result<Option<PgRow>, Failed> {
-        // All the rows, as acquire's statement must run to its end (its read may answer and its
-        // write not, or the other way round).
-        Ok(store.fetch(op, query(sql, args)).await?.into_iter().next())
+    ) -> impl Future<Output = Result<Option<PgRow>, Failed>> + Send + 'a {
+        // Bound before the future, which then holds the query only. All the rows are read, as
+        // acquire's statement must run to its end (its read may answer and its write not, or the
+        // other way round).
+        let q = query::<Postgres>(sql, args);
+        async move { Ok(store.fetch(op, q).await?.into_iter().next()) }
     }
 
-    async fn fetch_all<'a>(
+    fn fetch_all<'a>(
         store: &'a PostgresStore,
         op: &'static str,
         sql: &'a SqlStr,
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
-    ) -> Result<Vec<PgRow>, Failed> {
-        store.fetch(op, query(sql, args)).await
+    ) -> impl Future<Output = Result<Vec<PgRow>, Failed>> + Send + 'a {
+        store.fetch(op, query::<Postgres>(sql, args))
     }
 
-    async fn execute<'a>(
+    fn execute<'a>(
         store: &'a PostgresStore,
         op: &'static str,
         sql: &'a SqlStr,
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
-    ) -> Result<u64, Failed> {
-        let q = query(sql, args);
-        let (mut conn, deadline) = store.connection(op).await?;
-        let outcome = tokio::time::timeout_at(deadline, q.execute(&mut *conn)).await;
-        store.ended(op, conn, outcome).map(|done| done.rows_affected())
+    ) -> impl Future<Output = Result<u64, Failed>> + Send + 'a {
+        let q = query::<Postgres>(sql, args);
+        async move {
+            let (mut conn, deadline) = store.connection(op).await?;
+            let outcome = tokio::time::timeout_at(deadline, q.execute(&mut *conn)).await;
+            store.ended(op, conn, outcome).map(|done| done.rows_affected())
+        }
     }
 
-    async fn execute_in<'a>(
+    fn execute_in<'a>(
         store: &'a PostgresStore,
         tx: &'a mut Transaction<'static, Postgres>,
         op: &'static str,
         sql: &'a SqlStr,
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
-    ) -> Result<u64, Error> {
-        let q = query(sql, args);
-        store.count();
-        Ok(store.within(op, q.execute(&mut **tx)).await?.rows_affected())
+    ) -> impl Future<Output = Result<u64, Error>> + Send + 'a {
+        let q = query::<Postgres>(sql, args);
+        async move {
+            store.count();
+            Ok(store.within(op, q.execute(&mut **tx)).await?.rows_affected())
+        }
     }
 
     async fn begin(store: &PostgresStore) -> Result<Transaction<'static, Postgres>, Error> {
@@ -642,46 +467,24 @@ impl Backend for PostgresBackend {
         matches!(e, sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("42P01" | "42703")))
     }
 
-    async fn state_read<'a>(
+    fn state_read<'a>(
         store: &'a PostgresStore,
         sql: SqlStr,
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
-    ) -> Result<Option<StateRow>, sqlx::Error> {
-        let row = query(&sql, args).fetch_optional(&store.inner.pool).await?;
-        row.map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))).transpose()
+    ) -> impl Future<Output = Result<Option<StateRow>, sqlx::Error>> + Send + 'a {
+        let q = query::<Postgres>(&sql, args);
+        async move {
+            let row = q.fetch_optional(&store.inner.pool).await?;
+            row.map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))).transpose()
+        }
     }
 
-    async fn state_write<'a>(
+    fn state_write<'a>(
         store: &'a PostgresStore,
         sql: SqlStr,
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
-    ) -> Result<u64, sqlx::Error> {
-        Ok(query(&sql, args).execute(&store.inner.pool).await?.rows_affected())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn table_names_must_be_identifiers() {
-        for good in ["idempotent_records", "_x", "Records2", &"a".repeat(48)] {
-            assert!(validate_table(good).is_ok(), "{good}");
-        }
-        for bad in
-            ["", "x; DROP TABLE y", "2x", "a-b", "\"q\"", "idempotent_schema", "IDEMPOTENT_SCHEMA", &"a".repeat(49)]
-        {
-            assert!(matches!(validate_table(bad), Err(Error::Config(_))), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn descriptions_and_errors_never_show_the_password() {
-        let options = PgConnectOptions::from_str("postgres://app:s3cret@db.internal:6543/orders").unwrap();
-        assert_eq!(describe(&options), "postgres://app@db.internal:6543/orders");
-        assert_eq!(redact("postgres://app:s3cret@db/x"), "postgres://app:***@db/x");
-        assert_eq!(redact("postgres://app@db/x"), "postgres://app@db/x");
-        assert!(!redact("postgres://a:b:c@d/x").contains('b'));
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a {
+        let q = query::<Postgres>(&sql, args);
+        async move { Ok(q.execute(&store.inner.pool).await?.rows_affected()) }
     }
 }
