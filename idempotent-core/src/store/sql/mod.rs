@@ -94,9 +94,8 @@
 //! - **complete, release, renew**: `UPDATE … WHERE key = $1 AND token = $2 AND state IN (…) AND
 //!   expires_at > now`; a repeat by the token that completed (or released) matches its own done
 //!   (released) row and changes nothing, so it is acknowledged. Release writes `recovered =
-//!   false`, so that a repeated clean release does not match an uncertain one. Complete writes
-//!   `expires_at = now + retention` ([retention](crate::record#retention)); renew moves
-//!   `lease_until` and never shortens `expires_at`.
+//!   false`, so that a repeated clean release does not match an uncertain one. What each one does
+//!   to `expires_at` is the record protocol's ([retention](crate::record#retention)).
 //! - **abandon**: the same `UPDATE`, to `released` with `recovered` set (uncertain), or to
 //!   `needs_attention` with `expires_at` never; a repeat with the same mark matches its own row.
 //!   A late complete by the marked attempt finds neither `running` nor `done`, and is refused.

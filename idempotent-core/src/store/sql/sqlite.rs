@@ -80,6 +80,7 @@ const COLUMNS: [&str; 15] = [
 ];
 
 /// The purge's statements, and the last rowid the sweep examined (0: start a new pass).
+#[doc(hidden)]
 pub struct SqlitePurge {
     range: SqlStr,
     delete: SqlStr,

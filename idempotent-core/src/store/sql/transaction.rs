@@ -129,7 +129,7 @@ pub(crate) fn wrong_store<DB: CommitsWith>(store: &SharedStore, what: &str) -> E
     ))
 }
 
-/// `SqliteStore` for `idempotent_core::store::sqlite::SqliteStore`.
+/// `MemoryStore` for `idempotent_core::store::memory::MemoryStore` (the last path segment).
 fn short_type_name<T: ?Sized>() -> &'static str {
     let name = std::any::type_name::<T>();
     name.rsplit("::").next().unwrap_or(name)
