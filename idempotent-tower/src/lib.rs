@@ -80,19 +80,19 @@ pub use retry::{Backoff, GrpcRetryPolicy, HttpRetryPolicy, TpsBudget};
 pub use idempotent_core;
 // The stores and the options a server needs, so that one dependency line is enough. (Plain
 // comments: a doc comment here would be prepended to each item's own docs.)
-pub use idempotent_core::{
-    Error, FailMode, IntoSharedStore, MemoryStore, OnInFlight, OnRecovered, RunContext, SharedStore, Store, state,
-};
-#[cfg(feature = "redis")]
-pub use idempotent_core::{Preflight, RedisStore, RedisStoreBuilder};
-#[cfg(feature = "postgres")]
-pub use idempotent_core::{PostgresStore, PostgresStoreBuilder};
-#[cfg(feature = "sqlite")]
-pub use idempotent_core::{SqliteStore, SqliteStoreBuilder};
 /// The SQL driver of the SQL stores (features `sqlite`, `postgres`), whose transactions a
 /// handler's steps commit their writes in (`Step::run_in_transaction`).
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use idempotent_core::sqlx;
+pub use idempotent_core::{
+    Error, FailMode, IntoSharedStore, MemoryStore, OnInFlight, OnRecovered, RunContext, SharedStore, Store, state,
+};
+#[cfg(feature = "postgres")]
+pub use idempotent_core::{PostgresStore, PostgresStoreBuilder};
+#[cfg(feature = "redis")]
+pub use idempotent_core::{Preflight, RedisStore, RedisStoreBuilder};
+#[cfg(feature = "sqlite")]
+pub use idempotent_core::{SqliteStore, SqliteStoreBuilder};
 
 /// The `http` crate, whose types this crate's API takes (the tenant closure gets
 /// `&http::request::Parts`).

@@ -1,6 +1,7 @@
 //! Test support for the workspace: throwaway `redis-server` processes, throwaway PostgreSQL
-//! servers ([`postgres::PgServer`]), the store conformance suite, and [`hooked::HookedStore`] for
-//! stores with one transition changed.
+//! servers ([`postgres::PgServer`]), the store matrix every scenario runs on ([`on_every_store!`],
+//! [`matrix`]), the store conformance suite, and [`hooked::HookedStore`] for stores with one
+//! transition changed.
 //!
 //! Every server listens on a free loopback port in its own temporary directory, keeps its log
 //! there, and is killed when dropped. Tests never touch a Redis the machine may already run on
@@ -21,7 +22,9 @@ pub mod conformance;
 pub mod contention;
 pub mod history;
 pub mod hooked;
+pub mod identity;
 pub mod ledger;
+pub mod matrix;
 pub mod postgres;
 pub mod proxy;
 pub mod refund_server;
@@ -714,30 +717,27 @@ impl RedisCluster {
     }
 }
 
-/// Generates, for each `async fn check(store: SharedStore)` named, one `#[tokio::test]` on a
-/// `MemoryStore` (in `mod memory`) and one on a throwaway `redis-server` (in `mod redis`).
+/// Generates, for each scenario named, one `#[tokio::test]` on every store of the
+/// [matrix](matrix): `memory::<name>`, `sqlite::<name>`, `postgres::<name>` and `redis::<name>`,
+/// each on an empty store of its own. A scenario is an `async fn` of a `SharedStore`, or of a
+/// [`matrix::Backend`] when it needs the store's URL (for another process) or a directory.
 #[macro_export]
 macro_rules! on_every_store {
+    (@store $module:ident $kind:ident $($check:ident),*) => {
+        mod $module {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $check() {
+                    $crate::matrix::run($crate::matrix::Kind::$kind, super::$check).await;
+                }
+            )*
+        }
+    };
     ($($check:ident),* $(,)?) => {
-        mod memory {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $check() {
-                    super::$check(::std::sync::Arc::new(::idempotent_core::MemoryStore::new())).await;
-                }
-            )*
-        }
-        mod redis {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $check() {
-                    let server = $crate::RedisServer::start();
-                    let store = ::idempotent_core::RedisStore::connect(server.url()).expect("connect to the test server");
-                    super::$check(::std::sync::Arc::new(store)).await;
-                    drop(server);
-                }
-            )*
-        }
+        $crate::on_every_store!(@store memory Memory $($check),*);
+        $crate::on_every_store!(@store sqlite Sqlite $($check),*);
+        $crate::on_every_store!(@store postgres Postgres $($check),*);
+        $crate::on_every_store!(@store redis Redis $($check),*);
     };
 }
 

@@ -36,6 +36,7 @@ pub async fn run_all(store: SharedStateStore) {
     contention_ends_in_a_clear_error(&store).await;
     racing_creation_creates_once(&store, 64).await;
     the_history_bound_holds(&store).await;
+    an_unanswered_update_says_it_may_have_run(&store).await;
     assert_eq!(counter(&store, 64, 100).await, 6400);
 }
 
@@ -162,6 +163,83 @@ pub async fn racing_creation_creates_once(store: &SharedStateStore, tasks: usize
             assert_eq!(answer, &expected, "task {t}");
         }
     }
+}
+
+/// A state store whose commits land and whose replies are lost while `lose` is on: the
+/// store's answer never reaches the caller, as when a connection drops after the commit.
+struct LosingReplies {
+    inner: SharedStateStore,
+    lose: std::sync::atomic::AtomicBool,
+}
+
+impl idempotent_core::StateStore for LosingReplies {
+    fn load<'a>(&'a self, scope: &'a Scope) -> idempotent_core::store::BoxFuture<'a, Result<Loaded<Bytes>, Error>> {
+        self.inner.load(scope)
+    }
+
+    fn commit<'a>(
+        &'a self,
+        scope: &'a Scope,
+        expected: Version,
+        value: Bytes,
+        token: &'a CommitToken,
+    ) -> idempotent_core::store::BoxFuture<'a, Result<Commit<Bytes>, Error>> {
+        Box::pin(async move {
+            let answer = self.inner.commit(scope, expected, value, token).await;
+            if self.lose.load(std::sync::atomic::Ordering::SeqCst) {
+                let reason = format!("the reply was lost (the commit answered {answer:?})");
+                return Err(Error::Unavailable { store: "lossy".into(), op: "commit", reason, source: None });
+            }
+            answer
+        })
+    }
+
+    fn describe(&self) -> String {
+        format!("lossy {}", self.inner.describe())
+    }
+}
+
+/// An update that gives up after commits whose replies were lost says that it may have been
+/// applied, with the token to retry under; retried under it, it applies once. Outside a step the
+/// error is not transient (a retry through `update` would draw a new token); inside one it is,
+/// and the step's retry replays the update.
+pub async fn an_unanswered_update_says_it_may_have_run(store: &SharedStateStore) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let lossy = Arc::new(LosingReplies { inner: store.clone(), lose: true.into() });
+    let scope = fresh_scope("unanswered");
+    let quick = UpdatePolicy::default().attempts(3);
+    let counter: State<u64> = State::new(lossy.clone() as SharedStateStore, scope.clone()).with_policy(quick);
+    let plain: State<u64> = State::new(store.clone(), scope);
+    let add = |n: Option<u64>| Ok::<_, Error>(n.unwrap_or(0) + 1);
+
+    let error = counter.update(add).await.expect_err("every reply was lost");
+    assert!(matches!(error, Error::CommitUnanswered { retry_derives_token: false, .. }), "{error:?}");
+    assert!(error.action_may_have_run(), "{error}");
+    assert!(!error.is_transient(), "a retry through update draws a new token: {error}");
+    assert!(error.to_string().contains("update_with_token"), "{error}");
+    assert_eq!(plain.load().await.unwrap().value, Some(1), "the commit landed once");
+    lossy.lose.store(false, SeqCst);
+    let token = error.commit_token().expect("the error carries its token");
+    let retried = counter.update_with_token(&token, add).await.unwrap();
+    assert_eq!((retried.value, retried.replayed), (1, true));
+    assert_eq!(plain.load().await.unwrap().value, Some(1), "the retry under the token applied it again");
+
+    // Inside a step the token is the step's: retrying the step is the safe retry.
+    let ctx = idempotent_core::RunContext::new(idempotent_core::MemoryStore::new(), crate::unique("unanswered"));
+    let step = || {
+        ctx.step("add").run(&(), |_| async {
+            counter.update(add).await?;
+            Ok::<_, Error>(())
+        })
+    };
+    lossy.lose.store(true, SeqCst);
+    let error = step().await.expect_err("every reply was lost");
+    assert!(matches!(error, Error::CommitUnanswered { retry_derives_token: true, .. }), "{error:?}");
+    assert!(error.is_transient() && error.action_may_have_run(), "{error}");
+    assert_eq!(plain.load().await.unwrap().value, Some(2));
+    lossy.lose.store(false, SeqCst);
+    step().await.unwrap();
+    assert_eq!(plain.load().await.unwrap().value, Some(2), "the step's retry applied its update again");
 }
 
 /// A token is recognised while fewer than the store's `commit_history()` commits landed after it, and

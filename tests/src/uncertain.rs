@@ -4,13 +4,11 @@
 use std::future::Future;
 use std::time::Duration;
 
-use std::sync::Arc;
-
-use idempotent_core::{Attempt, Error, MemoryStore, RunContext, SharedStore, Verdict};
+use idempotent_core::{Attempt, Error, RunContext, SharedStore, Verdict};
 use tokio::io::AsyncBufReadExt;
 
 use crate::ledger::Ledger;
-use crate::{PgServer, RedisServer};
+pub use crate::matrix::Backend;
 
 /// The run the staged charge belongs to.
 pub const RUN: &str = "kill-run";
@@ -108,41 +106,8 @@ pub fn ledger_verifier(ledger: &Ledger) -> impl FnOnce(Attempt) -> Verifying + u
     }
 }
 
-/// A store, the URL another process reaches it by (none for memory), and what keeps it alive.
-pub struct Backend {
-    /// The store.
-    pub store: SharedStore,
-    /// Its URL, for another process (none for memory).
-    pub url: Option<String>,
-    /// A temporary directory for files of the test (the SQLite file, the ledger).
-    pub dir: tempfile::TempDir,
-    _server: Option<Box<dyn std::any::Any + Send>>,
-}
-
+/// The uncertain outcome on a store of the [matrix](crate::matrix).
 impl Backend {
-    /// Starts the backend `kind`: `memory`, `sqlite`, `postgres` or `redis`.
-    pub async fn start(kind: &str) -> Backend {
-        let dir = tempfile::TempDir::new().unwrap();
-        let (url, server): (Option<String>, Option<Box<dyn std::any::Any + Send>>) = match kind {
-            "memory" => (None, None),
-            "sqlite" => (Some(format!("sqlite://{}", dir.path().join("records.db").display())), None),
-            "postgres" => {
-                let server = PgServer::start();
-                (Some(server.url()), Some(Box::new(server)))
-            }
-            "redis" => {
-                let server = RedisServer::start();
-                (Some(server.url()), Some(Box::new(server)))
-            }
-            other => panic!("no backend {other}"),
-        };
-        let store = match &url {
-            Some(url) => idempotent_core::store::open(url).await.unwrap(),
-            None => Arc::new(MemoryStore::new()),
-        };
-        Backend { store, url, dir, _server: server }
-    }
-
     /// A ledger in the test's directory.
     pub fn ledger(&self) -> Ledger {
         Ledger::at(self.dir.path().join("ledger"))
@@ -161,31 +126,4 @@ impl Backend {
     pub fn ctx(&self) -> RunContext {
         RunContext::new(self.store.clone(), RUN)
     }
-}
-
-/// Declares, for each check named, a module of tests that run it on every backend.
-#[macro_export]
-macro_rules! on_every_backend {
-    ($($check:ident),* $(,)?) => {
-        $(
-            mod $check {
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn memory() {
-                    super::$check($crate::uncertain::Backend::start("memory").await).await;
-                }
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn sqlite() {
-                    super::$check($crate::uncertain::Backend::start("sqlite").await).await;
-                }
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn postgres() {
-                    super::$check($crate::uncertain::Backend::start("postgres").await).await;
-                }
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn redis() {
-                    super::$check($crate::uncertain::Backend::start("redis").await).await;
-                }
-            }
-        )*
-    };
 }

@@ -22,6 +22,9 @@ idempotent_tests::on_every_store!(
     heartbeat_keeps_a_long_action_alive,
     lost_lease_is_signalled_and_the_result_refused,
     bad_payloads_are_refused_before_anything_runs,
+    runs_each_of_200_keys_once_with_8_callers,
+    dropping_the_call_after_the_action_still_stores_the_outcome,
+    failing_renewals_for_a_whole_lease_mark_it_lost,
 );
 
 async fn replay_returns_the_first_result(store: SharedStore) {
@@ -363,15 +366,8 @@ async fn cluster_runs_each_of_many_keys_once() {
     concurrent_keys(store, 50, 4).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memory_runs_each_of_200_keys_once_with_8_callers() {
-    concurrent_keys(Arc::new(MemoryStore::new()), 200, 8).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_runs_each_of_200_keys_once_with_8_callers() {
-    let server = RedisServer::start();
-    concurrent_keys(Arc::new(RedisStore::connect(server.url()).unwrap()), 200, 8).await;
+async fn runs_each_of_200_keys_once_with_8_callers(store: SharedStore) {
+    concurrent_keys(store, 200, 8).await;
 }
 
 /// `keys` operations × `callers` concurrent callers each: exactly `keys` actions run, and every
@@ -460,8 +456,11 @@ struct Gate {
     complete_done: Arc<Notify>,
 }
 
-/// A MemoryStore whose `complete` and `renew` can be held or failed, to place faults exactly.
-fn gated(renew_fails: bool) -> (Arc<HookedStore<Gate>>, oneshot::Receiver<()>, tokio::sync::watch::Sender<bool>) {
+/// `store` with its `complete` and `renew` held or failed, to place faults exactly.
+fn gated(
+    store: SharedStore,
+    renew_fails: bool,
+) -> (Arc<HookedStore<Gate>>, oneshot::Receiver<()>, tokio::sync::watch::Sender<bool>) {
     let (entered_tx, entered_rx) = oneshot::channel();
     let (open, gate) = tokio::sync::watch::channel(false);
     let state = Gate {
@@ -469,8 +468,8 @@ fn gated(renew_fails: bool) -> (Arc<HookedStore<Gate>>, oneshot::Receiver<()>, t
         complete_gate: gate,
         complete_done: Arc::new(Notify::new()),
     };
-    let store = HookedStore::with_state(Arc::new(MemoryStore::new()), state)
-        .describe_as(|_| "gated memory (test)".into())
+    let store = HookedStore::with_state(store, state)
+        .describe_as(|inner| format!("gated {inner} (test)"))
         .on_complete(|call| {
             Box::pin(async move {
                 let s = call.store.state();
@@ -495,9 +494,8 @@ fn gated(renew_fails: bool) -> (Arc<HookedStore<Gate>>, oneshot::Receiver<()>, t
 
 /// The caller's future is dropped after the action finished but before `complete` landed (a
 /// timeout around the step): the outcome is still stored, and the retry replays it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dropping_the_call_after_the_action_still_stores_the_outcome() {
-    let (store, complete_entered, open) = gated(false);
+async fn dropping_the_call_after_the_action_still_stores_the_outcome(store: SharedStore) {
+    let (store, complete_entered, open) = gated(store, false);
     let done = store.state().complete_done.clone();
     let ctx = RunContext::new(store.clone() as SharedStore, unique("run"));
     let runs = Arc::new(AtomicU32::new(0));
@@ -524,9 +522,8 @@ async fn dropping_the_call_after_the_action_still_stores_the_outcome() {
 }
 
 /// Renewals that keep failing for a whole lease count as a lost lease: the action is told.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failing_renewals_for_a_whole_lease_mark_it_lost() {
-    let (store, _entered, open) = gated(true);
+async fn failing_renewals_for_a_whole_lease_mark_it_lost(store: SharedStore) {
+    let (store, _entered, open) = gated(store, true);
     open.send_replace(true);
     let ctx = RunContext::new(store as SharedStore, unique("run"));
     let (was_lost, number) = ctx

@@ -11,14 +11,13 @@ use idempotent_core::reconcile::{Pass, Reconciler, Settled};
 use idempotent_core::record::{Abandon, Acquire, Labels};
 use idempotent_core::store::{Filter, RecordState};
 use idempotent_core::{Attempt, Error, Key, RunContext, SharedStore, Verdict};
-use idempotent_tests::on_every_backend;
 use idempotent_tests::uncertain::{Backend, PAYLOAD, RUN, STEP, crash_after_charge, ledger_verifier};
 
 const EFFECT_CHILD: &str = env!("CARGO_BIN_EXE_effect_child");
 const LEASE: Duration = Duration::from_millis(400);
 const HOUR: Duration = Duration::from_secs(3600);
 
-on_every_backend!(
+idempotent_tests::on_every_store!(
     a_killed_workers_charge_is_settled_before_any_retry,
     not_done_releases_the_key_and_the_next_call_runs_afresh,
     unknown_needs_attention_and_steps_without_a_verifier_are_reported,

@@ -17,9 +17,9 @@ use http::uri::PathAndQuery;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use idempotent_core::{RedisStore, SharedStore};
+use idempotent_core::{RedisStore, RunContext, SharedStore};
 use idempotent_tests::RedisServer;
-use idempotent_tower::server::IdempotencyLayer;
+use idempotent_tower::server::{IdempotencyLayer, Unprotected};
 use prost::Message;
 use tokio::sync::{Notify, Semaphore};
 use tonic::transport::{Channel, Endpoint, Server};
@@ -39,13 +39,16 @@ idempotent_tests::on_every_store!(
     final_error_statuses_are_replayed,
     tenants_never_share_a_record,
     grpc_web_is_stored_and_replayed_as_http,
+    nested_steps_run_under_the_calls_identity,
 );
 
 // ---------------------------------------------------------------------------------------------
 // The service
 
 /// `payments.Payments/Refund` request. `behaviour` steers the handler: "" replies OK, "gate"
-/// waits for the test, any other value is the name of the status code to fail with.
+/// waits for the test, "nested" runs a step in the call's `RunContext` (and fails with
+/// UNAVAILABLE after it on the handler's first call), any other value is the name of the status
+/// code to fail with.
 #[derive(Clone, PartialEq, Message)]
 struct RefundRequest {
     #[prost(string, tag = "1")]
@@ -69,6 +72,8 @@ const REFUND: &str = "/payments.Payments/Refund";
 #[derive(Clone)]
 struct Ledger {
     calls: Arc<AtomicUsize>,
+    /// Runs of the "nested" step's action.
+    steps: Arc<AtomicUsize>,
     entered: Arc<Notify>,
     gate: Arc<Semaphore>,
 }
@@ -124,9 +129,31 @@ impl tonic::server::UnaryService<RefundRequest> for Refund {
         let ledger = self.0.clone();
         Box::pin(async move {
             let call = ledger.calls.fetch_add(1, Ordering::SeqCst) as u64 + 1;
+            let ctx = req.extensions().get::<RunContext>().cloned();
+            let unprotected = req.extensions().get::<Unprotected>().copied();
             let msg = req.into_inner();
             let code = match msg.behaviour.as_str() {
                 "" => None,
+                "nested" => {
+                    let Some(ctx) = ctx else {
+                        let refund_id = format!("unprotected: {unprotected:?}");
+                        return Ok(tonic::Response::new(RefundReply { refund_id, call }));
+                    };
+                    let steps = ledger.steps.clone();
+                    let tenant = ctx.tenant().unwrap_or("-").to_owned();
+                    let refund_id: String = ctx
+                        .step("refund")
+                        .run(&msg.order_id, |_| async move {
+                            let n = steps.fetch_add(1, Ordering::SeqCst) + 1;
+                            Ok::<_, idempotent_core::Error>(format!("step {n} for {tenant}"))
+                        })
+                        .await
+                        .map_err(|e| Status::unavailable(e.to_string()))?;
+                    if call == 1 {
+                        return Err(Status::unavailable("the handler failed after its step; retry"));
+                    }
+                    return Ok(tonic::Response::new(RefundReply { refund_id, call }));
+                }
                 "gate" => {
                     ledger.entered.notify_one();
                     ledger.gate.acquire().await.unwrap().forget();
@@ -163,7 +190,12 @@ struct App {
 
 impl App {
     async fn start(store: &SharedStore, configure: impl FnOnce(IdempotencyLayer) -> IdempotencyLayer) -> App {
-        let ledger = Ledger { calls: Arc::default(), entered: Arc::default(), gate: Arc::new(Semaphore::new(0)) };
+        let ledger = Ledger {
+            calls: Arc::default(),
+            steps: Arc::default(),
+            entered: Arc::default(),
+            gate: Arc::new(Semaphore::new(0)),
+        };
         let layer = configure(
             IdempotencyLayer::new(store.clone())
                 .tenant(|parts| parts.headers.get("x-tenant").and_then(|v| v.to_str().ok()).map(str::to_owned)),
@@ -462,6 +494,30 @@ async fn tenants_never_share_a_record(store: SharedStore) {
     assert_eq!(call("acme").await.unwrap().get_ref(), a.get_ref());
     assert_eq!(call("globex").await.unwrap().get_ref(), b.get_ref());
     assert_eq!(app.ledger.calls(), 2);
+}
+
+async fn nested_steps_run_under_the_calls_identity(store: SharedStore) {
+    let app = App::start(&store, |l| l).await;
+    let call = |tenant: &'static str| {
+        app.refund_with(behaving("o-1", "nested"), move |md| {
+            md.insert("idempotency-key", "shared".parse().unwrap());
+            md.insert("x-tenant", tenant.parse().unwrap());
+        })
+    };
+    // The handler's first call runs its step and then fails: the key is released.
+    refused(call("acme").await, Code::Unavailable);
+    // The retry runs the handler again, and the step replays: one run of its action.
+    let acme = call("acme").await.unwrap();
+    assert_eq!(acme.get_ref().refund_id, "step 1 for acme");
+    // Another tenant's equal key is another call, and its step another run.
+    let globex = call("globex").await.unwrap();
+    assert!(!replayed(globex.metadata()));
+    assert_eq!(globex.get_ref().refund_id, "step 2 for globex");
+    assert_eq!(call("acme").await.unwrap().get_ref(), acme.get_ref());
+    assert_eq!(app.ledger.steps.load(Ordering::SeqCst), 2);
+    // A call without a key runs unprotected, and the handler can tell.
+    let bare = app.refund(None, behaving("o-2", "nested")).await.unwrap();
+    assert_eq!(bare.get_ref().refund_id, "unprotected: Some(NoKey)");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

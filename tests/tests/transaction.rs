@@ -9,16 +9,15 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::{Body, to_bytes};
-use axum::extract::State;
-use axum::http::{HeaderMap, Request, StatusCode};
+use axum::extract::{Extension, State};
+use axum::http::{Request, StatusCode};
 use axum::routing::post;
 use idempotent_core::sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use idempotent_core::sqlx::{self, SqliteTransaction};
 use idempotent_core::{Error, FailMode, IntoSharedStore, MemoryStore, OnInFlight, RunContext, SqliteStore, idempotent};
 use idempotent_tests::HookedStore;
 use idempotent_tests::txn::{InvoiceError, db, kill_child_before_commit};
-use idempotent_tower::IDEMPOTENCY_KEY;
-use idempotent_tower::server::{IDEMPOTENT_STORED, IdempotencyLayer, client_key};
+use idempotent_tower::server::{IDEMPOTENT_STORED, IdempotencyLayer};
 use tempfile::TempDir;
 use tokio::sync::{Notify, Semaphore};
 use tower::ServiceExt;
@@ -411,16 +410,16 @@ async fn the_macro_commits_the_body_with_the_record_and_replays() {
 
 type Shared = (SqliteStore, Arc<AtomicU32>);
 
-/// A handler whose database write is a step keyed on the request's key, as the layer's docs say.
+/// A handler whose database write is a step in the request's run context, as the layer's docs
+/// say (on the database's store: the layer's is a wrapper around it).
 async fn create_invoice_handler(
     State((db, runs)): State<Shared>,
-    headers: HeaderMap,
+    Extension(ctx): Extension<RunContext>,
     order: String,
 ) -> (StatusCode, String) {
     runs.fetch_add(1, Ordering::SeqCst);
-    let key = client_key(&headers, &IDEMPOTENCY_KEY).expect("the layer admitted a key");
-    let ctx = RunContext::new(db.clone(), format!("http-key:{key}"));
     let invoice = ctx
+        .with_store(db.clone())
         .step("create_invoice")
         .run_in_transaction(&order, async |tx: &mut SqliteTransaction<'_>, attempt| {
             insert(tx, &order, attempt.fence()).await?;

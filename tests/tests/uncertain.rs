@@ -10,7 +10,7 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use idempotent_core::record::Resolved;
 use idempotent_core::{Attempt, Error, MemoryStore, OnInFlight, OnRecovered, RunContext, SharedStore, Store, Verdict};
-use idempotent_tests::on_every_backend;
+use idempotent_tests::matrix::Kind;
 use idempotent_tests::uncertain::{Backend, PAYLOAD, RUN, STEP, crash_after_charge, ledger_verifier};
 use idempotent_tests::{HookedStore, RedisServer};
 
@@ -20,7 +20,7 @@ const EFFECT_CHILD: &str = env!("CARGO_BIN_EXE_effect_child");
 /// The worker's lease: the retry waits it out.
 const LEASE: Duration = Duration::from_millis(400);
 
-on_every_backend!(
+idempotent_tests::on_every_store!(
     a_verifier_that_finds_the_charge_stores_it_and_nothing_runs_again,
     a_verifier_that_finds_nothing_runs_the_action_once_more_under_the_same_downstream_key,
     an_unknown_verdict_stops_every_call_until_resolved_as_done,
@@ -264,7 +264,7 @@ fn renewals_fail(inner: SharedStore) -> SharedStore {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_verifier_that_outlives_its_lease_runs_nothing() {
-    let b = Backend::start("memory").await;
+    let b = Backend::start(Kind::Memory).await;
     let ledger = b.ledger();
     crash_after_charge(b.worker(EFFECT_CHILD), &ledger, LEASE).await;
     let runs = Arc::new(AtomicU32::new(0));

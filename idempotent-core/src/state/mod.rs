@@ -558,7 +558,12 @@ impl RawState {
 
     /// The update loop, under `token`; `derived` says whether a retry of the caller's call gets
     /// the same token (for the error an update that may have landed ends in).
-    async fn update_under<E, F>(&self, token: &CommitToken, derived: bool, mut reducer: F) -> Result<Updated<Bytes>, Error>
+    async fn update_under<E, F>(
+        &self,
+        token: &CommitToken,
+        derived: bool,
+        mut reducer: F,
+    ) -> Result<Updated<Bytes>, Error>
     where
         F: FnMut(Option<&[u8]>) -> Result<Bytes, E>,
         E: Into<BoxError>,

@@ -17,7 +17,8 @@
 //!   handler's future runs: its state commits
 //!   ([`State::update`](idempotent_core::state::State::update)) derive their tokens from the
 //!   request's key, so a request retried after a lost response replays them instead of applying
-//!   them again.
+//!   them again (while the scope's commit history still holds their tokens: see the bound in
+//!   [`idempotent_core::state`]).
 //!
 //! A covered request that runs without protection carries [`Unprotected`] saying why.
 
