@@ -69,6 +69,12 @@
 //!   never applied twice; on [`MemoryStateStore`] and the Redis, SQLite and PostgreSQL stores.
 //! - `#[idempotent]` (feature `macros`, on by default): the same as an attribute on an `async fn`
 //!   (`transaction = tx` for a transactional step).
+//! - [`reconcile`]: a [`Reconciler`] finds records stuck without an outcome and settles them with
+//!   the steps' verifiers, ahead of the next retry.
+//! - [`store::admin`]: what an operator (the `idempotent` command, the reconciler) reads of
+//!   records, lists and deletes ([`store::RecordInfo`]).
+//! - [`metrics`] (feature `metrics`): counters, histograms and a gauge through the `metrics`
+//!   facade, by step, store and outcome.
 //!
 //! # Guarantees and limits
 //!
