@@ -155,37 +155,27 @@ async fn invoice(
     order: String,
 ) -> Reply {
     let db = |e: sqlx::Error| Error::Config(e.to_string());
-    let step = || ctx.step("create_invoice");
+    // The same step on either database: only the transaction's type (which names the store the
+    // step needs) differs.
+    macro_rules! create_invoice {
+        ($tx:ty) => {
+            ctx.step("create_invoice")
+                .run_in_transaction(&order, async |tx: &mut $tx, _| {
+                    let id: i64 = sqlx::query_scalar(INSERT_INVOICE)
+                        .bind(&user)
+                        .bind(&order)
+                        .fetch_one(&mut **tx)
+                        .await
+                        .map_err(db)?;
+                    Ok::<_, Error>(format!("invoice {id} for {user}"))
+                })
+                .await
+        };
+    }
     let made = match shop.database {
         Database::None => return (StatusCode::NOT_IMPLEMENTED, "no database".into()),
-        Database::Sqlite(_) => {
-            step()
-                .run_in_transaction(&order, async |tx: &mut SqliteTransaction<'_>, _| {
-                    let id: i64 =
-                        sqlx::query_scalar("INSERT INTO invoices (tenant, order_id) VALUES (?1, ?2) RETURNING id")
-                            .bind(&user)
-                            .bind(&order)
-                            .fetch_one(&mut **tx)
-                            .await
-                            .map_err(db)?;
-                    Ok::<_, Error>(format!("invoice {id} for {user}"))
-                })
-                .await
-        }
-        Database::Postgres(_) => {
-            step()
-                .run_in_transaction(&order, async |tx: &mut PgTransaction<'_>, _| {
-                    let id: i64 =
-                        sqlx::query_scalar("INSERT INTO invoices (tenant, order_id) VALUES ($1, $2) RETURNING id")
-                            .bind(&user)
-                            .bind(&order)
-                            .fetch_one(&mut **tx)
-                            .await
-                            .map_err(db)?;
-                    Ok::<_, Error>(format!("invoice {id} for {user}"))
-                })
-                .await
-        }
+        Database::Sqlite(_) => create_invoice!(SqliteTransaction<'_>),
+        Database::Postgres(_) => create_invoice!(PgTransaction<'_>),
     };
     made.map_or_else(unavailable, |body| (StatusCode::CREATED, body))
 }
@@ -231,6 +221,10 @@ async fn refund(
     }
 }
 
+/// `/invoices`' statements, the same on both databases (`$n` placeholders).
+const INSERT_INVOICE: &str = "INSERT INTO invoices (tenant, order_id) VALUES ($1, $2) RETURNING id";
+const SELECT_INVOICES: &str = "SELECT order_id FROM invoices WHERE tenant = $1 ORDER BY id";
+
 /// The store behind a backend's URL (memory without one), its state store, and its database.
 pub async fn open(url: Option<&str>, memory: SharedStore) -> (SharedStore, SharedStateStore, Database) {
     let Some(url) = url else {
@@ -260,15 +254,11 @@ pub async fn open(url: Option<&str>, memory: SharedStore) -> (SharedStore, Share
 pub async fn invoices_of(database: &Database, tenant: &str) -> Vec<String> {
     match database {
         Database::None => Vec::new(),
-        Database::Sqlite(store) => sqlx::query_scalar("SELECT order_id FROM invoices WHERE tenant = ?1 ORDER BY id")
-            .bind(tenant)
-            .fetch_all(store.pool())
-            .await
-            .unwrap(),
-        Database::Postgres(store) => sqlx::query_scalar("SELECT order_id FROM invoices WHERE tenant = $1 ORDER BY id")
-            .bind(tenant)
-            .fetch_all(store.pool())
-            .await
-            .unwrap(),
+        Database::Sqlite(store) => {
+            sqlx::query_scalar(SELECT_INVOICES).bind(tenant).fetch_all(store.pool()).await.unwrap()
+        }
+        Database::Postgres(store) => {
+            sqlx::query_scalar(SELECT_INVOICES).bind(tenant).fetch_all(store.pool()).await.unwrap()
+        }
     }
 }
