@@ -15,7 +15,7 @@ use sqlx::{Database, Encode, SqlStr, Transaction, Type};
 
 use super::SqlStore;
 use super::rows::Found;
-use crate::error::Error;
+use crate::error::{BoxError, Error};
 use crate::key::Key;
 use crate::store::admin::RecordInfo;
 
@@ -132,8 +132,24 @@ pub trait Backend: sealed::Sealed + Send + Sync + Sized + 'static {
     /// The purge's statements and state for `table`.
     fn purge_for(table: &str) -> Self::Purge;
 
-    /// The store's error for the driver's `e` during `op`.
-    fn error(describe: &str, op: &'static str, timeout: Duration, e: sqlx::Error) -> Error;
+    /// Whether the driver's `e` is this database's way of saying a bound ran out (the pool's
+    /// wait, a statement or lock timeout, a busy file).
+    fn is_timeout(e: &sqlx::Error) -> bool;
+
+    /// The store's error for the driver's `e` during `op`: [`Error::Timeout`] after `timeout`
+    /// when [`is_timeout`](Self::is_timeout) says so, [`Error::Unavailable`] with its cause
+    /// otherwise.
+    fn error(describe: &str, op: &'static str, timeout: Duration, e: sqlx::Error) -> Error {
+        if Self::is_timeout(&e) {
+            return Error::Timeout { store: describe.to_owned(), op, after: timeout };
+        }
+        Error::Unavailable {
+            store: describe.to_owned(),
+            op,
+            reason: e.to_string(),
+            source: Some(Box::new(e) as BoxError),
+        }
+    }
 
     /// Runs `sql` with `args` on a connection of the store's pool, counted in
     /// [`statements`](SqlStore::statements), and returns its first row.

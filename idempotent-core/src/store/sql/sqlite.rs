@@ -26,7 +26,7 @@ use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr, Sqlite, Transaction};
 use super::backend::{Backend, Failed, StateRow, Value, query, sealed};
 use super::rows::{Found, found_of, read_record};
 use super::{CommitsWith, SqlStore};
-use crate::error::{BoxError, Error};
+use crate::error::Error;
 use crate::key::Key;
 use crate::store::admin::RecordInfo;
 
@@ -310,23 +310,14 @@ impl Backend for SqliteBackend {
         SqlitePurge { range: sql(range), delete: sql(delete), cursor: AtomicI64::new(0) }
     }
 
-    fn error(describe: &str, op: &'static str, busy_timeout: Duration, e: sqlx::Error) -> Error {
-        let busy = match &e {
+    fn is_timeout(e: &sqlx::Error) -> bool {
+        match e {
             sqlx::Error::PoolTimedOut => true,
             // SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their extended codes.
             sqlx::Error::Database(db) => {
                 db.code().and_then(|c| c.parse::<i32>().ok()).is_some_and(|c| matches!(c & 0xff, 5 | 6))
             }
             _ => false,
-        };
-        if busy {
-            return Error::Timeout { store: describe.to_owned(), op, after: busy_timeout };
-        }
-        Error::Unavailable {
-            store: describe.to_owned(),
-            op,
-            reason: e.to_string(),
-            source: Some(Box::new(e) as BoxError),
         }
     }
 

@@ -39,7 +39,6 @@
 //! other store does.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgRow, Postgres};
@@ -50,7 +49,7 @@ use tokio::time::Instant;
 use super::backend::{Backend, Effect, Failed, StateRow, Value, query, sealed};
 use super::rows::{Found, found_of, read_record};
 use super::{CommitsWith, SqlStore};
-use crate::error::{BoxError, Error};
+use crate::error::Error;
 use crate::key::Key;
 use crate::store::admin::RecordInfo;
 
@@ -256,21 +255,12 @@ impl Backend for PostgresBackend {
         AssertSqlSafe(Arc::<str>::from(purge)).into_sql_str()
     }
 
-    fn error(describe: &str, op: &'static str, timeout: Duration, e: sqlx::Error) -> Error {
-        let timed_out = match &e {
+    fn is_timeout(e: &sqlx::Error) -> bool {
+        match e {
             sqlx::Error::PoolTimedOut => true,
             // query_canceled (`statement_timeout`) and lock_not_available (`lock_timeout`).
             sqlx::Error::Database(db) => matches!(db.code().as_deref(), Some("57014" | "55P03")),
             _ => false,
-        };
-        if timed_out {
-            return Error::Timeout { store: describe.to_owned(), op, after: timeout };
-        }
-        Error::Unavailable {
-            store: describe.to_owned(),
-            op,
-            reason: e.to_string(),
-            source: Some(Box::new(e) as BoxError),
         }
     }
 
