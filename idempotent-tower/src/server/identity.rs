@@ -24,7 +24,7 @@
 
 use idempotent_core::{Key, RunContext};
 
-use super::layer::Config;
+use super::config::Config;
 
 /// Why a request that the layer covers runs without protection: found in its extensions (in
 /// axum, `Option<Extension<Unprotected>>`; in tonic, `request.extensions().get::<Unprotected>()`).

@@ -350,6 +350,7 @@
 
 mod body;
 mod buffer;
+mod config;
 mod fingerprint;
 mod future;
 mod grpc;
@@ -367,9 +368,8 @@ pub use future::ResponseFuture;
 pub use idempotent_core::{Attempt, RunContext};
 pub use identity::Unprotected;
 pub use key::client_key;
-pub use layer::{
-    DEFAULT_KEY_HEADER, DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_STORED_RESPONSE, IdempotencyLayer, STORE_DOWN_RETRY_AFTER,
-};
+pub use config::{DEFAULT_KEY_HEADER, DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_STORED_RESPONSE, STORE_DOWN_RETRY_AFTER};
+pub use layer::IdempotencyLayer;
 pub use outcome::{IDEMPOTENT_REPLAYED, IDEMPOTENT_STORED};
 pub use policy::{DefaultStorePolicy, Outcome, StorePolicy};
 pub use service::Idempotency;

@@ -15,7 +15,7 @@ use tracing::Instrument;
 
 use super::body::ResponseBody;
 use super::buffer::{Collect, Collected, collect_at_once};
-use super::layer::Config;
+use super::config::Config;
 use super::policy::Outcome;
 use super::problem::Refusal;
 use super::record::{self, StoredResponse, strip_hop_by_hop};

@@ -21,7 +21,7 @@ use super::future::ResponseFuture;
 use super::grpc;
 use super::identity::{Unprotected, run_context};
 use super::key;
-use super::layer::{Config, STORE_DOWN_RETRY_AFTER};
+use super::config::{Config, STORE_DOWN_RETRY_AFTER};
 use super::outcome::{replay, settle};
 use super::problem::Refusal;
 
