@@ -62,19 +62,18 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::pin::pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::attempt::{Attempt, CURRENT_ATTEMPT};
+use crate::attempt::Attempt;
 use crate::error::{BoxError, Error};
 use crate::key::Key;
 use crate::lease::{self, DEFAULT_LEASE, DEFAULT_RETENTION, End, OnInFlight, Taken, Terms};
-use crate::record::{Abandon, Labels, Transition, encode_ok};
+use crate::record::{Labels, Transition, encode_ok};
 use crate::store::{BoxFuture, Cursor, Filter, RecordInfo, RecordState, SharedStore};
-use crate::verify::{DEFAULT_VERIFY_TIMEOUT, Verdict};
+use crate::verify::{self, DEFAULT_VERIFY_TIMEOUT, Decision, OnRecovered, Stopped, Verdict};
 
 /// A verifier with its result encoded as the executor stores outcomes.
 type ErasedVerifier = Arc<dyn Fn(Attempt) -> BoxFuture<'static, Result<Verdict<bytes::Bytes>, BoxError>> + Send + Sync>;
@@ -271,27 +270,28 @@ impl Reconciler {
             Ok(_) => return Settled::Busy,
             Err(e) => return Settled::StoreError(e.to_string()),
         };
-        let attempt = lease.attempt().clone();
-        if !attempt.recovered() {
+        if !lease.attempt().recovered() {
             // Released cleanly between the scan and now: nothing to verify, and nothing ran.
             return end(&lease, End::Release, Settled::Busy).await;
         }
-        let check =
-            pin!(tokio::time::timeout(self.verify_timeout, CURRENT_ATTEMPT.scope(attempt.clone(), verify(attempt))));
-        let verdict = lease.run(check).await;
+        let verifier = Some(|attempt| verify(attempt));
+        let decision = verify::decide(&mut lease, &record.step, verifier, OnRecovered::Run, self.verify_timeout).await;
         if lease.is_lost() {
             return Settled::Busy;
         }
-        match verdict {
-            Ok(Ok(Verdict::Done(outcome))) => end(&lease, End::Complete(outcome), Settled::Done).await,
-            Ok(Ok(Verdict::NotDone)) => end(&lease, End::Release, Settled::NotDone).await,
-            Ok(Ok(Verdict::Unknown)) => {
-                end(&lease, End::Abandon(Abandon::NeedsAttention), Settled::NeedsAttention).await
+        match decision {
+            Decision::Found(outcome) => end(&lease, End::Complete(outcome), Settled::Done).await,
+            Decision::Run => end(&lease, End::Release, Settled::NotDone).await,
+            Decision::Stop(mark, Stopped::NeedsAttention) => {
+                end(&lease, End::Abandon(mark), Settled::NeedsAttention).await
             }
-            Ok(Err(e)) => end(&lease, End::Abandon(Abandon::Uncertain), Settled::VerifyFailed(e.to_string())).await,
-            Err(_) => {
-                let message = format!("the verifier did not answer within {:?}", self.verify_timeout);
-                end(&lease, End::Abandon(Abandon::Uncertain), Settled::VerifyFailed(message)).await
+            Decision::Stop(_, Stopped::LeaseLost) => Settled::Busy,
+            Decision::Stop(mark, Stopped::Failed(e)) => {
+                end(&lease, End::Abandon(mark), Settled::VerifyFailed(e.to_string())).await
+            }
+            Decision::Stop(mark, Stopped::TimedOut(after)) => {
+                let message = format!("the verifier did not answer within {after:?}");
+                end(&lease, End::Abandon(mark), Settled::VerifyFailed(message)).await
             }
         }
     }

@@ -39,8 +39,18 @@
 //! assert!(charge.starts_with("ch_"));
 //! # Ok(()) }
 //! ```
+//!
+//! This module is also where that decision is made, once, for the executor and the
+//! [reconciler](crate::reconcile) (`idempotent-tower`'s layer has no verifier: it asks
+//! [`OnRecovered::stops`]).
 
+use std::future::Future;
+use std::pin::pin;
 use std::time::Duration;
+
+use crate::attempt::{Attempt, CURRENT_ATTEMPT};
+use crate::lease::Lease;
+use crate::record::Abandon;
 
 /// A verifier's answer: did the previous, uncertain attempt's side effect happen?
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,5 +83,102 @@ pub enum OnRecovered {
     NeedsAttention,
 }
 
+impl OnRecovered {
+    /// Whether a call without a verifier stops at `attempt`, leaving the record for a person:
+    /// when the attempt is [recovered](Attempt::recovered) and the policy is
+    /// [`NeedsAttention`](Self::NeedsAttention).
+    pub fn stops(self, attempt: &Attempt) -> bool {
+        attempt.recovered() && self == OnRecovered::NeedsAttention
+    }
+}
+
 /// Default bound on a verifier's answer: 30 seconds.
 pub const DEFAULT_VERIFY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a recovered attempt does, as its verifier or its [`OnRecovered`] decided.
+pub(crate) enum Decision<T, E> {
+    /// Run the action: the attempt is fresh, or the policy re-runs blindly, or the verifier
+    /// found that the effect did not happen.
+    Run,
+    /// The verifier found the effect: store this as the outcome, without running the action.
+    Found(T),
+    /// Run nothing, and mark the record with the [`Abandon`]: see [`Stopped`] for why.
+    Stop(Abandon, Stopped<E>),
+}
+
+/// Why a recovered attempt runs nothing.
+pub(crate) enum Stopped<E> {
+    /// The record waits for a person ([`Abandon::NeedsAttention`]): the policy says so, or the
+    /// verifier cannot tell.
+    NeedsAttention,
+    /// The lease was lost while the verifier ran: another attempt may have taken the key and run
+    /// the action.
+    LeaseLost,
+    /// The verifier failed: the record is left for the next call to verify.
+    Failed(E),
+    /// The verifier did not answer within this bound: likewise.
+    TimedOut(Duration),
+}
+
+/// Decides what the attempt under `lease` does: a fresh attempt runs; a recovered one asks
+/// `verifier` (under the lease, renewed as an action's is, with the attempt as
+/// [`current_attempt`](crate::current_attempt), within `timeout`), or without one follows
+/// `on_recovered`. Logs the decision for `step` (`idempotent.verified`,
+/// `idempotent.needs_attention`, `idempotent.verify_failed`, `idempotent.lease_lost`).
+pub(crate) async fn decide<T, E, V, VFut>(
+    lease: &mut Lease,
+    step: &str,
+    verifier: Option<V>,
+    on_recovered: OnRecovered,
+    timeout: Duration,
+) -> Decision<T, E>
+where
+    V: FnOnce(Attempt) -> VFut,
+    VFut: Future<Output = Result<Verdict<T>, E>>,
+{
+    let attempt = lease.attempt().clone();
+    if !attempt.recovered() {
+        return Decision::Run;
+    }
+    let short = lease.key().short_key();
+    let fence = attempt.fence();
+    let Some(verify) = verifier else {
+        if on_recovered.stops(&attempt) {
+            tracing::warn!(step, key = %short, fence, "idempotent.needs_attention: the previous attempt's outcome is uncertain and the step does not re-run it blindly");
+            return Decision::Stop(Abandon::NeedsAttention, Stopped::NeedsAttention);
+        }
+        return Decision::Run;
+    };
+    let verdict = {
+        let check = pin!(tokio::time::timeout(timeout, CURRENT_ATTEMPT.scope(attempt.clone(), verify(attempt))));
+        lease.run(check).await
+    };
+    match verdict {
+        Ok(Ok(Verdict::Done(value))) => {
+            tracing::info!(step, key = %short, fence, "idempotent.verified: the previous attempt's effect happened; storing what the verifier found");
+            Decision::Found(value)
+        }
+        // The lease was lost while the verifier ran: another attempt may have taken the key
+        // and run the action. Run nothing.
+        Ok(Ok(Verdict::NotDone)) if lease.is_lost() => {
+            tracing::warn!(step, key = %short, fence, "idempotent.lease_lost: the lease was lost while the verifier ran; the action was not run");
+            Decision::Stop(Abandon::Uncertain, Stopped::LeaseLost)
+        }
+        Ok(Ok(Verdict::NotDone)) => {
+            tracing::info!(step, key = %short, fence, "idempotent.verified: the previous attempt's effect did not happen; running the action");
+            Decision::Run
+        }
+        Ok(Ok(Verdict::Unknown)) => {
+            tracing::warn!(step, key = %short, fence, "idempotent.needs_attention: the verifier cannot tell whether the previous attempt's effect happened");
+            Decision::Stop(Abandon::NeedsAttention, Stopped::NeedsAttention)
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(step, key = %short, "idempotent.verify_failed: the verifier failed; the record is left for the next call to verify");
+            Decision::Stop(Abandon::Uncertain, Stopped::Failed(e))
+        }
+        Err(_) => {
+            tracing::warn!(step, key = %short, ?timeout, "idempotent.verify_failed: the verifier timed out; the record is left for the next call to verify");
+            Decision::Stop(Abandon::Uncertain, Stopped::TimedOut(timeout))
+        }
+    }
+}

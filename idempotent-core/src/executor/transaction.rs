@@ -7,7 +7,8 @@ use std::pin::pin;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::{Begun, Outcome, Step};
+use super::Step;
+use super::run::{Begun, Keep};
 use crate::attempt::{Attempt, CURRENT_ATTEMPT};
 use crate::error::Error;
 use crate::key::Key;
@@ -209,7 +210,7 @@ impl Step<'_> {
         };
         let fence = lease.attempt().fence();
         let failed = match self.outcome(&key, lease.attempt().number(), &result, |_: &E| None) {
-            Outcome::Store(bytes) => match lease.complete_in(&mut tx, bytes).await {
+            Keep::Store(bytes) => match lease.complete_in(&mut tx, bytes).await {
                 Ok(Transition::Ok) => match commit(store, tx).await {
                     Ok(()) => {
                         tracing::debug!(step = %self.name, key = %key.short_key(), fence, "idempotent.stored: committed with the transaction");
@@ -233,8 +234,8 @@ impl Step<'_> {
                 }
                 Err(e) => Err((Counted::StoreError, e)),
             },
-            Outcome::Release => Ok(()),
-            Outcome::Fail(e) => Err((Counted::Failed, e)),
+            Keep::Release => Ok(()),
+            Keep::Fail(e) => Err((Counted::Failed, e)),
         };
         // The transaction ends before the key is released: on a pool of one connection, the
         // release needs the transaction's.

@@ -11,17 +11,17 @@ use http_body::Body;
 use idempotent_core::lease::{self, End, Taken};
 use idempotent_core::metrics::{self, Outcome as Counted, Timer};
 use idempotent_core::record::{Abandon, Labels};
-use idempotent_core::{Attempt, Error, FailMode, Key, OnRecovered, RunContext};
+use idempotent_core::{Attempt, Error, FailMode, Key, RunContext};
 use tower::{BoxError, Service};
 
 use super::body::{RequestBody, ResponseBody};
 use super::buffer::{ReadError, read_body};
+use super::config::{Config, STORE_DOWN_RETRY_AFTER};
 use super::fingerprint::http_fingerprint;
 use super::future::ResponseFuture;
 use super::grpc;
 use super::identity::{Unprotected, run_context};
 use super::key;
-use super::config::{Config, STORE_DOWN_RETRY_AFTER};
 use super::outcome::{replay, settle};
 use super::problem::Refusal;
 
@@ -226,9 +226,7 @@ where
     let taken = lease::acquire(&config.store, key, &fingerprint, &config.terms, labels).await;
     metrics::acquired(&config.scope, &*config.store, &taken, config.fail_mode == FailMode::Open);
     match taken {
-        Ok(Taken::Lease(lease))
-            if lease.attempt().recovered() && config.on_recovered == OnRecovered::NeedsAttention =>
-        {
+        Ok(Taken::Lease(lease)) if config.on_recovered.stops(lease.attempt()) => {
             let attempt = lease.attempt().number();
             tracing::warn!(key = %short, attempt, "idempotent.needs_attention: the previous attempt's outcome is uncertain and the layer does not re-run it blindly");
             // Boxed: a recovered attempt is rare, and this future's room is every request's.
