@@ -75,10 +75,10 @@ pub struct StepOptions {
     /// Part of the key: bumping it starts every operation of the step afresh.
     pub version: u32,
     /// How long a result is kept and replayed
-    /// ([`MIN_RETENTION`](lease::MIN_RETENTION) ..= [`MAX_RETENTION`](lease::MAX_RETENTION)).
+    /// ([`MIN_RETENTION`](crate::lease::MIN_RETENTION) ..= [`MAX_RETENTION`](crate::lease::MAX_RETENTION)).
     pub retention: Duration,
     /// How long an attempt holds the key without renewing
-    /// ([`MIN_LEASE`](lease::MIN_LEASE) ..= [`MAX_LEASE`](lease::MAX_LEASE)). Keep it at least
+    /// ([`MIN_LEASE`](crate::lease::MIN_LEASE) ..= [`MAX_LEASE`](crate::lease::MAX_LEASE)). Keep it at least
     /// three times the store's command timeout: the heartbeat renews every third of the lease,
     /// and a renewal that takes as long as the timeout must still land inside the lease.
     pub lease: Duration,
@@ -89,7 +89,7 @@ pub struct StepOptions {
     /// every other caller while they are written.
     pub max_result_bytes: usize,
     /// What to do when another attempt is running (by default, wait up to
-    /// [`DEFAULT_WAIT`](lease::DEFAULT_WAIT): see [`OnInFlight`] for why the executor waits and
+    /// [`DEFAULT_WAIT`](crate::lease::DEFAULT_WAIT): see [`OnInFlight`] for why the executor waits and
     /// the HTTP layer does not).
     pub on_in_flight: OnInFlight,
     /// What to do when the store is unreachable.

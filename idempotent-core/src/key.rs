@@ -74,8 +74,9 @@ impl KeyScope {
     }
 }
 
-/// Writes one length-prefixed field.
-fn field(h: &mut Sha256, bytes: &[u8]) {
+/// Writes one length-prefixed field: `bytes`, its length first, so that fields cannot run into
+/// each other.
+pub(crate) fn field(h: &mut Sha256, bytes: &[u8]) {
     h.update((bytes.len() as u64).to_be_bytes());
     h.update(bytes);
 }
