@@ -22,182 +22,34 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+
 use std::time::Duration;
 
 use bytes::Bytes;
 use tokio::time::Instant;
 
 use crate::attempt::{Attempt, LeaseSignal};
-use crate::backoff::Backoff;
 use crate::error::Error;
-use crate::key::{Fingerprint, Key};
+use crate::key::Key;
 use crate::metrics::{Held, Op, Timer};
-use crate::record::{Abandon, Acquire, Grant, Labels, Token, Transition};
+use crate::record::{Abandon, Grant, Token, Transition};
 use crate::store::SharedStore;
 
+mod acquire;
+mod finish;
+mod terms;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod transaction;
+
+pub use acquire::{Taken, acquire, call_end, count_acquired};
+pub use finish::FinishOnDrop;
+use finish::poll_once;
+pub use terms::{
+    DEFAULT_LEASE, DEFAULT_RETENTION, DEFAULT_WAIT, FailMode, MAX_LEASE, MAX_RETENTION, MIN_LEASE, MIN_RETENTION,
+    OnInFlight, Terms,
+};
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) use transaction::ReleaseOnDrop;
-
-/// Default lease: how long a crashed worker blocks its key.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
-/// Default retention: how long an outcome is kept and replayed.
-pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
-/// Default bound on waiting for another caller's attempt under [`OnInFlight::Wait`].
-pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
-
-/// The shortest lease: a shorter one would run out as it is taken.
-pub const MIN_LEASE: Duration = Duration::from_millis(1);
-/// The longest lease: one day (the heartbeat renews it for longer work).
-pub const MAX_LEASE: Duration = Duration::from_secs(24 * 60 * 60);
-/// The shortest retention.
-pub const MIN_RETENTION: Duration = Duration::from_millis(1);
-/// The longest retention: ten years (3650 days). Stores turn it into a deadline, which must stay
-/// representable (an `Instant`, and a Redis expiry in milliseconds written as digits).
-pub const MAX_RETENTION: Duration = Duration::from_secs(3650 * 24 * 60 * 60);
-
-/// How waits for an attempt in flight are spaced: 10 ms, doubling up to 500 ms, never past the
-/// holder's own lease deadline.
-const IN_FLIGHT_POLL: Backoff = Backoff::new(Duration::from_millis(10), Duration::from_millis(500));
-
-/// What a call does when another attempt at the same operation is still running.
-///
-/// The executor waits by default ([`RunContext`](crate::RunContext)'s steps are retried by a
-/// caller that wants the result, and the first attempt usually finishes soon);
-/// `idempotent-tower`'s layer rejects by default (an HTTP client has its own retry policy, and
-/// a server should not hold a connection open for the length of another request).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum OnInFlight {
-    /// Fail at once with [`Error::InFlight`] (HTTP: 409), which carries a retry-after.
-    Reject,
-    /// Poll with backoff until the other attempt's outcome appears (and return it) or its lease
-    /// passes or it gives the key up (and take over), failing as [`Reject`](Self::Reject) does
-    /// after `timeout`.
-    Wait {
-        /// The longest the call waits.
-        timeout: Duration,
-    },
-}
-
-impl Default for OnInFlight {
-    fn default() -> Self {
-        OnInFlight::Wait { timeout: DEFAULT_WAIT }
-    }
-}
-
-/// What a call does when the store cannot be reached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum FailMode {
-    /// Do not run the work; return the store error (HTTP: 503). The safe default.
-    #[default]
-    Closed,
-    /// Run the work without protection (its [`Attempt::is_unprotected`] is true) and log a
-    /// warning. Only for work where a duplicate costs less than an outage.
-    Open,
-}
-
-/// How one operation takes and holds its key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Terms {
-    /// How long an attempt holds the key without renewing ([`MIN_LEASE`] ..= [`MAX_LEASE`]).
-    /// Keep it at least three times the store's command timeout: the heartbeat renews every
-    /// third of the lease, and a renewal that takes as long as the timeout must still land
-    /// inside the lease.
-    pub lease: Duration,
-    /// How long an outcome is kept and replayed ([`MIN_RETENTION`] ..= [`MAX_RETENTION`]).
-    pub retention: Duration,
-    /// Renew the lease while the work runs (every third of the lease).
-    pub heartbeat: bool,
-    /// What to do when another attempt is running.
-    pub on_in_flight: OnInFlight,
-}
-
-impl Default for Terms {
-    /// [`DEFAULT_LEASE`], [`DEFAULT_RETENTION`], heartbeat on, and [`OnInFlight::default`].
-    fn default() -> Self {
-        Terms {
-            lease: DEFAULT_LEASE,
-            retention: DEFAULT_RETENTION,
-            heartbeat: true,
-            on_in_flight: OnInFlight::default(),
-        }
-    }
-}
-
-impl Terms {
-    /// Sets the lease.
-    pub fn lease(mut self, lease: Duration) -> Self {
-        self.lease = lease;
-        self
-    }
-
-    /// Sets the retention.
-    pub fn retention(mut self, retention: Duration) -> Self {
-        self.retention = retention;
-        self
-    }
-
-    /// Sets what to do when another attempt is running.
-    pub fn on_in_flight(mut self, policy: OnInFlight) -> Self {
-        self.on_in_flight = policy;
-        self
-    }
-
-    /// Turns renewal while the work runs on or off.
-    pub fn heartbeat(mut self, on: bool) -> Self {
-        self.heartbeat = on;
-        self
-    }
-
-    /// Checks the lease and the retention against their bounds: an [`Error::Config`] that names
-    /// the value, the bounds and what to do, or `Ok`.
-    pub fn check(&self) -> Result<(), Error> {
-        if !(MIN_LEASE..=MAX_LEASE).contains(&self.lease) {
-            return Err(Error::Config(format!(
-                "lease {:?} is out of range: use between {MIN_LEASE:?} and {MAX_LEASE:?} (the heartbeat renews it \
-                 while the work runs), and well above the store's command timeout",
-                self.lease
-            )));
-        }
-        if !(MIN_RETENTION..=MAX_RETENTION).contains(&self.retention) {
-            return Err(Error::Config(format!(
-                "retention {:?} is out of range: use between {MIN_RETENTION:?} and {MAX_RETENTION:?} (3650 days)",
-                self.retention
-            )));
-        }
-        Ok(())
-    }
-}
-
-/// What [`acquire`] found.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum Taken {
-    /// The key is this caller's: run the work under the lease.
-    Lease(Lease),
-    /// The operation is done; here is its stored outcome.
-    Replay(Bytes),
-    /// Another attempt holds a live lease (and the terms say not to wait, or the wait ran out).
-    InFlight {
-        /// Until that attempt's lease runs out, at the latest.
-        retry_after: Duration,
-    },
-    /// The key is stored with another fingerprint.
-    Mismatch,
-    /// A previous attempt could not tell whether the work ran, and the record waits to be
-    /// resolved ([`Store::resolve`](crate::store::Store::resolve)): nothing may run.
-    NeedsAttention {
-        /// The attempt that left the record so.
-        attempt: u32,
-        /// That attempt's fence.
-        fence: u64,
-    },
-}
 
 /// How a [`Lease`] ends: the store call [`Lease::end`] makes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -210,58 +62,6 @@ pub enum End {
     /// Give the key up without an outcome, marked as the [`Abandon`] says
     /// ([`Store::abandon`](crate::store::Store::abandon)).
     Abandon(Abandon),
-}
-
-/// Takes the key in `store`, waiting for an attempt in flight as `terms.on_in_flight` says.
-///
-/// Errors are [`Error::Config`] for terms out of bounds ([`Terms::check`]), the store's
-/// ([`Error::is_store_failure`] for an unreachable store) or a record that cannot be read
-/// ([`Error::Corrupt`]); nothing ran and, on a store failure, the store itself frees whatever
-/// its acquire may have taken.
-pub async fn acquire(
-    store: &SharedStore,
-    key: &Key,
-    fingerprint: &Fingerprint,
-    terms: &Terms,
-    labels: Labels<'_>,
-) -> Result<Taken, Error> {
-    terms.check()?;
-    // The wait counts from the first acquire's own clock read, and a lease from the acquire that
-    // took it: the store started counting no earlier.
-    let mut started = None;
-    let mut polls = 0;
-    loop {
-        let sent = Instant::now();
-        let started = *started.get_or_insert(sent);
-        let timer = Timer::start();
-        let answer = store.acquire_labeled(key, fingerprint, terms.lease, terms.retention, labels).await;
-        timer.store_call(&**store, Op::Acquire);
-        match answer? {
-            Acquire::Acquired(grant) => return Ok(Taken::Lease(Lease::new(store.clone(), *key, grant, terms, sent))),
-            Acquire::Replay(bytes) => return Ok(Taken::Replay(bytes)),
-            Acquire::Mismatch => return Ok(Taken::Mismatch),
-            Acquire::NeedsAttention { attempt, fence } => {
-                tracing::warn!(key = %key.short_key(), attempt, fence, "idempotent.needs_attention: the operation waits to be resolved; nothing runs");
-                return Ok(Taken::NeedsAttention { attempt, fence });
-            }
-            Acquire::InFlight { retry_after } => {
-                let OnInFlight::Wait { timeout } = terms.on_in_flight else {
-                    tracing::debug!(key = %key.short_key(), ?retry_after, "idempotent.in_flight: rejected");
-                    return Ok(Taken::InFlight { retry_after });
-                };
-                let waited = started.elapsed();
-                if waited >= timeout {
-                    tracing::debug!(key = %key.short_key(), ?waited, "idempotent.in_flight: gave up waiting");
-                    return Ok(Taken::InFlight { retry_after });
-                }
-                tracing::trace!(key = %key.short_key(), ?retry_after, "idempotent.in_flight: waiting");
-                let nap = IN_FLIGHT_POLL.ceiling(polls).min(retry_after.max(Duration::from_millis(1)));
-                polls = polls.saturating_add(1);
-                // Boxed: a timer is most of this future's size, and only waiting calls need one.
-                Box::pin(tokio::time::sleep(nap.min(timeout - waited))).await;
-            }
-        }
-    }
 }
 
 /// A lease this caller holds on a key: the owner token, the [`Attempt`] it runs, and what this
@@ -630,82 +430,11 @@ impl Drop for EndOnDrop<'_> {
     }
 }
 
-/// Runs a future in place; if dropped before the future ends, hands it to a task of its own so
-/// that it still runs to the end (its output is then dropped).
-///
-/// Storing an outcome must not depend on the caller still waiting. This costs less than
-/// spawning up front (no task, no wake-up across threads) in the usual case where the caller is
-/// still there: one box, so that the future can move to a task after it was first polled.
-#[must_use = "futures do nothing unless polled"]
-pub struct FinishOnDrop<F: Future + Send + 'static> {
-    future: Option<Pin<Box<F>>>,
-}
-
-impl<F: Future + Send + 'static> FinishOnDrop<F> {
-    /// Wraps `future`.
-    pub fn new(future: F) -> Self {
-        FinishOnDrop { future: Some(Box::pin(future)) }
-    }
-}
-
-impl<F: Future + Send + 'static> std::fmt::Debug for FinishOnDrop<F> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FinishOnDrop").field("finished", &self.future.is_none()).finish()
-    }
-}
-
-// Nothing is pinned in place: the future is boxed.
-impl<F: Future + Send + 'static> Unpin for FinishOnDrop<F> {}
-
-impl<F: Future + Send + 'static> Future for FinishOnDrop<F> {
-    type Output = F::Output;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        // Taken out while polled: a future that panics is dropped with the unwinding, not
-        // handed to a task that would poll it again.
-        let Some(mut future) = self.future.take() else {
-            panic!("FinishOnDrop polled after it completed");
-        };
-        match future.as_mut().poll(cx) {
-            Poll::Ready(out) => Poll::Ready(out),
-            Poll::Pending => {
-                self.future = Some(future);
-                Poll::Pending
-            }
-        }
-    }
-}
-
-impl<F: Future + Send + 'static> Drop for FinishOnDrop<F> {
-    fn drop(&mut self) {
-        let Some(future) = self.future.take() else { return };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn(async move { drop(future.await) })),
-            Err(_) => tracing::warn!(
-                "idempotent.store_error: dropped outside a tokio runtime before the outcome was stored; the key frees itself when the lease runs out"
-            ),
-        }
-    }
-}
-
-/// Polls `future` once: its output if it is ready, `None` if it is pending (it has then
-/// registered the task for a wake-up, as any poll does).
-///
-/// The heartbeat uses it to skip its timer for work that is done at once: tokio takes its
-/// timer driver's lock to drop even a timer that was never polled.
-async fn poll_once<F: Future>(mut future: Pin<&mut F>) -> Option<F::Output> {
-    std::future::poll_fn(|cx| {
-        Poll::Ready(match future.as_mut().poll(cx) {
-            Poll::Ready(out) => Some(out),
-            Poll::Pending => None,
-        })
-    })
-    .await
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::key::Fingerprint;
+    use crate::record::{Acquire, Labels};
 
     #[test]
     fn terms_out_of_bounds_are_config_errors_that_name_the_bound() {

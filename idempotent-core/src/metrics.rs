@@ -9,7 +9,7 @@
 //!
 //! | name | kind | labels | what |
 //! |---|---|---|---|
-//! | `idempotent_calls_total` | counter | `step`, `store`, `outcome` | one per call of a step (executor) or per request with a well-formed key (layer), by how it ended: the [`Outcome`] |
+//! | `idempotent_calls_total` | counter | `step`, `store`, `outcome` | one per call of a step (executor) or per request with a well-formed key (layer), by how it ended: the [`CallEnd`] |
 //! | `idempotent_action_seconds` | histogram | `step`, `store` | how long the action ran (executor), or the service until it answered (layer), under the lease |
 //! | `idempotent_store_call_seconds` | histogram | `store`, `op` | one per store call of the lease lifecycle: `op` is `acquire`, `complete`, `release`, `renew`, `abandon` or `resolve` (an acquire that waits for an attempt in flight makes one per poll) |
 //! | `idempotent_leases_held` | gauge | `store` | leases this process holds now: up when an acquire takes a key, down when the lease is dropped (after its outcome is stored or the key given up, or when a call is dropped with it) |
@@ -21,7 +21,7 @@
 //!   (`http` by default);
 //! - `store`: [`Store::kind`]: `memory`, `redis`, `sqlite`, `postgres`, or
 //!   what a store of the application's own says (`custom` by default);
-//! - `outcome`: [`Outcome::as_str`];
+//! - `outcome`: [`CallEnd::as_str`];
 //! - `op`: the store call.
 //!
 //! Never a key, a client's `Idempotency-Key`, a tenant, a run id or a payload: each would make
@@ -34,11 +34,10 @@
 //! BENCHMARKS.md (the `metrics` row).
 
 use crate::error::Error;
-use crate::lease::Taken;
 use crate::record::Transition;
 use crate::store::Store;
 
-/// The counter of calls, by step, store and [`Outcome`].
+/// The counter of calls, by step, store and [`CallEnd`].
 pub const CALLS: &str = "idempotent_calls_total";
 /// The histogram of action (layer: service) durations in seconds, by step and store.
 pub const ACTION_SECONDS: &str = "idempotent_action_seconds";
@@ -50,7 +49,7 @@ pub const LEASES_HELD: &str = "idempotent_leases_held";
 /// How a call ended: the `outcome` label of [`CALLS`]. Exactly one per call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum Outcome {
+pub enum CallEnd {
     /// The action ran (or a verifier found its effect; the layer: the service was called), and
     /// the call's end reached the store: its outcome stored, or the key released after an
     /// error that is not stored (layer: a response the store policy does not store).
@@ -78,48 +77,32 @@ pub enum Outcome {
     Failed,
 }
 
-impl Outcome {
+impl CallEnd {
     /// The label value: `executed`, `replayed`, `in_flight`, `mismatch`, `needs_attention`,
     /// `lease_lost`, `store_error`, `unprotected` or `failed`.
     pub fn as_str(self) -> &'static str {
         match self {
-            Outcome::Executed => "executed",
-            Outcome::Replayed => "replayed",
-            Outcome::InFlight => "in_flight",
-            Outcome::Mismatch => "mismatch",
-            Outcome::NeedsAttention => "needs_attention",
-            Outcome::LeaseLost => "lease_lost",
-            Outcome::StoreError => "store_error",
-            Outcome::Unprotected => "unprotected",
-            Outcome::Failed => "failed",
+            CallEnd::Executed => "executed",
+            CallEnd::Replayed => "replayed",
+            CallEnd::InFlight => "in_flight",
+            CallEnd::Mismatch => "mismatch",
+            CallEnd::NeedsAttention => "needs_attention",
+            CallEnd::LeaseLost => "lease_lost",
+            CallEnd::StoreError => "store_error",
+            CallEnd::Unprotected => "unprotected",
+            CallEnd::Failed => "failed",
         }
-    }
-
-    /// The outcome of a call whose acquire answered `taken`, if that ends the call (`None`: the
-    /// call holds the lease and goes on). `fail_open`: whether a store failure runs the work
-    /// unprotected.
-    pub fn of_acquire(taken: &Result<Taken, Error>, fail_open: bool) -> Option<Outcome> {
-        Some(match taken {
-            Ok(Taken::Lease(_)) => return None,
-            Ok(Taken::Replay(_)) => Outcome::Replayed,
-            Ok(Taken::InFlight { .. }) => Outcome::InFlight,
-            Ok(Taken::Mismatch) => Outcome::Mismatch,
-            Ok(Taken::NeedsAttention { .. }) => Outcome::NeedsAttention,
-            Err(e) if e.is_store_failure() && fail_open => Outcome::Unprotected,
-            Err(e) if e.is_store_failure() => Outcome::StoreError,
-            Err(_) => Outcome::Failed,
-        })
     }
 
     /// The outcome of a call whose work ran and whose lease ended with `answer`: `stored` when
     /// the end stored an outcome (a release after an error is [`Executed`](Self::Executed)
     /// whatever the store said: the key frees itself if the release failed).
-    pub fn of_end(stored: bool, answer: &Result<Transition, Error>) -> Outcome {
+    pub fn of_end(stored: bool, answer: &Result<Transition, Error>) -> CallEnd {
         match answer {
-            _ if !stored => Outcome::Executed,
-            Ok(Transition::Ok) => Outcome::Executed,
-            Ok(Transition::LeaseLost) => Outcome::LeaseLost,
-            Err(_) => Outcome::StoreError,
+            _ if !stored => CallEnd::Executed,
+            Ok(Transition::Ok) => CallEnd::Executed,
+            Ok(Transition::LeaseLost) => CallEnd::LeaseLost,
+            Err(_) => CallEnd::StoreError,
         }
     }
 }
@@ -177,7 +160,7 @@ pub fn describe() {
 /// Counts one call of `step` on `store` that ended as `outcome`.
 #[doc(hidden)]
 #[inline(always)]
-pub fn call(step: &str, store: &dyn Store, outcome: Outcome) {
+pub fn call(step: &str, store: &dyn Store, outcome: CallEnd) {
     #[cfg(feature = "metrics")]
     metrics::counter!(CALLS, "step" => step.to_owned(), "store" => store.kind(), "outcome" => outcome.as_str())
         .increment(1);
@@ -185,24 +168,12 @@ pub fn call(step: &str, store: &dyn Store, outcome: Outcome) {
     let _ = (step, store, outcome);
 }
 
-/// Counts the call if its acquire's answer ends it ([`Outcome::of_acquire`]).
-#[doc(hidden)]
-#[inline(always)]
-pub fn acquired(step: &str, store: &dyn Store, taken: &Result<Taken, Error>, fail_open: bool) {
-    #[cfg(feature = "metrics")]
-    if let Some(outcome) = Outcome::of_acquire(taken, fail_open) {
-        call(step, store, outcome);
-    }
-    #[cfg(not(feature = "metrics"))]
-    let _ = (step, store, taken, fail_open);
-}
-
-/// Counts the call whose work ran and whose lease ended with `answer` ([`Outcome::of_end`]).
+/// Counts the call whose work ran and whose lease ended with `answer` ([`CallEnd::of_end`]).
 #[doc(hidden)]
 #[inline(always)]
 pub fn ended(step: &str, store: &dyn Store, stored: bool, answer: &Result<Transition, Error>) {
     #[cfg(feature = "metrics")]
-    call(step, store, Outcome::of_end(stored, answer));
+    call(step, store, CallEnd::of_end(stored, answer));
     #[cfg(not(feature = "metrics"))]
     let _ = (step, store, stored, answer);
 }

@@ -13,7 +13,7 @@ use crate::attempt::{Attempt, CURRENT_ATTEMPT};
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
 use crate::lease::{self, End, FailMode, Lease, Taken, Terms};
-use crate::metrics::{self, Outcome as Counted, Timer};
+use crate::metrics::{self, CallEnd, Timer};
 use crate::record::{Abandon, Labels, Transition};
 use crate::verify::{self, Decision, Stopped, Verdict};
 
@@ -35,7 +35,7 @@ impl Step<'_> {
         F: FnOnce(Attempt) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
-        let (key, fingerprint) = self.key_for(payload).inspect_err(|_| self.count(Counted::Failed))?;
+        let (key, fingerprint) = self.key_for(payload).inspect_err(|_| self.count(CallEnd::Failed))?;
         let mut lease = match self.take(&key, &fingerprint, &self.options.terms(), decode_err).await {
             Begun::Run(lease) => lease,
             Begun::Answered(answer) => return answer,
@@ -72,9 +72,9 @@ impl Step<'_> {
                 let ended = lease.end(End::Abandon(mark)).await;
                 let lost = matches!(ended, Ok(Transition::LeaseLost));
                 self.count(match mark {
-                    _ if lost || (mark == Abandon::Uncertain && lease.is_lost()) => Counted::LeaseLost,
-                    Abandon::NeedsAttention => Counted::NeedsAttention,
-                    _ => Counted::Failed,
+                    _ if lost || (mark == Abandon::Uncertain && lease.is_lost()) => CallEnd::LeaseLost,
+                    Abandon::NeedsAttention => CallEnd::NeedsAttention,
+                    _ => CallEnd::Failed,
                 });
                 return match ended {
                     Ok(Transition::LeaseLost) => Err(self.lease_lost(&key, lease.attempt().fence()).into()),
@@ -100,21 +100,21 @@ impl Step<'_> {
             // the lease runs out (logged by the lease).
             Keep::Release => {
                 let _ = lease.release().await;
-                self.count(Counted::Executed);
+                self.count(CallEnd::Executed);
                 result.map(|v| (v, executed))
             }
             // The action ran but its result cannot be stored: the next attempt is recovered, so
             // that a verifier (or `OnRecovered`) decides whether it runs again.
             Keep::Fail(e) => {
                 let _ = lease.end(End::Abandon(Abandon::Uncertain)).await;
-                self.count(Counted::Failed);
+                self.count(CallEnd::Failed);
                 Err(e.into())
             }
         }
     }
 
     /// Counts this call's outcome in the [metrics](crate::metrics) (nothing without the feature).
-    pub(super) fn count(&self, outcome: Counted) {
+    pub(super) fn count(&self, outcome: CallEnd) {
         metrics::call(&self.name, &*self.ctx.store, outcome);
     }
 
@@ -140,7 +140,7 @@ impl Step<'_> {
         let short = key.short_key();
         let labels = Labels::step(step).run(&self.ctx.run_id).tenant(self.ctx.tenant.as_deref());
         let taken = lease::acquire(&self.ctx.store, key, fingerprint, terms, labels).await;
-        metrics::acquired(step, &*self.ctx.store, &taken, self.options.fail_mode == FailMode::Open);
+        lease::count_acquired(step, &*self.ctx.store, &taken, self.options.fail_mode == FailMode::Open);
         let answer = match taken {
             Ok(Taken::Lease(lease)) => return Begun::Run(lease),
             Ok(Taken::Replay(bytes)) => {

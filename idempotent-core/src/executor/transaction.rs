@@ -13,7 +13,7 @@ use crate::attempt::{Attempt, CURRENT_ATTEMPT};
 use crate::error::Error;
 use crate::key::Key;
 use crate::lease::ReleaseOnDrop;
-use crate::metrics::{Outcome as Counted, Timer};
+use crate::metrics::{CallEnd, Timer};
 use crate::record::Transition;
 use crate::store::sql::{self, CommitsWith, TransactionalStore};
 
@@ -181,7 +181,7 @@ impl Step<'_> {
         let Some(store) = sql::store_of::<DB>(&self.ctx.store) else {
             return Err(sql::wrong_store::<DB>(&self.ctx.store, &format!("step `{}`", self.name)).into());
         };
-        let (key, fingerprint) = self.key_for(payload).inspect_err(|_| self.count(Counted::Failed))?;
+        let (key, fingerprint) = self.key_for(payload).inspect_err(|_| self.count(CallEnd::Failed))?;
         let opts = &self.options;
         let terms = opts.terms().heartbeat(opts.heartbeat && store.renews_during_transaction());
         let lease = match self.take(&key, &fingerprint, &terms, |_| Err(())).await {
@@ -196,7 +196,7 @@ impl Step<'_> {
             Ok(tx) => tx,
             Err(e) => {
                 let _ = lease.settle().release().await;
-                self.count(Counted::StoreError);
+                self.count(CallEnd::StoreError);
                 return Err(e.into());
             }
         };
@@ -216,12 +216,12 @@ impl Step<'_> {
                         tracing::debug!(step = %self.name, key = %key.short_key(), fence, "idempotent.stored: committed with the transaction");
                         // Done: nothing to release.
                         drop(lease.settle());
-                        self.count(Counted::Executed);
+                        self.count(CallEnd::Executed);
                         return result;
                     }
                     Err(e) => {
                         let _ = lease.settle().release().await;
-                        self.count(Counted::StoreError);
+                        self.count(CallEnd::StoreError);
                         return Err(e.into());
                     }
                 },
@@ -229,19 +229,19 @@ impl Step<'_> {
                     roll_back(store, tx).await;
                     // The key is another attempt's: nothing to release.
                     drop(lease.settle());
-                    self.count(Counted::LeaseLost);
+                    self.count(CallEnd::LeaseLost);
                     return Err(self.lease_lost(&key, fence).into());
                 }
-                Err(e) => Err((Counted::StoreError, e)),
+                Err(e) => Err((CallEnd::StoreError, e)),
             },
             Keep::Release => Ok(()),
-            Keep::Fail(e) => Err((Counted::Failed, e)),
+            Keep::Fail(e) => Err((CallEnd::Failed, e)),
         };
         // The transaction ends before the key is released: on a pool of one connection, the
         // release needs the transaction's.
         roll_back(store, tx).await;
         let _ = lease.settle().release().await;
-        self.count(failed.as_ref().map_or_else(|(counted, _)| *counted, |()| Counted::Executed));
+        self.count(failed.as_ref().map_or_else(|(counted, _)| *counted, |()| CallEnd::Executed));
         let failed = failed.map_err(|(_, e)| e);
         match failed {
             Ok(()) => result,

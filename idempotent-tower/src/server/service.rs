@@ -9,7 +9,7 @@ use http::request::Parts;
 use http::{HeaderMap, Request, Response};
 use http_body::Body;
 use idempotent_core::lease::{self, End, Taken};
-use idempotent_core::metrics::{self, Outcome as Counted, Timer};
+use idempotent_core::metrics::{self, CallEnd, Timer};
 use idempotent_core::record::{Abandon, Labels};
 use idempotent_core::{Attempt, Error, FailMode, Key, RunContext};
 use tower::{BoxError, Service};
@@ -210,12 +210,12 @@ where
         Ok(read) => read,
         Err(ReadError::TooLarge) => {
             tracing::debug!(key = %short, limit = config.max_request_body, "idempotent.refused: request body too large");
-            count(Counted::Failed);
+            count(CallEnd::Failed);
             return refuse(Refusal::BodyTooLarge { limit: config.max_request_body });
         }
         Err(ReadError::Failed(error)) => {
             tracing::debug!(key = %short, %error, "idempotent.refused: request body failed");
-            count(Counted::Failed);
+            count(CallEnd::Failed);
             return refuse(Refusal::BodyUnreadable);
         }
     };
@@ -224,14 +224,14 @@ where
     // The record is labelled with the layer's scope and the tenant; never the client's key.
     let labels = Labels::step(&config.scope).tenant(tenant);
     let taken = lease::acquire(&config.store, key, &fingerprint, &config.terms, labels).await;
-    metrics::acquired(&config.scope, &*config.store, &taken, config.fail_mode == FailMode::Open);
+    lease::count_acquired(&config.scope, &*config.store, &taken, config.fail_mode == FailMode::Open);
     match taken {
         Ok(Taken::Lease(lease)) if config.on_recovered.stops(lease.attempt()) => {
             let attempt = lease.attempt().number();
             tracing::warn!(key = %short, attempt, "idempotent.needs_attention: the previous attempt's outcome is uncertain and the layer does not re-run it blindly");
             // Boxed: a recovered attempt is rare, and this future's room is every request's.
             let _ = Box::pin(lease.end(End::Abandon(Abandon::NeedsAttention))).await;
-            count(Counted::NeedsAttention);
+            count(CallEnd::NeedsAttention);
             refuse(Refusal::NeedsAttention { header: header(), attempt })
         }
         Ok(Taken::Lease(lease)) => Admission::Run { data, trailers, lease },
