@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use crate::args::{List, Purge, Release, Resolve, Select, Which};
 use crate::duration::short;
-use crate::outcome::{Code, Failure};
+use crate::exit::{Code, Failure};
 use crate::render::{record_detail, record_json, record_table, table};
 use crate::which;
 

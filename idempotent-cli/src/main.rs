@@ -29,12 +29,12 @@ use clap::Parser;
 mod args;
 mod commands;
 mod duration;
-mod outcome;
+mod exit;
 mod render;
 mod which;
 
 use args::{Cli, Command};
-use outcome::{Code, Failure};
+use exit::{Code, Failure};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

@@ -4,7 +4,7 @@
 use idempotent_core::{Fingerprint, Key, KeyScope};
 
 use crate::args::Which;
-use crate::outcome::Failure;
+use crate::exit::Failure;
 
 /// The key `which` names.
 pub(crate) fn key(which: &Which) -> Result<Key, Failure> {

@@ -27,7 +27,7 @@ use idempotent_core::Error;
 
 /// How a call ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Outcome {
+pub enum Completion {
     /// The call returned this result.
     Ok(String),
     /// The call failed and the side effect did not run in it.
@@ -36,13 +36,13 @@ pub enum Outcome {
     Indeterminate(String),
 }
 
-impl Outcome {
+impl Completion {
     /// Classifies a step call's result.
-    pub fn of(res: &Result<String, Error>) -> Outcome {
+    pub fn of(res: &Result<String, Error>) -> Completion {
         match res {
-            Ok(v) => Outcome::Ok(v.clone()),
-            Err(e) if e.action_may_have_run() => Outcome::Indeterminate(e.to_string()),
-            Err(e) => Outcome::Fail(e.to_string()),
+            Ok(v) => Completion::Ok(v.clone()),
+            Err(e) if e.action_may_have_run() => Completion::Indeterminate(e.to_string()),
+            Err(e) => Completion::Fail(e.to_string()),
         }
     }
 }
@@ -50,7 +50,7 @@ impl Outcome {
 #[derive(Debug, Clone)]
 struct Op {
     key: String,
-    outcome: Option<Outcome>,
+    outcome: Option<Completion>,
     final_pass: bool,
 }
 
@@ -165,7 +165,7 @@ impl History {
     }
 
     /// Records how a call ended.
-    pub fn complete(&self, op: OpId, outcome: Outcome) {
+    pub fn complete(&self, op: OpId, outcome: Completion) {
         self.lock().ops[op.0].outcome = Some(outcome);
     }
 
@@ -209,14 +209,14 @@ impl History {
     }
 
     /// Every call that did not end `ok`: (key, outcome), for failure messages.
-    pub fn failures(&self) -> Vec<(String, Outcome)> {
+    pub fn failures(&self) -> Vec<(String, Completion)> {
         let h = self.lock();
         h.ops
             .iter()
             .filter_map(|o| match &o.outcome {
-                Some(Outcome::Ok(_)) => None,
+                Some(Completion::Ok(_)) => None,
                 Some(other) => Some((o.key.clone(), other.clone())),
-                None => Some((o.key.clone(), Outcome::Indeterminate("never completed".into()))),
+                None => Some((o.key.clone(), Completion::Indeterminate("never completed".into()))),
             })
             .collect()
     }
@@ -230,9 +230,9 @@ impl History {
         report.keys = keys.len();
         for op in &h.ops {
             match &op.outcome {
-                Some(Outcome::Ok(_)) => report.ok += 1,
-                Some(Outcome::Fail(_)) => report.fail += 1,
-                Some(Outcome::Indeterminate(_)) | None => report.indeterminate += 1,
+                Some(Completion::Ok(_)) => report.ok += 1,
+                Some(Completion::Fail(_)) => report.fail += 1,
+                Some(Completion::Indeterminate(_)) | None => report.indeterminate += 1,
             }
         }
         let by_value: BTreeMap<&str, &Execution> = h.executions.iter().map(|e| (e.value.as_str(), e)).collect();
@@ -242,7 +242,7 @@ impl History {
             report.re_executions += execs.len().saturating_sub(1);
             let mut committed: BTreeSet<&str> = BTreeSet::new();
             for op in &ops {
-                if let Some(Outcome::Ok(v)) = &op.outcome {
+                if let Some(Completion::Ok(v)) = &op.outcome {
                     if !by_value.contains_key(v.as_str()) {
                         errors.push(format!("{key}: a caller saw {v:?}, which no execution produced"));
                     }
@@ -250,7 +250,7 @@ impl History {
                 }
             }
             let finals: Vec<&Op> = ops.iter().copied().filter(|o| o.final_pass).collect();
-            if finals.is_empty() || !finals.iter().all(|o| matches!(o.outcome, Some(Outcome::Ok(_)))) {
+            if finals.is_empty() || !finals.iter().all(|o| matches!(o.outcome, Some(Completion::Ok(_)))) {
                 errors.push(format!(
                     "{key}: the final pass did not end ok: {:?}",
                     finals.iter().map(|o| &o.outcome).collect::<Vec<_>>()

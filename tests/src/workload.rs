@@ -9,7 +9,7 @@ use idempotent_core::store::BoxFuture;
 use idempotent_core::{Attempt, Error, OnInFlight, RunContext, Verdict};
 use tokio::sync::{Notify, oneshot, watch};
 
-use crate::history::{History, Outcome, Report};
+use crate::history::{Completion, History, Report};
 
 /// How a worker calls the step.
 #[derive(Clone, Copy)]
@@ -47,7 +47,7 @@ pub async fn call(
     cfg: Cfg,
     hold: Option<Hold>,
     final_pass: bool,
-) -> Outcome {
+) -> Completion {
     let op = if final_pass { hist.invoke_final(key) } else { hist.invoke(key) };
     let step = ctx.step("effect").lease(cfg.lease).heartbeat(cfg.heartbeat).on_in_flight(cfg.on_in_flight);
     let effect = |attempt: Attempt| {
@@ -68,7 +68,7 @@ pub async fn call(
     } else {
         step.run(&key, effect).await
     };
-    let outcome = Outcome::of(&res);
+    let outcome = Completion::of(&res);
     hist.complete(op, outcome.clone());
     outcome
 }
@@ -89,7 +89,7 @@ pub async fn final_pass_and_check_exactly_once(ctx: &RunContext, hist: &History,
 async fn final_pass(ctx: &RunContext, hist: &History, keys: &[String], cfg: Cfg) {
     for key in keys {
         let outcome = call(ctx, hist, key, cfg, None, true).await;
-        assert!(matches!(outcome, Outcome::Ok(_)), "{key}: final pass failed: {outcome:?}");
+        assert!(matches!(outcome, Completion::Ok(_)), "{key}: final pass failed: {outcome:?}");
     }
 }
 

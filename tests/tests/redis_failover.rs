@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use idempotent_core::{Error, OnInFlight, RedisStore, RunContext};
-use idempotent_tests::history::{History, Outcome, Report};
+use idempotent_tests::history::{Completion, History, Report};
 use idempotent_tests::workload::{Cfg, call, fastrand_like, random_calls};
 use idempotent_tests::{RedisCluster, RedisServer, unique};
 
@@ -31,7 +31,7 @@ fn cluster_store(cluster: &RedisCluster, wait: bool) -> RedisStore {
 /// One call, timed, and whether its action ran.
 struct Probe {
     key: String,
-    outcome: Outcome,
+    outcome: Completion,
     ran: bool,
     elapsed: Duration,
 }
@@ -56,7 +56,7 @@ async fn probe(ctx: &RunContext, hist: &History, key: &str) -> Probe {
             }
         })
         .await;
-    let outcome = Outcome::of(&res);
+    let outcome = Completion::of(&res);
     hist.complete(op, outcome.clone());
     Probe { key: key.to_owned(), outcome, ran: ran.load(Ordering::SeqCst), elapsed: started.elapsed() }
 }
@@ -78,13 +78,13 @@ fn assert_failed_closed(what: &str, probes: &[Probe]) {
     let bound = TIMEOUT * 4;
     for p in probes {
         assert!(p.elapsed < bound, "{what}: {} took {:?} (bound {bound:?}): {:?}", p.key, p.elapsed, p.outcome);
-        if let Outcome::Fail(e) = &p.outcome {
+        if let Completion::Fail(e) = &p.outcome {
             assert!(!p.ran, "{what}: {} ran its action although the call failed closed: {e}", p.key);
         }
     }
 }
 
-fn count(probes: &[Probe], pick: fn(&Outcome) -> bool) -> usize {
+fn count(probes: &[Probe], pick: fn(&Completion) -> bool) -> usize {
     probes.iter().filter(|p| pick(&p.outcome)).count()
 }
 
@@ -119,7 +119,7 @@ async fn store_follows_clean_and_crash_failovers() {
     let mut before = Vec::new();
     for i in 0..30 {
         let p = probe(&ctx, &hist, &format!("before{i}")).await;
-        let Outcome::Ok(v) = &p.outcome else { panic!("before the failovers: {:?}", p.outcome) };
+        let Completion::Ok(v) = &p.outcome else { panic!("before the failovers: {:?}", p.outcome) };
         before.push((p.key.clone(), v.clone()));
     }
     for m in cluster.masters() {
@@ -138,27 +138,27 @@ async fn store_follows_clean_and_crash_failovers() {
     let (cluster, _, crash) = during(&ctx, &hist, "crash", cluster, move |c| c.failover_crash(second)).await;
     assert_failed_closed("crash failover", &crash);
     // A third of the keys lived on the dead master for a second or more: those calls failed.
-    assert!(count(&crash, |o| matches!(o, Outcome::Fail(_))) > 0, "no call hit the dead master");
+    assert!(count(&crash, |o| matches!(o, Completion::Fail(_))) > 0, "no call hit the dead master");
     println!(
         "clean failover: {} calls during the switch, {} ok, {} failed closed; crash failover: {} calls, {} ok, {} failed closed",
         clean.len(),
-        count(&clean, |o| matches!(o, Outcome::Ok(_))),
-        count(&clean, |o| matches!(o, Outcome::Fail(_))),
+        count(&clean, |o| matches!(o, Completion::Ok(_))),
+        count(&clean, |o| matches!(o, Completion::Fail(_))),
         crash.len(),
-        count(&crash, |o| matches!(o, Outcome::Ok(_))),
-        count(&crash, |o| matches!(o, Outcome::Fail(_))),
+        count(&crash, |o| matches!(o, Completion::Ok(_))),
+        count(&crash, |o| matches!(o, Completion::Fail(_))),
     );
 
     // Nothing replicated was lost: every record from before replays, on whichever node has it.
     for (key, value) in &before {
         let p = probe(&ctx, &hist, key).await;
-        assert_eq!(p.outcome, Outcome::Ok(value.clone()), "{key} after the failovers");
+        assert_eq!(p.outcome, Completion::Ok(value.clone()), "{key} after the failovers");
         assert!(!p.ran, "{key} ran again after the failovers");
     }
     // And new keys work on every shard.
     for i in 0..20 {
         let p = probe(&ctx, &hist, &format!("after{i}")).await;
-        assert!(matches!(p.outcome, Outcome::Ok(_)), "after{i} once the cluster healed: {:?}", p.outcome);
+        assert!(matches!(p.outcome, Completion::Ok(_)), "after{i} once the cluster healed: {:?}", p.outcome);
     }
     let mut keys: Vec<String> = clean.iter().chain(&crash).map(|p| p.key.clone()).collect();
     keys.extend(before.into_iter().map(|(key, _)| key));
@@ -265,7 +265,7 @@ async fn standalone_store_does_not_follow_a_promoted_replica_and_fails_closed() 
     let mut before = Vec::new();
     for i in 0..10 {
         let p = probe(&ctx, &hist, &format!("k{i}")).await;
-        let Outcome::Ok(v) = &p.outcome else { panic!("before the failover: {:?}", p.outcome) };
+        let Completion::Ok(v) = &p.outcome else { panic!("before the failover: {:?}", p.outcome) };
         before.push((p.key, v.clone()));
     }
     old.wait_replicated();
@@ -275,7 +275,7 @@ async fn standalone_store_does_not_follow_a_promoted_replica_and_fails_closed() 
     // The store still talks to the old master, now a replica: refused, nothing runs.
     for i in 0..5 {
         let p = probe(&ctx, &hist, &format!("new{i}")).await;
-        assert!(matches!(&p.outcome, Outcome::Fail(e) if e.contains("read only replica")), "{:?}", p.outcome);
+        assert!(matches!(&p.outcome, Completion::Fail(e) if e.contains("read only replica")), "{:?}", p.outcome);
         assert!(!p.ran);
         assert!(p.elapsed < TIMEOUT * 3, "took {:?}", p.elapsed);
     }
@@ -283,11 +283,11 @@ async fn standalone_store_does_not_follow_a_promoted_replica_and_fails_closed() 
     let ctx = RunContext::new(RedisStore::builder(new.url()).command_timeout(TIMEOUT).build().unwrap(), &run);
     for (key, value) in &before {
         let p = probe(&ctx, &hist, key).await;
-        assert_eq!(p.outcome, Outcome::Ok(value.clone()), "{key} on the new master");
+        assert_eq!(p.outcome, Completion::Ok(value.clone()), "{key} on the new master");
         assert!(!p.ran);
     }
     let p = probe(&ctx, &hist, "new0").await;
-    assert!(matches!(p.outcome, Outcome::Ok(_)), "{:?}", p.outcome);
+    assert!(matches!(p.outcome, Completion::Ok(_)), "{:?}", p.outcome);
 }
 
 /// The failovers a nemesis did, by kind.
@@ -360,7 +360,7 @@ async fn nemesis(wait: bool) -> (Report, Vec<String>, Failovers) {
     let mut settling = 0;
     for key in &keys {
         for _ in 0..10 {
-            if matches!(call(&ctx, &hist, key, Cfg::default(), None, false).await, Outcome::Ok(_)) {
+            if matches!(call(&ctx, &hist, key, Cfg::default(), None, false).await, Completion::Ok(_)) {
                 break;
             }
             settling += 1;

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use idempotent_core::record::{Acquire, Grant, Token, Transition};
 use idempotent_core::{Error, MemoryStore, OnInFlight, RedisStore, RunContext, SharedStore, Store};
-use idempotent_tests::history::{History, Outcome};
+use idempotent_tests::history::{Completion, History};
 use idempotent_tests::proxy::{Fault, FaultProxy};
 use idempotent_tests::workload::{
     Cfg, Hold, call, fastrand_like, final_pass_and_check, held_until, random_calls, signal_then_hold, snapshot,
@@ -63,10 +63,10 @@ async fn lease_expiry_without_heartbeat_fences_the_old_holder() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     // The lease passed: a second worker takes over and commits.
     let second = call(&s.direct, &s.hist, &key, Cfg::default(), None, false).await;
-    assert!(matches!(second, Outcome::Ok(_)), "{second:?}");
+    assert!(matches!(second, Completion::Ok(_)), "{second:?}");
     release.notify_one();
     let first = holder.await.unwrap();
-    assert!(matches!(&first, Outcome::Indeterminate(e) if e.contains("lease")), "{first:?}");
+    assert!(matches!(&first, Completion::Indeterminate(e) if e.contains("lease")), "{first:?}");
     let report = final_pass_and_check(&s.direct, &s.hist, &[key]).await;
     assert_eq!(report.re_executions, 1);
 }
@@ -88,10 +88,10 @@ async fn lease_renewed_by_heartbeat_keeps_duplicates_out() {
     for _ in 0..4 {
         tokio::time::sleep(Duration::from_millis(200)).await;
         let dup = call(&s.direct, &s.hist, &key, reject, None, false).await;
-        assert!(matches!(&dup, Outcome::Fail(e) if e.contains("still running")), "{dup:?}");
+        assert!(matches!(&dup, Completion::Fail(e) if e.contains("still running")), "{dup:?}");
     }
     release.notify_one();
-    assert!(matches!(holder.await.unwrap(), Outcome::Ok(_)));
+    assert!(matches!(holder.await.unwrap(), Completion::Ok(_)));
     let report = final_pass_and_check(&s.direct, &s.hist, &[key]).await;
     assert_eq!(report.re_executions, 0);
 }
@@ -113,11 +113,11 @@ async fn holder_cut_off_past_its_lease_cannot_commit() {
     s.proxy.set(Fault::Blackhole);
     tokio::time::sleep(Duration::from_millis(700)).await;
     let second = call(&s.direct, &s.hist, &key, Cfg::default(), None, false).await;
-    assert!(matches!(second, Outcome::Ok(_)), "{second:?}");
+    assert!(matches!(second, Completion::Ok(_)), "{second:?}");
     s.proxy.set(Fault::Pass);
     release.notify_one();
     let first = holder.await.unwrap();
-    assert!(matches!(first, Outcome::Indeterminate(_)), "{first:?}");
+    assert!(matches!(first, Completion::Indeterminate(_)), "{first:?}");
     final_pass_and_check(&s.direct, &s.hist, &[key]).await;
 }
 
@@ -136,7 +136,7 @@ async fn cancellation_mid_effect_is_recovered_by_the_next_attempt() {
     holder.abort();
     assert!(holder.await.unwrap_err().is_cancelled());
     let next = call(&s.direct, &s.hist, &key, cfg, None, false).await;
-    assert!(matches!(next, Outcome::Ok(_)), "{next:?}");
+    assert!(matches!(next, Completion::Ok(_)), "{next:?}");
     let report = final_pass_and_check(&s.direct, &s.hist, &[key]).await;
     assert_eq!(report.re_executions, 1);
 }
@@ -151,12 +151,12 @@ async fn lost_reply_to_acquire_runs_nothing_and_frees_the_key_before_the_lease_e
     let cfg = Cfg { lease: Duration::from_secs(60), ..Cfg::default() };
     s.proxy.set(Fault::DropReplies);
     let lost = call(&s.ctx, &s.hist, &key, cfg, None, false).await;
-    assert!(matches!(lost, Outcome::Fail(_)), "{lost:?}");
+    assert!(matches!(lost, Completion::Fail(_)), "{lost:?}");
     s.proxy.set(Fault::Pass);
     // The server did take the lease, for a token nobody uses: the store releases it in the
     // background, so the next caller gets the key within its wait, long before the lease ends.
     let next = call(&s.ctx, &s.hist, &key, cfg, None, false).await;
-    assert!(matches!(next, Outcome::Ok(_)), "the key stayed taken by the lost acquire: {next:?}");
+    assert!(matches!(next, Completion::Ok(_)), "the key stayed taken by the lost acquire: {next:?}");
     let report = final_pass_and_check(&s.direct, &s.hist, &[key, "warm-up".into()]).await;
     assert_eq!(report.executions, 2, "one execution per key");
 }
@@ -177,10 +177,10 @@ async fn lost_reply_to_complete_still_replays_the_committed_result() {
         })
     }));
     let first = call(&s.ctx, &s.hist, &key, cfg, hold, false).await;
-    assert!(matches!(&first, Outcome::Indeterminate(e) if e.contains("complete")), "{first:?}");
+    assert!(matches!(&first, Completion::Indeterminate(e) if e.contains("complete")), "{first:?}");
     proxy.set(Fault::Pass);
     let second = call(&s.ctx, &s.hist, &key, cfg, None, false).await;
-    assert!(matches!(second, Outcome::Ok(_)), "{second:?}");
+    assert!(matches!(second, Completion::Ok(_)), "{second:?}");
     let report = final_pass_and_check(&s.direct, &s.hist, &[key, "warm-up".into()]).await;
     assert_eq!(report.executions, 2, "the committed result was replayed, not re-run");
 }
@@ -204,12 +204,12 @@ async fn lost_request_of_complete_is_verified_by_the_next_call() {
         })
     }));
     let first = call(&s.ctx, &s.hist, &key, cfg, hold, false).await;
-    assert!(matches!(&first, Outcome::Indeterminate(e) if e.contains("complete")), "{first:?}");
+    assert!(matches!(&first, Completion::Indeterminate(e) if e.contains("complete")), "{first:?}");
     // The held bytes are dropped with their connection: nothing of them reached the server.
     proxy.reset_all().await;
     proxy.set(Fault::Pass);
     let second = call(&s.ctx, &s.hist, &key, cfg, None, false).await;
-    assert!(matches!(second, Outcome::Ok(_)), "{second:?}");
+    assert!(matches!(second, Completion::Ok(_)), "{second:?}");
     let keys = [key, "warm-up".into()];
     let report = idempotent_tests::workload::final_pass_and_check_exactly_once(&s.direct, &s.hist, &keys).await;
     assert_eq!((report.executions, report.re_executions, report.lost_effects), (2, 0, 0), "{report}");
@@ -228,10 +228,10 @@ async fn reset_between_acquire_and_effect() {
         })
     }));
     let first = call(&s.ctx, &s.hist, &key, cfg, hold, false).await;
-    assert!(matches!(first, Outcome::Indeterminate(_)), "{first:?}");
+    assert!(matches!(first, Completion::Indeterminate(_)), "{first:?}");
     proxy.set(Fault::Pass);
     let second = call(&s.ctx, &s.hist, &key, cfg, None, false).await;
-    assert!(matches!(second, Outcome::Ok(_)), "{second:?}");
+    assert!(matches!(second, Completion::Ok(_)), "{second:?}");
     final_pass_and_check(&s.direct, &s.hist, &[key]).await;
 }
 
@@ -242,7 +242,7 @@ async fn redis_paused_for_twice_the_timeout_fails_closed_then_heals() {
     s.server.pause();
     for key in &keys {
         let out = call(&s.direct, &s.hist, key, Cfg::default(), None, false).await;
-        assert!(matches!(&out, Outcome::Fail(e) if e.contains("did not answer")), "{out:?}");
+        assert!(matches!(&out, Completion::Fail(e) if e.contains("did not answer")), "{out:?}");
     }
     tokio::time::sleep(TIMEOUT * 2).await;
     s.server.resume();
@@ -256,7 +256,7 @@ async fn redis_killed_and_restarted_mid_run_with_aof() {
     let mut s = setup(RedisOptions { aof: true, ..Default::default() }).await;
     let keys: Vec<String> = (0..12).map(|i| format!("k{i}")).collect();
     for key in &keys[..6] {
-        assert!(matches!(call(&s.direct, &s.hist, key, Cfg::default(), None, false).await, Outcome::Ok(_)));
+        assert!(matches!(call(&s.direct, &s.hist, key, Cfg::default(), None, false).await, Completion::Ok(_)));
     }
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut workers = Vec::new();
@@ -297,14 +297,14 @@ async fn restart_without_persistence_is_caught_by_the_checker_and_the_preflight(
     let hist = History::new();
     let keys = vec!["a".to_string(), "b".to_string()];
     for key in &keys {
-        assert!(matches!(call(&ctx, &hist, key, Cfg::default(), None, false).await, Outcome::Ok(_)));
+        assert!(matches!(call(&ctx, &hist, key, Cfg::default(), None, false).await, Completion::Ok(_)));
     }
     server.kill();
     server.restart();
     for key in &keys {
         let mut out = call(&ctx, &hist, key, Cfg::default(), None, true).await;
         for _ in 0..20 {
-            if matches!(out, Outcome::Ok(_)) {
+            if matches!(out, Completion::Ok(_)) {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -324,7 +324,7 @@ async fn noscript_after_script_flush_mid_run() {
             s.server.cmd(&["SCRIPT", "FLUSH"]);
             s.server.cmd(&["FUNCTION", "FLUSH"]);
         }
-        assert!(matches!(call(&s.ctx, &s.hist, key, Cfg::default(), None, false).await, Outcome::Ok(_)));
+        assert!(matches!(call(&s.ctx, &s.hist, key, Cfg::default(), None, false).await, Completion::Ok(_)));
     }
     final_pass_and_check(&s.ctx, &s.hist, &keys).await;
 }
@@ -398,7 +398,7 @@ async fn slow_actions_do_not_exhaust_the_pool() {
     // All 64 actions are inside their side effect at the same moment; a hang here would mean a
     // connection is held while an action runs.
     let outs = tokio::time::timeout(Duration::from_secs(20), all).await.expect("slow actions hung on the pool");
-    assert!(outs.iter().all(|o| matches!(o, Outcome::Ok(_))), "{outs:?}");
+    assert!(outs.iter().all(|o| matches!(o, Completion::Ok(_))), "{outs:?}");
     final_pass_and_check(&ctx, &hist, &keys).await;
 }
 
@@ -429,7 +429,7 @@ async fn out_of_memory_under_noeviction_fails_closed() {
     // the limit goes well below what the server holds.
     server.cmd(&["CONFIG", "SET", "maxmemory", "1mb"]);
     let out = call(&ctx, &hist, "k", Cfg::default(), None, false).await;
-    assert!(matches!(&out, Outcome::Fail(e) if e.contains("OOM")), "{out:?}");
+    assert!(matches!(&out, Completion::Fail(e) if e.contains("OOM")), "{out:?}");
     // Reading a record and deleting one still work over the limit (their functions are flagged
     // `no-writes` and `allow-oom`), so an operator can free memory through the store.
     let monitor = server.monitor();

@@ -13,7 +13,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use idempotent_core::RedisStore;
-use idempotent_tests::history::{History, OpId, Outcome};
+use idempotent_tests::history::{Completion, History, OpId};
 use idempotent_tests::proxy::{Fault, FaultProxy};
 use idempotent_tests::{RedisOptions, RedisServer};
 use idempotent_tower::server::IDEMPOTENT_STORED;
@@ -39,7 +39,7 @@ async fn effect(
 }
 
 /// One HTTP call for `key`, classified as the client sees it.
-async fn call(client: &HttpClient, url: &str, hist: &History, key: &str, final_pass: bool) -> Outcome {
+async fn call(client: &HttpClient, url: &str, hist: &History, key: &str, final_pass: bool) -> Completion {
     let op = if final_pass { hist.invoke_final(key) } else { hist.invoke(key) };
     let req = http::Request::post(url)
         .header("idempotency-key", key)
@@ -47,19 +47,19 @@ async fn call(client: &HttpClient, url: &str, hist: &History, key: &str, final_p
         .body(Full::from(format!("order {key}")))
         .unwrap();
     let outcome = match tokio::time::timeout(Duration::from_secs(5), client.request(req)).await {
-        Err(_) => Outcome::Indeterminate("client timeout".into()),
-        Ok(Err(e)) => Outcome::Indeterminate(format!("transport: {e}")),
+        Err(_) => Completion::Indeterminate("client timeout".into()),
+        Ok(Err(e)) => Completion::Indeterminate(format!("transport: {e}")),
         Ok(Ok(res)) => {
             let status = res.status();
             let not_stored = res.headers().get(IDEMPOTENT_STORED).is_some();
             let body = res.into_body().collect().await.map(|b| b.to_bytes());
             match (status.as_u16(), body) {
-                (_, Err(e)) => Outcome::Indeterminate(format!("body: {e}")),
-                (200..=299, Ok(_)) if not_stored => Outcome::Indeterminate("ran, not stored".into()),
-                (200..=299, Ok(b)) => Outcome::Ok(String::from_utf8_lossy(&b).into_owned()),
+                (_, Err(e)) => Completion::Indeterminate(format!("body: {e}")),
+                (200..=299, Ok(_)) if not_stored => Completion::Indeterminate("ran, not stored".into()),
+                (200..=299, Ok(b)) => Completion::Ok(String::from_utf8_lossy(&b).into_owned()),
                 // Refusals: the handler was not called.
-                (400 | 409 | 413 | 422 | 503, Ok(_)) => Outcome::Fail(status.to_string()),
-                (_, Ok(b)) => Outcome::Indeterminate(format!("{status}: {}", String::from_utf8_lossy(&b))),
+                (400 | 409 | 413 | 422 | 503, Ok(_)) => Completion::Fail(status.to_string()),
+                (_, Ok(b)) => Completion::Indeterminate(format!("{status}: {}", String::from_utf8_lossy(&b))),
             }
         }
     };
@@ -148,8 +148,8 @@ async fn http_layer_under_store_faults_commits_each_request_once() {
             for key in &chunk {
                 let mut done = false;
                 for _ in 0..100 {
-                    if matches!(call(&client, &url, &hist, key, false).await, Outcome::Ok(_)) {
-                        done = matches!(call(&client, &url, &hist, key, true).await, Outcome::Ok(_));
+                    if matches!(call(&client, &url, &hist, key, false).await, Completion::Ok(_)) {
+                        done = matches!(call(&client, &url, &hist, key, true).await, Completion::Ok(_));
                         break;
                     }
                     tokio::time::sleep(Duration::from_millis(100)).await;

@@ -36,7 +36,7 @@ impl Step<'_> {
         Fut: Future<Output = Result<T, E>>,
     {
         let (key, fingerprint) = self.key_for(payload).inspect_err(|_| self.count(CallEnd::Failed))?;
-        let mut lease = match self.take(&key, &fingerprint, &self.options.terms(), decode_err).await {
+        let mut lease = match self.begin(&key, &fingerprint, &self.options.terms(), decode_err).await {
             Begun::Run(lease) => lease,
             Begun::Answered(answer) => return answer,
             Begun::FailOpen => return action(Attempt::unprotected(key)).await.map(|v| (v, Provenance::Unprotected)),
@@ -125,7 +125,7 @@ impl Step<'_> {
     /// Acquires the key as `terms` say, and answers what the store answered without a lease:
     /// a replay (decoded), a mismatch, a key in flight, or a store failure (which fails open
     /// when the step says so).
-    pub(super) async fn take<T, E>(
+    pub(super) async fn begin<T, E>(
         &self,
         key: &Key,
         fingerprint: &Fingerprint,

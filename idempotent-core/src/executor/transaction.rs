@@ -184,7 +184,7 @@ impl Step<'_> {
         let (key, fingerprint) = self.key_for(payload).inspect_err(|_| self.count(CallEnd::Failed))?;
         let opts = &self.options;
         let terms = opts.terms().heartbeat(opts.heartbeat && store.renews_during_transaction());
-        let lease = match self.take(&key, &fingerprint, &terms, |_| Err(())).await {
+        let lease = match self.begin(&key, &fingerprint, &terms, |_| Err(())).await {
             Begun::Run(lease) => lease,
             Begun::Answered(answer) => return answer.map(|(value, _)| value),
             Begun::FailOpen => return unprotected_in_transaction(store, key, action).await,
@@ -195,7 +195,7 @@ impl Step<'_> {
         let mut tx = match store.begin().await {
             Ok(tx) => tx,
             Err(e) => {
-                let _ = lease.settle().release().await;
+                let _ = lease.disarm().release().await;
                 self.count(CallEnd::StoreError);
                 return Err(e.into());
             }
@@ -215,12 +215,12 @@ impl Step<'_> {
                     Ok(()) => {
                         tracing::debug!(step = %self.name, key = %key.short_key(), fence, "idempotent.stored: committed with the transaction");
                         // Done: nothing to release.
-                        drop(lease.settle());
+                        drop(lease.disarm());
                         self.count(CallEnd::Executed);
                         return result;
                     }
                     Err(e) => {
-                        let _ = lease.settle().release().await;
+                        let _ = lease.disarm().release().await;
                         self.count(CallEnd::StoreError);
                         return Err(e.into());
                     }
@@ -228,7 +228,7 @@ impl Step<'_> {
                 Ok(Transition::LeaseLost) => {
                     roll_back(store, tx).await;
                     // The key is another attempt's: nothing to release.
-                    drop(lease.settle());
+                    drop(lease.disarm());
                     self.count(CallEnd::LeaseLost);
                     return Err(self.lease_lost(&key, fence).into());
                 }
@@ -240,7 +240,7 @@ impl Step<'_> {
         // The transaction ends before the key is released: on a pool of one connection, the
         // release needs the transaction's.
         roll_back(store, tx).await;
-        let _ = lease.settle().release().await;
+        let _ = lease.disarm().release().await;
         self.count(failed.as_ref().map_or_else(|(counted, _)| *counted, |()| CallEnd::Executed));
         let failed = failed.map_err(|(_, e)| e);
         match failed {

@@ -9,7 +9,7 @@ use super::{Lease, OnInFlight, Terms};
 use crate::backoff::Backoff;
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
-use crate::metrics::{self, CallEnd, Op, Timer};
+use crate::metrics::{CallEnd, Op, Timer};
 use crate::record::{Acquire, Labels};
 use crate::store::{SharedStore, Store};
 
@@ -116,7 +116,7 @@ pub fn call_end(taken: &Result<Taken, Error>, fail_open: bool) -> Option<CallEnd
 pub fn count_acquired(step: &str, store: &dyn Store, taken: &Result<Taken, Error>, fail_open: bool) {
     #[cfg(feature = "metrics")]
     if let Some(end) = call_end(taken, fail_open) {
-        metrics::call(step, store, end);
+        crate::metrics::call(step, store, end);
     }
     #[cfg(not(feature = "metrics"))]
     let _ = (step, store, taken, fail_open);

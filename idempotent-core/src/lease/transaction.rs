@@ -44,7 +44,7 @@ impl Lease {
 }
 
 /// A lease that gives its key up, from a task of its own, if it is dropped before the caller
-/// [`settle`](Self::settle)s it.
+/// [`disarm`](Self::disarm)s it.
 ///
 /// For work whose cancellation is known to leave nothing behind, such as writes in a
 /// transaction that never committed: a retry then runs at once instead of waiting for the lease
@@ -59,8 +59,8 @@ impl ReleaseOnDrop {
 
     /// The lease, no longer released on drop: complete it, release it, or drop it to leave the
     /// key as the store has it.
-    pub(crate) fn settle(mut self) -> Lease {
-        self.0.take().expect("a ReleaseOnDrop holds its lease until it is settled")
+    pub(crate) fn disarm(mut self) -> Lease {
+        self.0.take().expect("a ReleaseOnDrop holds its lease until it is disarmed")
     }
 }
 
@@ -68,13 +68,13 @@ impl std::ops::Deref for ReleaseOnDrop {
     type Target = Lease;
 
     fn deref(&self) -> &Lease {
-        self.0.as_ref().expect("a ReleaseOnDrop holds its lease until it is settled")
+        self.0.as_ref().expect("a ReleaseOnDrop holds its lease until it is disarmed")
     }
 }
 
 impl std::ops::DerefMut for ReleaseOnDrop {
     fn deref_mut(&mut self) -> &mut Lease {
-        self.0.as_mut().expect("a ReleaseOnDrop holds its lease until it is settled")
+        self.0.as_mut().expect("a ReleaseOnDrop holds its lease until it is disarmed")
     }
 }
 

@@ -65,7 +65,7 @@ pub(crate) fn replay<B>(config: &Config, bytes: Bytes, grpc: bool, short: ShortK
 ///
 /// Every path ends in the one [`Lease::end`] below, so that this future (kept inside the
 /// request's own) holds one store call's room, not one per outcome.
-pub(crate) async fn settle<B, E>(
+pub(crate) async fn end_with_response<B, E>(
     lease: Lease,
     config: &Arc<Config>,
     outcome: Result<Response<B>, E>,
@@ -95,7 +95,7 @@ where
 }
 
 /// Reads the rest of the response body (renewing the lease meanwhile), then stores the
-/// response or releases the key, as [`settle`] does.
+/// response or releases the key, as [`end_with_response`] does.
 async fn finish<B>(
     mut lease: Lease,
     config: Arc<Config>,

@@ -22,7 +22,7 @@ use super::future::ResponseFuture;
 use super::grpc;
 use super::identity::{Unprotected, run_context};
 use super::key;
-use super::outcome::{replay, settle};
+use super::outcome::{end_with_response, replay};
 use super::problem::Refusal;
 
 /// Marks a request that an `IdempotencyLayer` has handled: it took the key, or let the request
@@ -146,7 +146,7 @@ where
     S: Service<Request<RequestBody<ReqBody>>, Response = Response<ResBody>>,
     ReqBody: Body<Data = Bytes>,
     ReqBody::Error: Into<BoxError>,
-    // Sent to the task that stores the response (see `settle`).
+    // Sent to the task that stores the response (see `end_with_response`).
     ResBody: Body<Data = Bytes> + Send + 'static,
     ResBody::Error: Into<BoxError>,
 {
@@ -176,7 +176,7 @@ where
         let outcome = lease.run_boxed(pin!(call)).await;
         timer.action(&config.scope, &*config.store);
         // Boxed: storing is the largest state, and a replay or a refusal never reaches it.
-        Box::pin(settle(lease, &config, outcome, grpc)).await
+        Box::pin(end_with_response(lease, &config, outcome, grpc)).await
     }
 }
 
