@@ -20,6 +20,10 @@
 //!
 //! HTTP rows call the axum `Router` in process (`tower::ServiceExt::oneshot`), without hyper:
 //! they count what the layer adds, not the connection's buffers.
+//!
+//! `--sql` adds the SQL stores' rows ([`sql`]: SQLite in a temporary file, PostgreSQL on a
+//! throwaway server), `--sql-calls` per row (default 2000); `--only` on a SQL row's name runs it
+//! alone.
 
 // A global allocator can only be written with `unsafe`; it forwards every call to `System`.
 #![allow(unsafe_code)]
@@ -44,6 +48,8 @@ use idempotent_tests::RedisServer;
 use idempotent_tower::IdempotencyLayer;
 use sha2::{Digest, Sha256};
 use tower::ServiceExt;
+
+mod sql;
 
 struct Counting;
 
@@ -228,6 +234,12 @@ fn main() {
     // dhat); the Redis server starts only when a Redis row is among them.
     let only: String = arg("--only", String::new());
     let want = |name: &str| name.contains(only.as_str());
+    if idempotent_benches::flag("--sql") || (!only.is_empty() && sql::SQL_ROWS.iter().any(|name| want(name))) {
+        rt.block_on(sql::sql_rows(arg("--sql-calls", 2_000), &want));
+        if !only.is_empty() && !MEMORY_ROWS.iter().chain(&REDIS_ROWS).chain(&REDIS_HTTP_ROWS).any(|name| want(name)) {
+            return;
+        }
+    }
     if !REDIS_ROWS.iter().chain(&REDIS_HTTP_ROWS).any(|name| want(name)) {
         rt.block_on(memory_rows(calls, &want));
         rt.block_on(http_rows(calls, &only, [("MemoryStore", IdempotencyLayer::new(MemoryStore::new()))]));
