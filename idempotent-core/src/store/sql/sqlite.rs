@@ -14,21 +14,23 @@
 //!   write lock; migrations take the same lock.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
+use sqlx::error::DatabaseError;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
 };
-use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr, Sqlite, Transaction};
+use sqlx::{Row, SqlStr, Sqlite, Transaction};
 
-use super::backend::{Backend, Failed, StateRow, Value, query, sealed};
-use super::rows::{Found, found_of, read_record};
+use super::backend::{Backend, Failed, sealed};
+use super::driver::{Driver, Value};
+use super::migrate::plain_table_name;
+use super::rows::{Found, found_of};
+use super::statements::sql;
 use super::{CommitsWith, SqlStore};
 use crate::error::Error;
 use crate::key::Key;
-use crate::store::admin::RecordInfo;
 
 /// A store in one SQLite file, safe for many tasks and for several processes on one host.
 ///
@@ -149,12 +151,7 @@ impl SqliteStoreBuilder {
 }
 
 fn validate_table(name: &str) -> Result<(), Error> {
-    let mut chars = name.chars();
-    let ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-        && name.len() <= 64
-        && !name.to_ascii_lowercase().starts_with("sqlite_")
-        && !name.eq_ignore_ascii_case("idempotent_schema");
+    let ok = plain_table_name(name, 64) && !name.to_ascii_lowercase().starts_with("sqlite_");
     if ok {
         Ok(())
     } else {
@@ -306,19 +303,12 @@ impl Backend for SqliteBackend {
             "SELECT max(rowid) FROM (SELECT rowid FROM {t} WHERE rowid > ?1 ORDER BY rowid LIMIT {PURGE_BATCH})"
         );
         let delete = format!("DELETE FROM {t} WHERE rowid > ?1 AND rowid <= ?2 AND expires_at <= {NOW_US}");
-        let sql = |s: String| AssertSqlSafe(Arc::<str>::from(s)).into_sql_str();
         SqlitePurge { range: sql(range), delete: sql(delete), cursor: AtomicI64::new(0) }
     }
 
-    fn is_timeout(e: &sqlx::Error) -> bool {
-        match e {
-            sqlx::Error::PoolTimedOut => true,
-            // SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their extended codes.
-            sqlx::Error::Database(db) => {
-                db.code().and_then(|c| c.parse::<i32>().ok()).is_some_and(|c| matches!(c & 0xff, 5 | 6))
-            }
-            _ => false,
-        }
+    fn is_timeout(e: &dyn DatabaseError) -> bool {
+        // SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their extended codes.
+        e.code().and_then(|c| c.parse::<i32>().ok()).is_some_and(|c| matches!(c & 0xff, 5 | 6))
     }
 
     fn fetch_optional<'a>(
@@ -328,7 +318,7 @@ impl Backend for SqliteBackend {
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
     ) -> impl Future<Output = Result<Option<SqliteRow>, Failed>> + Send + 'a {
         // Bound before the future, which then holds the query only.
-        let q = query::<Sqlite>(sql, args);
+        let q = Sqlite::query(sql, args);
         async move {
             store.count();
             q.fetch_optional(&store.inner.pool).await.map_err(|e| Failed::not_sent(store.error(op, e)))
@@ -341,7 +331,7 @@ impl Backend for SqliteBackend {
         sql: &'a SqlStr,
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
     ) -> impl Future<Output = Result<Vec<SqliteRow>, Failed>> + Send + 'a {
-        let q = query::<Sqlite>(sql, args);
+        let q = Sqlite::query(sql, args);
         async move {
             store.count();
             q.fetch_all(&store.inner.pool).await.map_err(|e| Failed::not_sent(store.error(op, e)))
@@ -354,7 +344,7 @@ impl Backend for SqliteBackend {
         sql: &'a SqlStr,
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
     ) -> impl Future<Output = Result<u64, Failed>> + Send + 'a {
-        let q = query::<Sqlite>(sql, args);
+        let q = Sqlite::query(sql, args);
         async move {
             store.count();
             let done = q.execute(&store.inner.pool).await.map_err(|e| Failed::not_sent(store.error(op, e)))?;
@@ -369,7 +359,7 @@ impl Backend for SqliteBackend {
         sql: &'a SqlStr,
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
     ) -> impl Future<Output = Result<u64, Error>> + Send + 'a {
-        let q = query::<Sqlite>(sql, args);
+        let q = Sqlite::query(sql, args);
         async move {
             store.count();
             let done = q.execute(&mut **tx).await.map_err(|e| store.error(op, e))?;
@@ -412,14 +402,6 @@ impl Backend for SqliteBackend {
 
     fn found(key: &Key, row: &SqliteRow) -> Result<Found, Error> {
         found_of(key, row, |row| row.try_get::<i64, _>(5).map(|recovered| recovered != 0))
-    }
-
-    fn record(row: &SqliteRow) -> Result<RecordInfo, Error> {
-        read_record(row)
-    }
-
-    fn kept(row: &SqliteRow) -> Result<bool, sqlx::Error> {
-        row.try_get(0)
     }
 
     async fn begin_migration(store: &SqliteStore) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
@@ -513,34 +495,8 @@ impl Backend for SqliteBackend {
         )
     }
 
-    async fn run_ddl(tx: &mut Transaction<'static, Sqlite>, ddl: String) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql(AssertSqlSafe(ddl)).execute(&mut **tx).await.map(drop)
-    }
-
-    fn state_missing(e: &sqlx::Error) -> bool {
-        matches!(e, sqlx::Error::Database(db)
-            if db.message().contains("no such table") || db.message().contains("no such column"))
-    }
-
-    fn state_read<'a>(
-        store: &'a SqliteStore,
-        sql: SqlStr,
-        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
-    ) -> impl Future<Output = Result<Option<StateRow>, sqlx::Error>> + Send + 'a {
-        let q = query::<Sqlite>(&sql, args);
-        async move {
-            let row = q.fetch_optional(&store.inner.pool).await?;
-            row.map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))).transpose()
-        }
-    }
-
-    fn state_write<'a>(
-        store: &'a SqliteStore,
-        sql: SqlStr,
-        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a {
-        let q = query::<Sqlite>(&sql, args);
-        async move { Ok(q.execute(&store.inner.pool).await?.rows_affected()) }
+    fn state_missing(e: &dyn DatabaseError) -> bool {
+        e.message().contains("no such table") || e.message().contains("no such column")
     }
 }
 
