@@ -148,8 +148,14 @@ pub trait Backend: sealed::Sealed + Send + Sync + Sized + 'static {
     /// One purge batch; answers how many rows it deleted.
     fn purge(store: &SqlStore<Self>) -> impl Future<Output = Result<u64, Error>> + Send + '_;
 
+    /// The `recovered` column of acquire's row (its column 5): an integer on SQLite, a boolean on
+    /// PostgreSQL.
+    fn recovered(row: &<Self::Db as Database>::Row) -> Result<bool, sqlx::Error>;
+
     /// The row of acquire's read or upsert, or [`Error::Corrupt`] for a column of the wrong type.
-    fn found(key: &Key, row: &<Self::Db as Database>::Row) -> Result<Found, Error>;
+    fn found(key: &Key, row: &<Self::Db as Database>::Row) -> Result<Found, Error> {
+        Self::Db::found(key, row, Self::recovered)
+    }
 
     /// Begins a migration's transaction, holding what keeps two processes from migrating at once
     /// (SQLite: `BEGIN IMMEDIATE`; PostgreSQL: an advisory lock).

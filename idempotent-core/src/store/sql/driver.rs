@@ -12,8 +12,9 @@ use sqlx::{
     AssertSqlSafe, ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, SqlStr, Transaction, Type,
 };
 
-use super::rows::read_record;
+use super::rows::{Found, found_of, read_record};
 use crate::error::Error;
+use crate::key::Key;
 use crate::store::admin::RecordInfo;
 
 /// A value bound to a statement's next placeholder (`$1`, `$2`, … in order). Borrowed where the
@@ -66,6 +67,13 @@ impl RowsAffected for sqlx::postgres::PgQueryResult {
 pub trait Driver: Database {
     /// `sql` with `args` bound in order.
     fn query<'a>(sql: &SqlStr, args: impl IntoIterator<Item = Value<'a>>) -> Query<'a, Self, Self::Arguments>;
+
+    /// Acquire's row, its `recovered` column read by `recovered`.
+    fn found(
+        key: &Key,
+        row: &Self::Row,
+        recovered: impl FnOnce(&Self::Row) -> Result<bool, sqlx::Error>,
+    ) -> Result<Found, Error>;
 
     /// A row of an admin select (`AdminSql`'s).
     fn record(row: &Self::Row) -> Result<RecordInfo, Error>;
@@ -125,6 +133,14 @@ where
             };
         }
         q
+    }
+
+    fn found(
+        key: &Key,
+        row: &DB::Row,
+        recovered: impl FnOnce(&DB::Row) -> Result<bool, sqlx::Error>,
+    ) -> Result<Found, Error> {
+        found_of(key, row, recovered)
     }
 
     fn record(row: &DB::Row) -> Result<RecordInfo, Error> {

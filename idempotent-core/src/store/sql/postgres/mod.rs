@@ -47,11 +47,9 @@ use tokio::time::Instant;
 
 use super::backend::{Backend, Effect, Failed, sealed};
 use super::driver::{Driver, Value};
-use super::rows::{Found, found_of};
 use super::statements::sql;
 use super::{CommitsWith, SqlStore};
 use crate::error::Error;
-use crate::key::Key;
 
 mod builder;
 
@@ -317,8 +315,8 @@ impl Backend for PostgresBackend {
         Self::execute(store, "purge", &store.inner.purge, []).await.map_err(|f| f.error)
     }
 
-    fn found(key: &Key, row: &PgRow) -> Result<Found, Error> {
-        found_of(key, row, |row| row.try_get(5))
+    fn recovered(row: &PgRow) -> Result<bool, sqlx::Error> {
+        row.try_get(5)
     }
 
     async fn begin_migration(store: &PostgresStore) -> Result<Transaction<'static, Postgres>, sqlx::Error> {

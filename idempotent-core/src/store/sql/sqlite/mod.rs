@@ -22,11 +22,9 @@ use sqlx::{Row, SqlStr, Sqlite, Transaction};
 
 use super::backend::{Backend, Failed, sealed};
 use super::driver::{Driver, Value};
-use super::rows::{Found, found_of};
 use super::statements::sql;
 use super::{CommitsWith, SqlStore};
 use crate::error::Error;
-use crate::key::Key;
 
 mod builder;
 
@@ -251,8 +249,8 @@ impl Backend for SqliteBackend {
         Ok(done.rows_affected())
     }
 
-    fn found(key: &Key, row: &SqliteRow) -> Result<Found, Error> {
-        found_of(key, row, |row| row.try_get::<i64, _>(5).map(|recovered| recovered != 0))
+    fn recovered(row: &SqliteRow) -> Result<bool, sqlx::Error> {
+        row.try_get::<i64, _>(5).map(|recovered| recovered != 0)
     }
 
     async fn begin_migration(store: &SqliteStore) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
