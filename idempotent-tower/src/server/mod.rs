@@ -364,11 +364,11 @@ pub(crate) mod record;
 mod service;
 
 pub use body::{RequestBody, ResponseBody};
+pub use config::{DEFAULT_KEY_HEADER, DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_STORED_RESPONSE, STORE_DOWN_RETRY_AFTER};
 pub use future::ResponseFuture;
 pub use idempotent_core::{Attempt, RunContext};
 pub use identity::Unprotected;
 pub use key::client_key;
-pub use config::{DEFAULT_KEY_HEADER, DEFAULT_MAX_REQUEST_BODY, DEFAULT_MAX_STORED_RESPONSE, STORE_DOWN_RETRY_AFTER};
 pub use layer::IdempotencyLayer;
 pub use outcome::{IDEMPOTENT_REPLAYED, IDEMPOTENT_STORED};
 pub use policy::{DefaultStorePolicy, Outcome, StorePolicy};

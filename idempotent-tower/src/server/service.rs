@@ -16,12 +16,12 @@ use tower::{BoxError, Service};
 
 use super::body::{RequestBody, ResponseBody};
 use super::buffer::{ReadError, read_body};
+use super::config::{Config, STORE_DOWN_RETRY_AFTER};
 use super::fingerprint::http_fingerprint;
 use super::future::ResponseFuture;
 use super::grpc;
 use super::identity::{Unprotected, run_context};
 use super::key;
-use super::config::{Config, STORE_DOWN_RETRY_AFTER};
 use super::outcome::{replay, settle};
 use super::problem::Refusal;
 
