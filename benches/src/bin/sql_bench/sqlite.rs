@@ -36,7 +36,7 @@ pub(crate) fn with_hooks(options: SqlitePoolOptions, hooks: &Arc<Hooks>) -> Sqli
     })
 }
 
-/// A pool with the connection and pool settings `SqliteStoreBuilder::open` uses (idempotent-core's `store/sql/sqlite.rs`), and
+/// A pool with the connection and pool settings `SqliteStoreBuilder::open` uses (idempotent-core's `store/sql/sqlite/builder.rs`), and
 /// the hooks: the floor's.
 pub(crate) async fn store_like_pool(path: &FsPath, hooks: &Arc<Hooks>) -> SqlitePool {
     with_hooks(

@@ -1,6 +1,6 @@
 //! Reading records as an operator sees them: `inspect` (the `read` script on one key) and
 //! `scan` (`SCAN … MATCH <prefix>* COUNT n` on each node, then the `read` script on what it
-//! found, pipelined). `release_fenced` and `delete` are one script each, in `mod.rs`.
+//! found, pipelined). `release_fenced` and `delete` are one script each, in `store.rs`.
 //!
 //! A scan goes through the standalone server, or through the masters of a cluster one after
 //! another, ordered by the first slot each serves (`CLUSTER SLOTS`, read again on every page:

@@ -1,37 +1,30 @@
 //! The Redis store, on deadpool-redis, for standalone Redis and Redis Cluster.
 //!
-//! This file holds [`RedisStore`] and its acquire path; around it, `builder` its settings,
-//! `preflight` the start-up check of the server, `conn` connections and transport, `script` the
-//! Lua scripts and how they are called (a function library, or `EVALSHA`), `clock` the
-//! estimate of the server's clock that fences keys taken by `SET NX`, `arg` the arguments
-//! written into commands, and `layout` (with `layout.lua`, the prelude of every script) where
-//! each field of a record sits.
+//! This file holds [`RedisStore`] and how it is made; around it, `acquire` its acquire path,
+//! `store` the [`Store`](super::Store) implementation (the transitions and the admin writes),
+//! `admin` and `reads` the reads of records (`inspect` and `scan`; acquire's plain reads,
+//! batched), `builder` its settings, `preflight` the start-up check of the server, `conn`
+//! connections and transport, `script` the Lua scripts and how they are called (a function
+//! library, or `EVALSHA`), `clock` the estimate of the server's clock that fences keys taken by
+//! `SET NX`, `arg` the arguments written into commands, and `layout` (with `layout.lua`, the
+//! prelude of every script) where each field of a record sits.
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
-use bytes::Bytes;
 #[cfg(feature = "cluster")]
 use deadpool_redis::cluster;
-use deadpool_redis::redis::Value;
 
-use self::arg::{Arg, millis};
 use self::clock::ServerClock;
-use self::conn::{Connections, Pool, Wait, Written};
-use self::layout::{
-    ATTEMPT, DONE, FENCE, FINGERPRINT, LEASE, MAX_FENCE, NEEDS_ATTENTION, NEW, RECOVERED, RELEASED, RUNNING, STATE,
-    TOKEN,
-};
+use self::conn::{Connections, Pool, Wait};
 use self::script::Scripts;
-use super::admin::{Cursor, Deleted, Filter, Page, RecordInfo};
-use super::{AcquireOrder, BoxFuture, Store};
-use crate::attempt::Attempt;
+use super::AcquireOrder;
 use crate::error::Error;
-use crate::key::{Fingerprint, Key};
-use crate::record::{Abandon, Acquire, Grant, KEEP_RESOLVED_RELEASE, Labels, Resolution, Resolved, Token, Transition};
+use crate::key::Key;
 
+mod acquire;
 mod admin;
 mod arg;
 mod builder;
@@ -42,6 +35,7 @@ pub mod layout;
 mod preflight;
 mod reads;
 pub(crate) mod script;
+mod store;
 
 pub use self::builder::RedisStoreBuilder;
 pub use self::preflight::{Preflight, Problem, Risk};
@@ -82,7 +76,7 @@ pub mod source {
     pub use super::script::library_name;
 }
 
-/// A [`Store`] on Redis: one string key per operation, one command per transition.
+/// A [`Store`](super::Store) on Redis: one string key per operation, one command per transition.
 ///
 /// An acquire is one plain `SET key <record> NX GET PX <ttl>` (Redis 7.0+, Valkey): it takes an
 /// absent key, and otherwise returns the record that is there, so a first acquisition and a
@@ -127,11 +121,13 @@ pub mod source {
 /// labels' lengths), the labels' text, then the stored result once it is done (the layout, and
 /// why it is so, is documented in `layout.rs` and `layout.lua`; records of the earlier layout,
 /// without labels, are still read);
-/// a done record costs the result and its labels plus 190 bytes. [`Store::inspect`] and
-/// [`Store::scan`] read records with the `read` script (`scan`: `SCAN … MATCH <prefix>*` on the
+/// a done record costs the result and its labels plus 190 bytes.
+/// [`Store::inspect`](super::Store::inspect) and [`Store::scan`](super::Store::scan) read
+/// records with the `read` script (`scan`: `SCAN … MATCH <prefix>*` on the
 /// server, or on each cluster master in turn, never `KEYS`). A record's TTL is its expiry as the
 /// record protocol sets it ([retention](crate::record#retention)); a record that needs attention
-/// ([`Abandon::NeedsAttention`]) has none: it stays until [resolved](Store::resolve). A key that
+/// ([`Abandon::NeedsAttention`](crate::record::Abandon::NeedsAttention)) has none: it stays
+/// until [resolved](super::Store::resolve). A key that
 /// holds anything else (another type, a string this store did not write) is answered with
 /// [`Error::Corrupt`], never a replay or a second run.
 ///
@@ -314,416 +310,8 @@ impl RedisStore {
         self.sync_clock().await
     }
 
-    /// After an acquire that failed on the way (a timeout, a dropped connection), the server may
-    /// still have taken the key for `token`, which nobody will use: the caller got an error and
-    /// ran nothing. Left alone, that would keep the key for a whole lease. A task of its own
-    /// releases it instead: once at once, and once more a command timeout later, in case the
-    /// acquire reached the server only after the first release. Releasing is safe whatever
-    /// happened: it acts only on a record this token still holds, and a late acquire with the
-    /// same token finds its token's `released` record and changes nothing.
-    fn release_orphan(&self, key: Key, token: Token) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        let store = self.clone();
-        runtime.spawn(async move {
-            for attempt in 0..2 {
-                if attempt > 0 {
-                    tokio::time::sleep(store.inner.timeout).await;
-                }
-                let args = [Arg::Bytes(token.as_str().as_bytes()), Arg::Bytes(b"1")];
-                let released = match store.invoke("release", &store.inner.scripts.release, &key, &args).await {
-                    Ok(reply) => store.transition(&key, reply),
-                    Err(e) => Err(e),
-                };
-                match released {
-                    Ok(Transition::Ok) => {
-                        tracing::debug!(key = %key.short(), "idempotent.redis: released the key a failed acquire may have taken");
-                        return;
-                    }
-                    // Not taken by this token (yet): look again once a late acquire would have
-                    // landed.
-                    Ok(Transition::LeaseLost) => {}
-                    Err(e) => tracing::debug!(key = %key.short(), error = %e, "idempotent.redis: could not release after a failed acquire; the lease runs out on its own"),
-                }
-            }
-        });
-    }
-
     fn corrupt(key: &Key, detail: impl Into<String>) -> Error {
         Error::Corrupt { key: key.short(), detail: detail.into() }
-    }
-
-    /// Acquire's work for `token`: one `SET NX GET` (after a `GET` when the store reads first),
-    /// then the acquire script only for a record they cannot judge (or for every acquire when the
-    /// plain path is off or has no clock).
-    async fn take(
-        &self,
-        key: &Key,
-        fingerprint: &Fingerprint,
-        token: &Token,
-        lease: u64,
-        retention: u64,
-        labels: &Labels<'_>,
-    ) -> Result<Acquire, Error> {
-        let fp = crate::key::hex_array(fingerprint.as_bytes());
-        let ttl = lease.max(retention);
-        // After a run of replays, a plain `GET` first: a done record (or another payload's, or one
-        // that needs attention) is the answer, for less than `SET NX GET` costs the server. A
-        // record it cannot judge (a lease under this payload) goes to the script; no record, to
-        // the `SET NX GET`. Under load the `GET` goes out with others' as one `MGET` (`reads.rs`).
-        let mut absent = true;
-        if self.inner.order.read_first() {
-            match self.read_record_bytes(key).await? {
-                Value::Nil => {}
-                Value::BulkString(record) => match self.read_record(key, record, &fp, token)? {
-                    Some(answer) => return Ok(answer),
-                    None => absent = false,
-                },
-                other => return Err(Self::corrupt(key, format!("unexpected GET reply {other:?}"))),
-            }
-        }
-        if absent
-            && self.inner.set_get.load(Ordering::Relaxed)
-            && let Some(fence) = self.estimated_server_micros()
-        {
-            let record = Arg::New { fp: &fp, token, threshold: ttl - lease, fence, labels };
-            match self.set_get(key, record, ttl).await {
-                Ok(Written { reply: Value::Nil, replicas }) => {
-                    self.replicated("acquire", replicas)?;
-                    return Ok(Acquire::Acquired(Grant {
-                        token: token.clone(),
-                        attempt: Attempt::new(*key, fence, 1, false),
-                    }));
-                }
-                Ok(Written { reply: Value::BulkString(record), .. }) => {
-                    match self.read_record(key, record, &fp, token)? {
-                        // This token's own record (a retry after a lost reply): the SET wrote
-                        // nothing, so its WAIT covers only this connection's earlier writes.
-                        // With WAIT on, the script writes the record again, and its WAIT counts.
-                        Some(Acquire::Acquired(_)) if self.inner.wait.is_some() => {}
-                        Some(answer) => return Ok(answer),
-                        // Running or released under this payload: the script judges the lease.
-                        None => {}
-                    }
-                }
-                Ok(Written { reply: other, .. }) => {
-                    // Something between us and Redis answered oddly: the key may be taken.
-                    self.release_orphan(*key, token.clone());
-                    return Err(Self::corrupt(key, format!("unexpected SET reply {other:?}")));
-                }
-                Err(Error::Unavailable { reason, .. }) if reason.contains("syntax error") => {
-                    // Before Redis 7.0, SET takes NX or GET but not both: nothing was written.
-                    self.inner.set_get.store(false, Ordering::Relaxed);
-                    tracing::warn!(store = %self.inner.describe, "idempotent.redis: the server refuses SET NX GET (Redis before 7.0?); every acquire runs the acquire script from now on");
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        let args = [Arg::Acquire { fp: &fp, token, lease, retention, labels }];
-        let Written { reply, replicas } =
-            self.invoke_written("acquire", &self.inner.scripts.acquire, key, &args).await?;
-        let items = match reply {
-            // A done record, whole.
-            Value::BulkString(record) => {
-                return match self.read_record(key, record, &fp, token)? {
-                    Some(answer) => Ok(answer),
-                    None => Err(Self::corrupt(key, "the acquire script returned a record that is not done")),
-                };
-            }
-            Value::Array(items) => items,
-            other => return Err(Self::corrupt(key, format!("unexpected acquire reply {other:?}"))),
-        };
-        match (int(items.first()), items.len()) {
-            (Some(1), 4) => {
-                let (Some(fence), Some(attempt), Some(recovered)) =
-                    (int(items.get(1)), int(items.get(2)), int(items.get(3)))
-                else {
-                    return Err(Self::corrupt(key, "malformed acquire reply"));
-                };
-                let fence = u64::try_from(fence).map_err(|_| Self::corrupt(key, "negative fence"))?;
-                let attempt = Attempt::new(*key, fence, u32::try_from(attempt).unwrap_or(u32::MAX), recovered == 1);
-                self.replicated("acquire", replicas)?;
-                Ok(Acquire::Acquired(Grant { token: token.clone(), attempt }))
-            }
-            (Some(3), 2) => {
-                let ms = int(items.get(1)).unwrap_or(0).max(0) as u64;
-                Ok(Acquire::InFlight { retry_after: Duration::from_millis(ms) })
-            }
-            (Some(4), 1) => Ok(Acquire::Mismatch),
-            (Some(5), 3) => {
-                let (Some(attempt), Some(fence)) = (int(items.get(1)), int(items.get(2))) else {
-                    return Err(Self::corrupt(key, "malformed acquire reply"));
-                };
-                let fence = u64::try_from(fence).map_err(|_| Self::corrupt(key, "negative fence"))?;
-                Ok(Acquire::NeedsAttention { attempt: u32::try_from(attempt).unwrap_or(u32::MAX), fence })
-            }
-            _ => Err(Self::corrupt(key, format!("unexpected acquire reply {items:?}"))),
-        }
-    }
-
-    /// `SET key <new record> NX GET PX <ttl>`: takes an absent key, and returns the record that
-    /// is there otherwise.
-    async fn set_get(&self, key: &Key, record: Arg<'_>, ttl_ms: u64) -> Result<Written, Error> {
-        let len = 3 + self.inner.prefix.len() + 64 + record.len() + 2 + 3 + 2 + 20;
-        let mut cmd = deadpool_redis::redis::Cmd::with_capacity(7, len);
-        cmd.arg("SET").arg(Arg::Key(&self.inner.prefix, key)).arg(record).arg("NX").arg("GET").arg("PX");
-        cmd.arg(Arg::Millis(ttl_ms));
-        self.send_written("acquire", key, &cmd).await
-    }
-
-    /// With [`RedisStoreBuilder::wait_for_replicas`]: a store failure when the write a caller
-    /// would act on reached fewer replicas than asked for (`replicas`, `WAIT`'s answer).
-    fn replicated(&self, op: &'static str, replicas: Option<i64>) -> Result<(), Error> {
-        let (Some(wait), Some(acked)) = (&self.inner.wait, replicas) else { return Ok(()) };
-        if acked >= i64::from(wait.replicas) {
-            return Ok(());
-        }
-        Err(Error::Unavailable {
-            store: self.describe(),
-            op,
-            reason: format!(
-                "the write reached {acked} of the {} replicas asked for within {:?} (WAIT), so a failover \
-                 could lose it; check the replicas (INFO replication) or lower wait_for_replicas",
-                wait.replicas, wait.timeout
-            ),
-            source: None,
-        })
-    }
-
-    /// What a record read by acquire answers: a done record replays or mismatches, and so does
-    /// one that needs attention (its attempt and fence); a running or released one under another
-    /// payload mismatches, and one this very token took (a retry after a lost reply) is acquired
-    /// as recorded. `None`: another owner's running or released record under this payload, for
-    /// the acquire script to judge.
-    fn read_record(&self, key: &Key, record: Vec<u8>, fp: &[u8; 64], token: &Token) -> Result<Option<Acquire>, Error> {
-        let not_a_record = || Self::corrupt(key, "the key holds a string that is not a record");
-        if record.len() < TOKEN.end {
-            return Err(not_a_record());
-        }
-        // A done record (this layout's or an earlier release's): the result after its labels.
-        if let Some(result) = layout::result_start(&record) {
-            if record[FINGERPRINT] != fp[..] {
-                return Ok(Some(Acquire::Mismatch));
-            }
-            return Ok(Some(Acquire::Replay(Bytes::from(record).slice(result..))));
-        }
-        match record[STATE] {
-            RUNNING | NEW | RELEASED | NEEDS_ATTENTION if layout::running_shape(&record) => {
-                let digits = |range: std::ops::Range<usize>| layout::digits(&record[range]);
-                let (Some(_), Some(fence), Some(attempt)) = (digits(LEASE), digits(FENCE), digits(ATTEMPT)) else {
-                    return Err(Self::corrupt(key, "the record has a malformed number"));
-                };
-                if fence >= MAX_FENCE {
-                    return Err(Self::corrupt(key, "the record has a fence beyond 2^53"));
-                }
-                let attempt = u32::try_from(attempt).unwrap_or(u32::MAX);
-                if record[STATE] == NEEDS_ATTENTION {
-                    // Whoever asks, this token included: nothing runs until it is resolved.
-                    return Ok(Some(if record[FINGERPRINT] == fp[..] {
-                        Acquire::NeedsAttention { attempt, fence }
-                    } else {
-                        Acquire::Mismatch
-                    }));
-                }
-                if record[TOKEN] == *token.as_str().as_bytes() && record[STATE] != RELEASED {
-                    let recovered = record[RECOVERED] == b'1';
-                    let attempt = Attempt::new(*key, fence, attempt, recovered);
-                    return Ok(Some(Acquire::Acquired(Grant { token: token.clone(), attempt })));
-                }
-                if record[FINGERPRINT] != fp[..] {
-                    return Ok(Some(Acquire::Mismatch));
-                }
-                Ok(None)
-            }
-            _ => Err(not_a_record()),
-        }
-    }
-
-    /// [`transition`](Self::transition) of a write a caller acts on: a transition made is an
-    /// error unless it reached the replicas asked for.
-    fn written_transition(&self, op: &'static str, key: &Key, written: Written) -> Result<Transition, Error> {
-        let transition = self.transition(key, written.reply)?;
-        if transition == Transition::Ok {
-            self.replicated(op, written.replicas)?;
-        }
-        Ok(transition)
-    }
-
-    fn transition(&self, key: &Key, value: Value) -> Result<Transition, Error> {
-        match value {
-            Value::Int(1) => Ok(Transition::Ok),
-            Value::Int(0) => Ok(Transition::LeaseLost),
-            other => Err(Self::corrupt(key, format!("unexpected script reply {other:?}"))),
-        }
-    }
-}
-
-fn int(v: Option<&Value>) -> Option<i64> {
-    match v {
-        Some(Value::Int(i)) => Some(*i),
-        _ => None,
-    }
-}
-
-impl Store for RedisStore {
-    fn acquire_labeled<'a>(
-        &'a self,
-        key: &'a Key,
-        fingerprint: &'a Fingerprint,
-        lease: Duration,
-        retention: Duration,
-        labels: Labels<'a>,
-    ) -> BoxFuture<'a, Result<Acquire, Error>> {
-        Box::pin(async move {
-            arg::check_labels(&labels)?;
-            let token = Token::unique();
-            let res = self.take(key, fingerprint, &token, millis(lease), millis(retention), &labels).await;
-            if let Ok(answer) = &res {
-                self.inner.order.learn(answer);
-            }
-            if let Err(e) = &res
-                && e.is_store_failure()
-            {
-                self.release_orphan(*key, token);
-            }
-            res
-        })
-    }
-
-    fn complete<'a>(
-        &'a self,
-        key: &'a Key,
-        token: &'a Token,
-        result: Bytes,
-        retention: Duration,
-    ) -> BoxFuture<'a, Result<Transition, Error>> {
-        Box::pin(async move {
-            // Stamped with the estimate of the server's clock, as `SET NX` stamps a new record:
-            // a `TIME` inside the script costs Redis more than the rest of the check. Without a
-            // fresh estimate the script reads `TIME`.
-            let updated = self.known_server_micros().map(|us| us / 1000);
-            let args = [
-                Arg::Bytes(token.as_str().as_bytes()),
-                Arg::Bytes(&result),
-                Arg::Millis(millis(retention)),
-                Arg::Time(updated),
-            ];
-            let written = self.invoke_written("complete", &self.inner.scripts.complete, key, &args).await?;
-            self.written_transition("complete", key, written)
-        })
-    }
-
-    fn release<'a>(&'a self, key: &'a Key, token: &'a Token) -> BoxFuture<'a, Result<Transition, Error>> {
-        Box::pin(async move {
-            let reply = self
-                .invoke("release", &self.inner.scripts.release, key, &[Arg::Bytes(token.as_str().as_bytes())])
-                .await?;
-            self.transition(key, reply)
-        })
-    }
-
-    fn renew<'a>(
-        &'a self,
-        key: &'a Key,
-        token: &'a Token,
-        lease: Duration,
-    ) -> BoxFuture<'a, Result<Transition, Error>> {
-        Box::pin(async move {
-            let args = [Arg::Bytes(token.as_str().as_bytes()), Arg::Millis(millis(lease))];
-            // Waited for too, when the store waits: a renewal a failover loses would leave the
-            // promoted replica's lease shorter than the holder counts it.
-            let written = self.invoke_written("renew", &self.inner.scripts.renew, key, &args).await?;
-            self.written_transition("renew", key, written)
-        })
-    }
-
-    fn abandon<'a>(
-        &'a self,
-        key: &'a Key,
-        token: &'a Token,
-        mark: Abandon,
-    ) -> BoxFuture<'a, Result<Transition, Error>> {
-        Box::pin(async move {
-            // The state the record goes to.
-            let to = match mark {
-                Abandon::Uncertain => RELEASED,
-                Abandon::NeedsAttention => NEEDS_ATTENTION,
-            };
-            let args = [Arg::Bytes(token.as_str().as_bytes()), Arg::Bytes(&[to])];
-            let written = self.invoke_written("abandon", &self.inner.scripts.abandon, key, &args).await?;
-            self.written_transition("abandon", key, written)
-        })
-    }
-
-    fn resolve<'a>(&'a self, key: &'a Key, resolution: Resolution) -> BoxFuture<'a, Result<Resolved, Error>> {
-        Box::pin(async move {
-            let script = &self.inner.scripts.resolve;
-            // The state the record goes to, and its TTL.
-            let reply = match &resolution {
-                Resolution::Done { outcome, retention } => {
-                    let args = [Arg::Bytes(&[DONE]), Arg::Millis(millis(*retention)), Arg::Bytes(outcome)];
-                    self.invoke_written("resolve", script, key, &args).await?
-                }
-                Resolution::NotDone => {
-                    let args = [Arg::Bytes(&[RELEASED]), Arg::Millis(millis(KEEP_RESOLVED_RELEASE))];
-                    self.invoke_written("resolve", script, key, &args).await?
-                }
-            };
-            match reply.reply {
-                Value::Int(1) => {
-                    self.replicated("resolve", reply.replicas)?;
-                    Ok(Resolved::Ok)
-                }
-                Value::Int(0) => Ok(Resolved::Unchanged),
-                other => Err(Self::corrupt(key, format!("unexpected resolve reply {other:?}"))),
-            }
-        })
-    }
-
-    fn describe(&self) -> String {
-        self.inner.describe.clone()
-    }
-
-    fn inspect<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Option<RecordInfo>, Error>> {
-        Box::pin(self.inspect_record(key))
-    }
-
-    fn scan<'a>(&'a self, filter: &'a Filter, cursor: &'a Cursor, limit: usize) -> BoxFuture<'a, Result<Page, Error>> {
-        Box::pin(self.scan_page(filter, cursor, limit))
-    }
-
-    fn release_fenced<'a>(&'a self, key: &'a Key, fence: u64) -> BoxFuture<'a, Result<Resolved, Error>> {
-        Box::pin(async move {
-            let script = &self.inner.scripts.release_fenced;
-            let fence = fence.to_string();
-            let written = self.invoke_written("release_fenced", script, key, &[Arg::Bytes(fence.as_bytes())]).await?;
-            match written.reply {
-                Value::Int(1) => {
-                    self.replicated("release_fenced", written.replicas)?;
-                    Ok(Resolved::Ok)
-                }
-                Value::Int(0) => Ok(Resolved::Unchanged),
-                other => Err(Self::corrupt(key, format!("unexpected release_fenced reply {other:?}"))),
-            }
-        })
-    }
-
-    fn delete<'a>(&'a self, key: &'a Key) -> BoxFuture<'a, Result<Deleted, Error>> {
-        Box::pin(async move {
-            let written = self.invoke_written("delete", &self.inner.scripts.delete, key, &[]).await?;
-            match written.reply {
-                Value::Int(1) => {
-                    self.replicated("delete", written.replicas)?;
-                    Ok(Deleted::Ok)
-                }
-                Value::Int(0) => Ok(Deleted::Absent),
-                Value::Int(2) => Ok(Deleted::Running),
-                other => Err(Self::corrupt(key, format!("unexpected delete reply {other:?}"))),
-            }
-        })
-    }
-
-    fn kind(&self) -> &'static str {
-        "redis"
     }
 }
 

@@ -4,71 +4,27 @@
 //! As sqlx keeps one `Pool<DB>` and a narrow per-driver trait (`Migrate`), the store is written
 //! once and asks its backend only for what the two databases do differently: acquire's upsert,
 //! the purge, how a statement is run and bounded in time (and what a failure may have left
-//! behind), how driver errors map to ours, how a row's columns decode, and the DDL and lock of a
-//! migration. Every statement the backends share is built once, in `statements.rs`.
+//! behind), which database errors are timeouts or a missing state table, how acquire's
+//! `recovered` column decodes, and the DDL, catalog reads and lock of a migration. Every
+//! statement the backends share is built once, in `statements.rs`; what the two drivers do alike
+//! (binding values, reading the rows both read the same way, the state calls, running DDL), in
+//! `driver.rs`.
 
 use std::future::Future;
 use std::time::Duration;
 
-use sqlx::query::Query;
-use sqlx::{Database, Encode, SqlStr, Transaction, Type};
+use sqlx::error::DatabaseError;
+use sqlx::{Database, SqlStr, Transaction};
 
 use super::SqlStore;
+use super::driver::{Driver, Value};
 use super::rows::Found;
 use crate::error::{BoxError, Error};
 use crate::key::Key;
-use crate::store::admin::RecordInfo;
 
 pub(crate) mod sealed {
     /// Only this crate's backends implement [`Backend`](super::Backend).
     pub trait Sealed {}
-}
-
-/// A value bound to a statement's next placeholder (`$1`, `$2`, … in order). Borrowed where the
-/// caller holds the value; owned where it was made for the statement (a scan's filter).
-#[derive(Debug)]
-pub enum Value<'a> {
-    /// `bytea` / `BLOB`.
-    Bytes(&'a [u8]),
-    /// `bytea` / `BLOB`, made for the statement.
-    OwnedBytes(Vec<u8>),
-    /// `bytea` / `BLOB`, or `NULL`.
-    OptBytes(Option<&'a [u8]>),
-    /// `text`.
-    Text(&'a str),
-    /// `text`, made for the statement.
-    OwnedText(String),
-    /// `text`, or `NULL`.
-    OptText(Option<&'a str>),
-    /// `bigint` / `INTEGER`.
-    Int(i64),
-}
-
-/// `sql` with `args` bound in order, in a database that encodes each kind of [`Value`].
-pub(crate) fn query<'a, DB>(sql: &SqlStr, args: impl IntoIterator<Item = Value<'a>>) -> Query<'a, DB, DB::Arguments>
-where
-    DB: Database,
-    &'a [u8]: Encode<'a, DB> + Type<DB>,
-    Vec<u8>: Encode<'a, DB> + Type<DB>,
-    Option<&'a [u8]>: Encode<'a, DB> + Type<DB>,
-    &'a str: Encode<'a, DB> + Type<DB>,
-    String: Encode<'a, DB> + Type<DB>,
-    Option<&'a str>: Encode<'a, DB> + Type<DB>,
-    i64: Encode<'a, DB> + Type<DB>,
-{
-    let mut q = sqlx::query(sql.clone());
-    for arg in args {
-        q = match arg {
-            Value::Bytes(b) => q.bind(b),
-            Value::OwnedBytes(b) => q.bind(b),
-            Value::OptBytes(b) => q.bind(b),
-            Value::Text(t) => q.bind(t),
-            Value::OwnedText(t) => q.bind(t),
-            Value::OptText(t) => q.bind(t),
-            Value::Int(n) => q.bind(n),
-        };
-    }
-    q
 }
 
 /// A statement that failed, and whether it may have taken effect.
@@ -86,9 +42,6 @@ impl Failed {
         Failed { error, effect: Effect::NotSent }
     }
 }
-
-/// A state row as a commit reads it: version, value, token history.
-pub(crate) type StateRow = (i64, Vec<u8>, Vec<u8>);
 
 /// Whether a failed statement may have changed the database.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,7 +61,7 @@ pub(crate) enum Effect {
 /// store's internals.
 pub trait Backend: sealed::Sealed + Send + Sync + Sized + 'static {
     /// The sqlx database.
-    type Db: Database;
+    type Db: Driver;
     /// The backend's purge: its statements and where its sweep goes on from.
     type Purge: Send + Sync;
 
@@ -132,15 +85,15 @@ pub trait Backend: sealed::Sealed + Send + Sync + Sized + 'static {
     /// The purge's statements and state for `table`.
     fn purge_for(table: &str) -> Self::Purge;
 
-    /// Whether the driver's `e` is this database's way of saying a bound ran out (the pool's
-    /// wait, a statement or lock timeout, a busy file).
-    fn is_timeout(e: &sqlx::Error) -> bool;
+    /// Whether the database's error `e` is its way of saying a bound ran out (a statement or
+    /// lock timeout, a busy file). The pool's wait running out is a timeout on both.
+    fn is_timeout(e: &dyn DatabaseError) -> bool;
 
     /// The store's error for the driver's `e` during `op`: [`Error::Timeout`] after `timeout`
-    /// when [`is_timeout`](Self::is_timeout) says so, [`Error::Unavailable`] with its cause
-    /// otherwise.
+    /// when the pool's wait ran out or [`is_timeout`](Self::is_timeout) says so,
+    /// [`Error::Unavailable`] with its cause otherwise.
     fn error(describe: &str, op: &'static str, timeout: Duration, e: sqlx::Error) -> Error {
-        if Self::is_timeout(&e) {
+        if matches!(e, sqlx::Error::PoolTimedOut) || e.as_database_error().is_some_and(Self::is_timeout) {
             return Error::Timeout { store: describe.to_owned(), op, after: timeout };
         }
         Error::Unavailable {
@@ -195,14 +148,14 @@ pub trait Backend: sealed::Sealed + Send + Sync + Sized + 'static {
     /// One purge batch; answers how many rows it deleted.
     fn purge(store: &SqlStore<Self>) -> impl Future<Output = Result<u64, Error>> + Send + '_;
 
+    /// The `recovered` column of acquire's row (its column 5): an integer on SQLite, a boolean on
+    /// PostgreSQL.
+    fn recovered(row: &<Self::Db as Database>::Row) -> Result<bool, sqlx::Error>;
+
     /// The row of acquire's read or upsert, or [`Error::Corrupt`] for a column of the wrong type.
-    fn found(key: &Key, row: &<Self::Db as Database>::Row) -> Result<Found, Error>;
-
-    /// A row of an admin select (`AdminSql`'s).
-    fn record(row: &<Self::Db as Database>::Row) -> Result<RecordInfo, Error>;
-
-    /// The one boolean column of `delete`'s answer.
-    fn kept(row: &<Self::Db as Database>::Row) -> Result<bool, sqlx::Error>;
+    fn found(key: &Key, row: &<Self::Db as Database>::Row) -> Result<Found, Error> {
+        Self::Db::found(key, row, Self::recovered)
+    }
 
     /// Begins a migration's transaction, holding what keeps two processes from migrating at once
     /// (SQLite: `BEGIN IMMEDIATE`; PostgreSQL: an advisory lock).
@@ -254,27 +207,7 @@ pub trait Backend: sealed::Sealed + Send + Sync + Sized + 'static {
     /// The DDL of a state table.
     fn create_state(table: &str) -> String;
 
-    /// Runs `ddl` (several statements) in `tx`.
-    fn run_ddl(
-        tx: &mut Transaction<'static, Self::Db>,
-        ddl: String,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
-
-    /// The state table is missing, or lacks a column (then `migrate_state` says why).
-    fn state_missing(e: &sqlx::Error) -> bool;
-
-    /// The state statements' runner: `sql` with `args` on the pool, not counted, answering the
-    /// `(version, value, tokens)` of the row read.
-    fn state_read<'a>(
-        store: &'a SqlStore<Self>,
-        sql: SqlStr,
-        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
-    ) -> impl Future<Output = Result<Option<StateRow>, sqlx::Error>> + Send + 'a;
-
-    /// The state statements' runner for a write: how many rows it changed.
-    fn state_write<'a>(
-        store: &'a SqlStore<Self>,
-        sql: SqlStr,
-        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
+    /// The database's error `e` says the state table is missing, or lacks a column (then
+    /// `migrate_state` says why).
+    fn state_missing(e: &dyn DatabaseError) -> bool;
 }

@@ -6,6 +6,7 @@
 
 use super::SqlStore;
 use super::backend::Backend;
+use super::driver::Driver;
 use crate::error::Error;
 
 /// The schema version of the records' table this crate writes and reads.
@@ -13,6 +14,17 @@ pub(crate) const SCHEMA_VERSION: i64 = 3;
 
 /// The schema version of the state table this crate writes and reads.
 pub(crate) const STATE_SCHEMA_VERSION: i64 = 1;
+
+/// Whether `name` can name a table of the store: an identifier the statements quote as it is
+/// (ASCII letters, digits and `_`, not starting with a digit), at most `max_len` bytes, and not
+/// the schema registry `idempotent_schema` in any case. A backend adds its own reserved names.
+pub(crate) fn plain_table_name(name: &str, max_len: usize) -> bool {
+    let mut chars = name.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && name.len() <= max_len
+        && !name.eq_ignore_ascii_case("idempotent_schema")
+}
 
 impl<B: Backend> SqlStore<B> {
     /// [`migrate`](Self::migrate), its failures reported as `op` (`open` when opening the store).
@@ -56,7 +68,7 @@ impl<B: Backend> SqlStore<B> {
                 )));
             }
             None => {
-                B::run_ddl(&mut tx, B::create_records(table)).await.map_err(err)?;
+                B::Db::run_ddl(&mut tx, B::create_records(table)).await.map_err(err)?;
                 B::register(&mut tx, table, SCHEMA_VERSION).await.map_err(err)?;
             }
         }
@@ -88,7 +100,7 @@ impl<B: Backend> SqlStore<B> {
                 )));
             }
             None => {
-                B::run_ddl(&mut tx, B::create_state(table)).await.map_err(err)?;
+                B::Db::run_ddl(&mut tx, B::create_state(table)).await.map_err(err)?;
                 B::register(&mut tx, table, STATE_SCHEMA_VERSION).await.map_err(err)?;
             }
         }

@@ -8,13 +8,14 @@
 //! |---|---|
 //! | `mod.rs` | these docs (the layout, the statements per transition, durability), the store's state |
 //! | `backend.rs` | the [`Backend`] trait: what differs |
+//! | `driver.rs` | what the two drivers do alike: binding values, reading the rows both read the same way, the state calls, running DDL |
 //! | `statements.rs` | the statements both databases share, built once per store |
 //! | `rows.rs` | reading and judging what the statements return |
 //! | `store.rs` | the [`Store`](crate::Store) implementation |
 //! | `migrate.rs` | creating and checking the tables |
 //! | `state.rs` | the [`StateStore`](crate::state::StateStore) implementation |
 //! | `transaction.rs` | [`TransactionalStore`], [`CommitsWith`] |
-//! | `sqlite.rs` | the SQLite backend, [`SqliteStoreBuilder`] and `SqliteStore::open`/`from_pool`/`builder` |
+//! | `sqlite/mod.rs`, `sqlite/builder.rs` | the SQLite backend; [`SqliteStoreBuilder`] and `SqliteStore::open`/`from_pool`/`builder` |
 //! | `postgres/mod.rs`, `postgres/builder.rs` | the PostgreSQL backend; [`PostgresStoreBuilder`] and `PostgresStore::connect`/`from_pool`/`builder` |
 //!
 //! # Layout (schema version 3)
@@ -150,6 +151,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 mod backend;
+mod driver;
 mod migrate;
 #[cfg(feature = "postgres")]
 pub mod postgres;
@@ -269,6 +271,19 @@ impl<B: Backend> SqlStore<B> {
     /// Counts one statement in [`statements`](Self::statements) (the backends count as they run).
     fn count(&self) {
         self.inner.statements.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The timeout error of `op`: it did not end within the store's timeout.
+    fn timed_out(&self, op: &'static str) -> Error {
+        Error::Timeout { store: self.inner.describe.clone(), op, after: self.inner.timeout }
+    }
+
+    /// `work` within the store's timeout: its answer, or the timeout error of `op`.
+    async fn bounded<T>(&self, op: &'static str, work: impl Future<Output = Result<T, Error>>) -> Result<T, Error> {
+        match tokio::time::timeout(self.inner.timeout, work).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(self.timed_out(op)),
+        }
     }
 
     /// The store's error for `e` during `op`.

@@ -35,7 +35,8 @@ use bytes::Bytes;
 use sqlx::{AssertSqlSafe, SqlSafeStr};
 
 use super::SqlStore;
-use super::backend::{Backend, Value};
+use super::backend::Backend;
+use super::driver::{Driver, Value};
 use crate::error::Error;
 use crate::state::{Commit, CommitToken, Loaded, Scope, StateStore, Version, history};
 use crate::store::{BoxFuture, Store};
@@ -99,12 +100,8 @@ impl<B: Backend> SqlStore<B> {
     /// one this crate creates. The first state call does it already; running it again changes
     /// nothing.
     pub async fn migrate_state(&self) -> Result<(), Error> {
-        let timeout = self.inner.timeout;
         let table = state_table(&self.inner.table);
-        match tokio::time::timeout(timeout, self.migrate_state_table(&table)).await {
-            Ok(res) => res,
-            Err(_) => Err(Error::Timeout { store: Store::describe(self), op: "migrate", after: timeout }),
-        }
+        self.bounded("migrate", self.migrate_state_table(&table)).await
     }
 
     /// Runs `work` within the store's timeout, creating the state table first if the database
@@ -119,12 +116,12 @@ impl<B: Backend> SqlStore<B> {
         let timed = |fut: Fut| async move {
             match tokio::time::timeout(timeout, fut).await {
                 Ok(res) => Ok(res),
-                Err(_) => Err(Error::Timeout { store: Store::describe(self), op, after: timeout }),
+                Err(_) => Err(self.timed_out(op)),
             }
         };
         match timed(work(table.clone())).await? {
             Ok(v) => Ok(v),
-            Err(e) if B::state_missing(&e) => {
+            Err(e) if e.as_database_error().is_some_and(B::state_missing) => {
                 self.migrate_state().await?;
                 timed(work(table)).await?.map_err(|e| self.error(op, e))
             }
@@ -136,7 +133,11 @@ impl<B: Backend> SqlStore<B> {
         let row = self
             .state_call(op, |table| {
                 let sql = format!("SELECT version, value, tokens FROM \"{table}\" WHERE scope = $1");
-                B::state_read(self, AssertSqlSafe(sql).into_sql_str(), [Value::Bytes(&scope.digest()[..])])
+                B::Db::state_read(
+                    &self.inner.pool,
+                    AssertSqlSafe(sql).into_sql_str(),
+                    [Value::Bytes(&scope.digest()[..])],
+                )
             })
             .await?;
         Ok(row.map(|(version, value, tokens)| Row { version, value, tokens }))
@@ -201,7 +202,11 @@ impl<B: Backend> StateStore for SqlStore<B> {
                             ];
                             (sql, args)
                         };
-                        B::state_write(self, AssertSqlSafe(sql).into_sql_str(), args.into_iter().flatten())
+                        B::Db::state_write(
+                            &self.inner.pool,
+                            AssertSqlSafe(sql).into_sql_str(),
+                            args.into_iter().flatten(),
+                        )
                     })
                     .await?;
                 if written == 1 {

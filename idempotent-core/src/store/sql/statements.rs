@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
-use super::backend::{Backend, Value};
+use super::backend::Backend;
+use super::driver::Value;
 use super::{MAX_US, NEVER_US};
 use crate::error::Error;
 use crate::key::Key;
@@ -21,7 +22,7 @@ pub(crate) fn micros(d: std::time::Duration) -> i64 {
 }
 
 /// A statement text the store made (from a validated table name), as sqlx takes it.
-fn sql(s: String) -> SqlStr {
+pub(crate) fn sql(s: String) -> SqlStr {
     AssertSqlSafe(Arc::<str>::from(s)).into_sql_str()
 }
 

@@ -14,7 +14,8 @@ use sqlx::SqlStr;
 use tokio::time::Instant;
 
 use super::SqlStore;
-use super::backend::{Backend, Effect, Failed, Value};
+use super::backend::{Backend, Effect, Failed};
+use super::driver::{Driver, Value};
 use super::rows::{OwnedLabels, deleted, page};
 use super::statements::micros;
 use crate::error::Error;
@@ -319,7 +320,7 @@ impl<B: Backend> Store for SqlStore<B> {
             let args = [Value::Bytes(&key.as_bytes()[..])];
             let row =
                 B::fetch_optional(self, "inspect", &self.inner.sql.admin.inspect, args).await.map_err(|f| f.error)?;
-            row.map(|row| B::record(&row)).transpose()
+            row.map(|row| B::Db::record(&row)).transpose()
         })
     }
 
@@ -327,7 +328,7 @@ impl<B: Backend> Store for SqlStore<B> {
         Box::pin(async move {
             let (sql, args) = self.inner.sql.admin.scan(&self.inner.describe, filter, cursor, limit)?;
             let rows = B::fetch_all(self, "scan", &sql, args).await.map_err(|f| f.error)?;
-            let records = rows.iter().map(B::record).collect::<Result<Vec<_>, _>>()?;
+            let records = rows.iter().map(B::Db::record).collect::<Result<Vec<_>, _>>()?;
             Ok(page(records, limit))
         })
     }
@@ -347,7 +348,7 @@ impl<B: Backend> Store for SqlStore<B> {
             let row =
                 B::fetch_optional(self, "delete", &self.inner.sql.admin.delete, args).await.map_err(|f| f.error)?;
             let kept = match row {
-                Some(row) => Some(B::kept(&row).map_err(|e| Error::Corrupt {
+                Some(row) => Some(B::Db::kept(&row).map_err(|e| Error::Corrupt {
                     key: key.short(),
                     detail: format!("delete answered a column of the wrong type: {e}"),
                 })?),

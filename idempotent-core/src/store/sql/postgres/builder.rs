@@ -10,6 +10,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use super::{PostgresBackend, PostgresStore};
 use crate::error::Error;
 use crate::store::sql::SqlStore;
+use crate::store::sql::migrate::plain_table_name;
 
 /// The longest table name: the index names (`<table>_expires_at`, `<table>_run_id`) must fit
 /// PostgreSQL's 63 bytes.
@@ -106,11 +107,7 @@ impl PostgresStoreBuilder {
 }
 
 fn validate_table(name: &str) -> Result<(), Error> {
-    let mut chars = name.chars();
-    let ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-        && name.len() <= MAX_TABLE_LEN
-        && !name.eq_ignore_ascii_case("idempotent_schema");
+    let ok = plain_table_name(name, MAX_TABLE_LEN);
     if ok {
         Ok(())
     } else {

@@ -38,20 +38,18 @@
 //! be a HOT update too, but only by keeping a done record longer than its retention, which no
 //! other store does.
 
-use std::sync::Arc;
-
+use sqlx::error::DatabaseError;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgRow, Postgres};
 use sqlx::query::Query;
-use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr, Transaction};
+use sqlx::{Row, SqlStr, Transaction};
 use tokio::time::Instant;
 
-use super::backend::{Backend, Effect, Failed, StateRow, Value, query, sealed};
-use super::rows::{Found, found_of, read_record};
+use super::backend::{Backend, Effect, Failed, sealed};
+use super::driver::{Driver, Value};
+use super::statements::sql;
 use super::{CommitsWith, SqlStore};
 use crate::error::Error;
-use crate::key::Key;
-use crate::store::admin::RecordInfo;
 
 mod builder;
 
@@ -123,11 +121,6 @@ fn serialization_failure(e: &sqlx::Error) -> bool {
 }
 
 impl PostgresStore {
-    /// The timeout error of `op`.
-    fn timed_out(&self, op: &'static str) -> Error {
-        Error::Timeout { store: self.inner.describe.clone(), op, after: self.inner.timeout }
-    }
-
     /// A connection of the pool for one statement, counted, and the deadline of the call (the
     /// timeout from now), which taking the connection counts against.
     async fn connection(&self, op: &'static str) -> Result<(PoolConnection<Postgres>, Instant), Failed> {
@@ -252,16 +245,12 @@ impl Backend for PostgresBackend {
              LOCKED\n\
              ) AND expires_at <= {NOW_US}"
         );
-        AssertSqlSafe(Arc::<str>::from(purge)).into_sql_str()
+        sql(purge)
     }
 
-    fn is_timeout(e: &sqlx::Error) -> bool {
-        match e {
-            sqlx::Error::PoolTimedOut => true,
-            // query_canceled (`statement_timeout`) and lock_not_available (`lock_timeout`).
-            sqlx::Error::Database(db) => matches!(db.code().as_deref(), Some("57014" | "55P03")),
-            _ => false,
-        }
+    fn is_timeout(e: &dyn DatabaseError) -> bool {
+        // query_canceled (`statement_timeout`) and lock_not_available (`lock_timeout`).
+        matches!(e.code().as_deref(), Some("57014" | "55P03"))
     }
 
     fn fetch_optional<'a>(
@@ -273,7 +262,7 @@ impl Backend for PostgresBackend {
         // Bound before the future, which then holds the query only. All the rows are read, as
         // acquire's statement must run to its end (its read may answer and its write not, or the
         // other way round).
-        let q = query::<Postgres>(sql, args);
+        let q = Postgres::query(sql, args);
         async move { Ok(store.fetch(op, q).await?.into_iter().next()) }
     }
 
@@ -283,7 +272,7 @@ impl Backend for PostgresBackend {
         sql: &'a SqlStr,
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
     ) -> impl Future<Output = Result<Vec<PgRow>, Failed>> + Send + 'a {
-        store.fetch(op, query::<Postgres>(sql, args))
+        store.fetch(op, Postgres::query(sql, args))
     }
 
     fn execute<'a>(
@@ -292,7 +281,7 @@ impl Backend for PostgresBackend {
         sql: &'a SqlStr,
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
     ) -> impl Future<Output = Result<u64, Failed>> + Send + 'a {
-        let q = query::<Postgres>(sql, args);
+        let q = Postgres::query(sql, args);
         async move {
             let (mut conn, deadline) = store.connection(op).await?;
             let outcome = tokio::time::timeout_at(deadline, q.execute(&mut *conn)).await;
@@ -307,7 +296,7 @@ impl Backend for PostgresBackend {
         sql: &'a SqlStr,
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
     ) -> impl Future<Output = Result<u64, Error>> + Send + 'a {
-        let q = query::<Postgres>(sql, args);
+        let q = Postgres::query(sql, args);
         async move {
             store.count();
             Ok(store.within(op, q.execute(&mut **tx)).await?.rows_affected())
@@ -326,16 +315,8 @@ impl Backend for PostgresBackend {
         Self::execute(store, "purge", &store.inner.purge, []).await.map_err(|f| f.error)
     }
 
-    fn found(key: &Key, row: &PgRow) -> Result<Found, Error> {
-        found_of(key, row, |row| row.try_get(5))
-    }
-
-    fn record(row: &PgRow) -> Result<RecordInfo, Error> {
-        read_record(row)
-    }
-
-    fn kept(row: &PgRow) -> Result<bool, sqlx::Error> {
-        row.try_get(0)
+    fn recovered(row: &PgRow) -> Result<bool, sqlx::Error> {
+        row.try_get(5)
     }
 
     async fn begin_migration(store: &PostgresStore) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
@@ -349,10 +330,7 @@ impl Backend for PostgresBackend {
         op: &'static str,
         work: impl Future<Output = Result<T, Error>> + Send + 'a,
     ) -> Result<T, Error> {
-        match tokio::time::timeout(store.inner.timeout, work).await {
-            Ok(outcome) => outcome,
-            Err(_) => Err(store.timed_out(op)),
-        }
+        store.bounded(op, work).await
     }
 
     async fn registered_version<'a>(
@@ -448,33 +426,8 @@ impl Backend for PostgresBackend {
         )
     }
 
-    async fn run_ddl(tx: &mut Transaction<'static, Postgres>, ddl: String) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql(AssertSqlSafe(ddl)).execute(&mut **tx).await.map(drop)
-    }
-
-    fn state_missing(e: &sqlx::Error) -> bool {
+    fn state_missing(e: &dyn DatabaseError) -> bool {
         // undefined_table, undefined_column.
-        matches!(e, sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("42P01" | "42703")))
-    }
-
-    fn state_read<'a>(
-        store: &'a PostgresStore,
-        sql: SqlStr,
-        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
-    ) -> impl Future<Output = Result<Option<StateRow>, sqlx::Error>> + Send + 'a {
-        let q = query::<Postgres>(&sql, args);
-        async move {
-            let row = q.fetch_optional(&store.inner.pool).await?;
-            row.map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))).transpose()
-        }
-    }
-
-    fn state_write<'a>(
-        store: &'a PostgresStore,
-        sql: SqlStr,
-        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a {
-        let q = query::<Postgres>(&sql, args);
-        async move { Ok(q.execute(&store.inner.pool).await?.rows_affected()) }
+        matches!(e.code().as_deref(), Some("42P01" | "42703"))
     }
 }

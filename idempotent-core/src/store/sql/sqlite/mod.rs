@@ -1,6 +1,7 @@
 //! SQLite, the backend of [`SqliteStore`]: one file in WAL mode, shared by the tasks of a process
-//! and by the processes of one host. What it does differently from PostgreSQL is here; the
-//! layout, the statements and the durability notes are in the [module docs](super).
+//! and by the processes of one host. What it does differently from PostgreSQL is here (its
+//! settings and constructors in `builder.rs`); the layout, the statements and the durability
+//! notes are in the [module docs](super).
 //!
 //! - Acquire's upsert always updates the row (`DO UPDATE SET <column> = CASE WHEN <free> …`): a
 //!   write statement takes the file's one write lock whatever it changes, and a row written with
@@ -13,22 +14,21 @@
 //! - A step's transaction is `BEGIN IMMEDIATE`, and the lease is not renewed while it holds the
 //!   write lock; migrations take the same lock.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::Duration;
 
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
-};
-use sqlx::{AssertSqlSafe, Row, SqlSafeStr, SqlStr, Sqlite, Transaction};
+use sqlx::error::DatabaseError;
+use sqlx::sqlite::SqliteRow;
+use sqlx::{Row, SqlStr, Sqlite, Transaction};
 
-use super::backend::{Backend, Failed, StateRow, Value, query, sealed};
-use super::rows::{Found, found_of, read_record};
+use super::backend::{Backend, Failed, sealed};
+use super::driver::{Driver, Value};
+use super::statements::sql;
 use super::{CommitsWith, SqlStore};
 use crate::error::Error;
-use crate::key::Key;
-use crate::store::admin::RecordInfo;
+
+mod builder;
+
+pub use builder::SqliteStoreBuilder;
 
 /// A store in one SQLite file, safe for many tasks and for several processes on one host.
 ///
@@ -85,160 +85,6 @@ pub struct SqlitePurge {
     range: SqlStr,
     delete: SqlStr,
     cursor: AtomicI64,
-}
-
-/// Settings of a [`SqliteStore`], from [`SqliteStore::builder`].
-#[derive(Debug, Clone)]
-pub struct SqliteStoreBuilder {
-    path: PathBuf,
-    table: String,
-    busy_timeout: Duration,
-    max_connections: u32,
-}
-
-impl SqliteStoreBuilder {
-    /// The table holding the records (default `idempotent_records`): an identifier of ASCII
-    /// letters, digits and `_`, not starting with a digit or `sqlite_`, at most 64 characters.
-    pub fn table(mut self, name: impl Into<String>) -> Self {
-        self.table = name.into();
-        self
-    }
-
-    /// How long a statement waits for another connection's (or process's) write lock, and a
-    /// call for a connection from the pool, before failing with [`Error::Timeout`] (default 5 s).
-    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
-        self.busy_timeout = timeout;
-        self
-    }
-
-    /// The most connections the store opens on the file (default 8; at least 1).
-    pub fn max_connections(mut self, n: u32) -> Self {
-        self.max_connections = n.max(1);
-        self
-    }
-
-    /// Opens (creating if missing) the file and creates or checks the table
-    /// ([`SqliteStore::migrate`]).
-    ///
-    /// Fails with [`Error::Config`] for an invalid table name or an incompatible existing table,
-    /// and with [`Error::Unavailable`] or [`Error::Timeout`] (op `open`) when the file cannot be
-    /// opened.
-    pub async fn open(self) -> Result<SqliteStore, Error> {
-        validate_table(&self.table)?;
-        let describe = format!("sqlite://{}", self.path.display());
-        let options = SqliteConnectOptions::new()
-            .filename(&self.path)
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Full)
-            .busy_timeout(self.busy_timeout);
-        let pool = SqlitePoolOptions::new()
-            .max_connections(self.max_connections)
-            .min_connections(0)
-            .acquire_timeout(self.busy_timeout)
-            // A connection to a local file does not go stale: no ping before each statement.
-            .test_before_acquire(false)
-            .connect_with(options)
-            .await;
-        let busy_timeout = self.busy_timeout;
-        let pool = pool.map_err(|e| SqliteBackend::error(&describe, "open", busy_timeout, e))?;
-        let store = SqliteStore::on(pool, describe, self.table, busy_timeout);
-        store.migrate().await?;
-        Ok(store)
-    }
-}
-
-fn validate_table(name: &str) -> Result<(), Error> {
-    let mut chars = name.chars();
-    let ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-        && name.len() <= 64
-        && !name.to_ascii_lowercase().starts_with("sqlite_")
-        && !name.eq_ignore_ascii_case("idempotent_schema");
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::Config(format!(
-            "SQLite table name {name:?} is not a plain identifier (ASCII letters, digits and `_`, not starting with \
-             a digit or `sqlite_`, at most 64 characters, not `idempotent_schema`); choose another with \
-             SqliteStoreBuilder::table"
-        )))
-    }
-}
-
-impl SqlStore<SqliteBackend> {
-    /// Opens the store in the file at `path` with the default settings (see [`SqliteStore::builder`]).
-    pub async fn open(path: impl AsRef<Path>) -> Result<SqliteStore, Error> {
-        SqliteStore::builder(path).open().await
-    }
-
-    /// A store on an application's own pool, with its records in `table` (created if missing,
-    /// or checked, as [`migrate`](Self::migrate) does): the application's queries, the store's
-    /// statements and the transactions of [`Step::run_in_transaction`](crate::Step::run_in_transaction)
-    /// then share one pool and one file.
-    ///
-    /// The pool's settings are kept as they are (its size, its timeouts, its `busy_timeout`), with
-    /// one requirement: its connections sync every commit (`synchronous = FULL` or `EXTRA`; sqlx's
-    /// default is `FULL`). With `NORMAL` or `OFF` a power loss can undo a committed `done`, and the
-    /// step runs again: that is an [`Error::Config`] saying how to set it. WAL mode
-    /// (`SqliteConnectOptions::journal_mode(SqliteJournalMode::Wal)`) is advised, not required: in
-    /// the rollback journal a reader blocks the writers' commits.
-    ///
-    /// ```
-    /// use idempotent_core::SqliteStore;
-    /// use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let dir = std::env::temp_dir().join(format!("idempotent-doc-pool-{}", std::process::id()));
-    /// # std::fs::create_dir_all(&dir)?;
-    /// let options = SqliteConnectOptions::new()
-    ///     .filename(dir.join("app.db"))
-    ///     .create_if_missing(true)
-    ///     .journal_mode(SqliteJournalMode::Wal);
-    /// let pool = SqlitePoolOptions::new().connect_with(options).await?;
-    /// let store = SqliteStore::from_pool(pool.clone(), "idempotent_records").await?;
-    /// assert!(store.pool().size() >= 1);
-    /// # pool.close().await;
-    /// # std::fs::remove_dir_all(&dir)?;
-    /// # Ok(()) }
-    /// ```
-    pub async fn from_pool(pool: SqlitePool, table: impl Into<String>) -> Result<SqliteStore, Error> {
-        let table = table.into();
-        validate_table(&table)?;
-        let describe = format!("sqlite://{}", pool.connect_options().get_filename().display());
-        // Until the pool's own busy timeout is read: sqlx's default.
-        let mut busy_timeout = Duration::from_secs(5);
-        let err = |busy_timeout, e| SqliteBackend::error(&describe, "open", busy_timeout, e);
-        let mut conn = pool.acquire().await.map_err(|e| err(busy_timeout, e))?;
-        let busy_ms: i64 =
-            sqlx::query_scalar("PRAGMA busy_timeout").fetch_one(&mut *conn).await.map_err(|e| err(busy_timeout, e))?;
-        busy_timeout = Duration::from_millis(busy_ms.max(0).unsigned_abs());
-        let synchronous: i64 =
-            sqlx::query_scalar("PRAGMA synchronous").fetch_one(&mut *conn).await.map_err(|e| err(busy_timeout, e))?;
-        drop(conn);
-        // 2 is FULL, 3 EXTRA.
-        if synchronous < 2 {
-            let mode = if synchronous == 1 { "NORMAL" } else { "OFF" };
-            return Err(Error::Config(format!(
-                "{describe}: the pool's connections run with synchronous = {mode}, so a power loss or OS crash can \
-                 undo the last commits, and an undone `done` makes the step run again; open the pool with \
-                 SqliteConnectOptions::synchronous(SqliteSynchronous::Full)"
-            )));
-        }
-        let store = SqliteStore::on(pool, describe, table, busy_timeout);
-        store.migrate().await?;
-        Ok(store)
-    }
-
-    /// Settings for a store in the file at `path` (created if missing).
-    pub fn builder(path: impl AsRef<Path>) -> SqliteStoreBuilder {
-        SqliteStoreBuilder {
-            path: path.as_ref().to_owned(),
-            table: "idempotent_records".to_owned(),
-            busy_timeout: Duration::from_secs(5),
-            max_connections: 8,
-        }
-    }
 }
 
 impl sealed::Sealed for SqliteBackend {}
@@ -306,19 +152,12 @@ impl Backend for SqliteBackend {
             "SELECT max(rowid) FROM (SELECT rowid FROM {t} WHERE rowid > ?1 ORDER BY rowid LIMIT {PURGE_BATCH})"
         );
         let delete = format!("DELETE FROM {t} WHERE rowid > ?1 AND rowid <= ?2 AND expires_at <= {NOW_US}");
-        let sql = |s: String| AssertSqlSafe(Arc::<str>::from(s)).into_sql_str();
         SqlitePurge { range: sql(range), delete: sql(delete), cursor: AtomicI64::new(0) }
     }
 
-    fn is_timeout(e: &sqlx::Error) -> bool {
-        match e {
-            sqlx::Error::PoolTimedOut => true,
-            // SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their extended codes.
-            sqlx::Error::Database(db) => {
-                db.code().and_then(|c| c.parse::<i32>().ok()).is_some_and(|c| matches!(c & 0xff, 5 | 6))
-            }
-            _ => false,
-        }
+    fn is_timeout(e: &dyn DatabaseError) -> bool {
+        // SQLITE_BUSY (5) and SQLITE_LOCKED (6), with their extended codes.
+        e.code().and_then(|c| c.parse::<i32>().ok()).is_some_and(|c| matches!(c & 0xff, 5 | 6))
     }
 
     fn fetch_optional<'a>(
@@ -328,7 +167,7 @@ impl Backend for SqliteBackend {
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
     ) -> impl Future<Output = Result<Option<SqliteRow>, Failed>> + Send + 'a {
         // Bound before the future, which then holds the query only.
-        let q = query::<Sqlite>(sql, args);
+        let q = Sqlite::query(sql, args);
         async move {
             store.count();
             q.fetch_optional(&store.inner.pool).await.map_err(|e| Failed::not_sent(store.error(op, e)))
@@ -341,7 +180,7 @@ impl Backend for SqliteBackend {
         sql: &'a SqlStr,
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
     ) -> impl Future<Output = Result<Vec<SqliteRow>, Failed>> + Send + 'a {
-        let q = query::<Sqlite>(sql, args);
+        let q = Sqlite::query(sql, args);
         async move {
             store.count();
             q.fetch_all(&store.inner.pool).await.map_err(|e| Failed::not_sent(store.error(op, e)))
@@ -354,7 +193,7 @@ impl Backend for SqliteBackend {
         sql: &'a SqlStr,
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
     ) -> impl Future<Output = Result<u64, Failed>> + Send + 'a {
-        let q = query::<Sqlite>(sql, args);
+        let q = Sqlite::query(sql, args);
         async move {
             store.count();
             let done = q.execute(&store.inner.pool).await.map_err(|e| Failed::not_sent(store.error(op, e)))?;
@@ -369,7 +208,7 @@ impl Backend for SqliteBackend {
         sql: &'a SqlStr,
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
     ) -> impl Future<Output = Result<u64, Error>> + Send + 'a {
-        let q = query::<Sqlite>(sql, args);
+        let q = Sqlite::query(sql, args);
         async move {
             store.count();
             let done = q.execute(&mut **tx).await.map_err(|e| store.error(op, e))?;
@@ -410,16 +249,8 @@ impl Backend for SqliteBackend {
         Ok(done.rows_affected())
     }
 
-    fn found(key: &Key, row: &SqliteRow) -> Result<Found, Error> {
-        found_of(key, row, |row| row.try_get::<i64, _>(5).map(|recovered| recovered != 0))
-    }
-
-    fn record(row: &SqliteRow) -> Result<RecordInfo, Error> {
-        read_record(row)
-    }
-
-    fn kept(row: &SqliteRow) -> Result<bool, sqlx::Error> {
-        row.try_get(0)
+    fn recovered(row: &SqliteRow) -> Result<bool, sqlx::Error> {
+        row.try_get::<i64, _>(5).map(|recovered| recovered != 0)
     }
 
     async fn begin_migration(store: &SqliteStore) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
@@ -513,49 +344,7 @@ impl Backend for SqliteBackend {
         )
     }
 
-    async fn run_ddl(tx: &mut Transaction<'static, Sqlite>, ddl: String) -> Result<(), sqlx::Error> {
-        sqlx::raw_sql(AssertSqlSafe(ddl)).execute(&mut **tx).await.map(drop)
-    }
-
-    fn state_missing(e: &sqlx::Error) -> bool {
-        matches!(e, sqlx::Error::Database(db)
-            if db.message().contains("no such table") || db.message().contains("no such column"))
-    }
-
-    fn state_read<'a>(
-        store: &'a SqliteStore,
-        sql: SqlStr,
-        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
-    ) -> impl Future<Output = Result<Option<StateRow>, sqlx::Error>> + Send + 'a {
-        let q = query::<Sqlite>(&sql, args);
-        async move {
-            let row = q.fetch_optional(&store.inner.pool).await?;
-            row.map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))).transpose()
-        }
-    }
-
-    fn state_write<'a>(
-        store: &'a SqliteStore,
-        sql: SqlStr,
-        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a {
-        let q = query::<Sqlite>(&sql, args);
-        async move { Ok(q.execute(&store.inner.pool).await?.rows_affected()) }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn table_names_must_be_identifiers() {
-        for good in ["idempotent_records", "_x", "Records2"] {
-            assert!(validate_table(good).is_ok(), "{good}");
-        }
-        for bad in ["", "x; DROP TABLE y", "2x", "a-b", "\"q\"", "sqlite_master", "idempotent_schema", &"a".repeat(65)]
-        {
-            assert!(matches!(validate_table(bad), Err(Error::Config(_))), "{bad:?}");
-        }
+    fn state_missing(e: &dyn DatabaseError) -> bool {
+        e.message().contains("no such table") || e.message().contains("no such column")
     }
 }

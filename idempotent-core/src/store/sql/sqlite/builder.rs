@@ -1,0 +1,177 @@
+//! Making a [`SqliteStore`]: its settings ([`SqliteStoreBuilder`]), the pool it opens on the
+//! file (or the application's, checked), and the table names it takes.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
+
+use super::{SqliteBackend, SqliteStore};
+use crate::error::Error;
+use crate::store::sql::migrate::plain_table_name;
+use crate::store::sql::{Backend, SqlStore};
+
+/// Settings of a [`SqliteStore`], from [`SqliteStore::builder`].
+#[derive(Debug, Clone)]
+pub struct SqliteStoreBuilder {
+    path: PathBuf,
+    table: String,
+    busy_timeout: Duration,
+    max_connections: u32,
+}
+
+impl SqliteStoreBuilder {
+    /// The table holding the records (default `idempotent_records`): an identifier of ASCII
+    /// letters, digits and `_`, not starting with a digit or `sqlite_`, at most 64 characters.
+    pub fn table(mut self, name: impl Into<String>) -> Self {
+        self.table = name.into();
+        self
+    }
+
+    /// How long a statement waits for another connection's (or process's) write lock, and a
+    /// call for a connection from the pool, before failing with [`Error::Timeout`] (default 5 s).
+    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
+        self.busy_timeout = timeout;
+        self
+    }
+
+    /// The most connections the store opens on the file (default 8; at least 1).
+    pub fn max_connections(mut self, n: u32) -> Self {
+        self.max_connections = n.max(1);
+        self
+    }
+
+    /// Opens (creating if missing) the file and creates or checks the table
+    /// ([`SqliteStore::migrate`]).
+    ///
+    /// Fails with [`Error::Config`] for an invalid table name or an incompatible existing table,
+    /// and with [`Error::Unavailable`] or [`Error::Timeout`] (op `open`) when the file cannot be
+    /// opened.
+    pub async fn open(self) -> Result<SqliteStore, Error> {
+        validate_table(&self.table)?;
+        let describe = format!("sqlite://{}", self.path.display());
+        let options = SqliteConnectOptions::new()
+            .filename(&self.path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(self.busy_timeout);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(self.max_connections)
+            .min_connections(0)
+            .acquire_timeout(self.busy_timeout)
+            // A connection to a local file does not go stale: no ping before each statement.
+            .test_before_acquire(false)
+            .connect_with(options)
+            .await;
+        let busy_timeout = self.busy_timeout;
+        let pool = pool.map_err(|e| SqliteBackend::error(&describe, "open", busy_timeout, e))?;
+        let store = SqliteStore::on(pool, describe, self.table, busy_timeout);
+        store.migrate().await?;
+        Ok(store)
+    }
+}
+
+fn validate_table(name: &str) -> Result<(), Error> {
+    let ok = plain_table_name(name, 64) && !name.to_ascii_lowercase().starts_with("sqlite_");
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Config(format!(
+            "SQLite table name {name:?} is not a plain identifier (ASCII letters, digits and `_`, not starting with \
+             a digit or `sqlite_`, at most 64 characters, not `idempotent_schema`); choose another with \
+             SqliteStoreBuilder::table"
+        )))
+    }
+}
+
+impl SqlStore<SqliteBackend> {
+    /// Opens the store in the file at `path` with the default settings (see [`SqliteStore::builder`]).
+    pub async fn open(path: impl AsRef<Path>) -> Result<SqliteStore, Error> {
+        SqliteStore::builder(path).open().await
+    }
+
+    /// A store on an application's own pool, with its records in `table` (created if missing,
+    /// or checked, as [`migrate`](Self::migrate) does): the application's queries, the store's
+    /// statements and the transactions of [`Step::run_in_transaction`](crate::Step::run_in_transaction)
+    /// then share one pool and one file.
+    ///
+    /// The pool's settings are kept as they are (its size, its timeouts, its `busy_timeout`), with
+    /// one requirement: its connections sync every commit (`synchronous = FULL` or `EXTRA`; sqlx's
+    /// default is `FULL`). With `NORMAL` or `OFF` a power loss can undo a committed `done`, and the
+    /// step runs again: that is an [`Error::Config`] saying how to set it. WAL mode
+    /// (`SqliteConnectOptions::journal_mode(SqliteJournalMode::Wal)`) is advised, not required: in
+    /// the rollback journal a reader blocks the writers' commits.
+    ///
+    /// ```
+    /// use idempotent_core::SqliteStore;
+    /// use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let dir = std::env::temp_dir().join(format!("idempotent-doc-pool-{}", std::process::id()));
+    /// # std::fs::create_dir_all(&dir)?;
+    /// let options = SqliteConnectOptions::new()
+    ///     .filename(dir.join("app.db"))
+    ///     .create_if_missing(true)
+    ///     .journal_mode(SqliteJournalMode::Wal);
+    /// let pool = SqlitePoolOptions::new().connect_with(options).await?;
+    /// let store = SqliteStore::from_pool(pool.clone(), "idempotent_records").await?;
+    /// assert!(store.pool().size() >= 1);
+    /// # pool.close().await;
+    /// # std::fs::remove_dir_all(&dir)?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn from_pool(pool: SqlitePool, table: impl Into<String>) -> Result<SqliteStore, Error> {
+        let table = table.into();
+        validate_table(&table)?;
+        let describe = format!("sqlite://{}", pool.connect_options().get_filename().display());
+        // Until the pool's own busy timeout is read: sqlx's default.
+        let mut busy_timeout = Duration::from_secs(5);
+        let err = |busy_timeout, e| SqliteBackend::error(&describe, "open", busy_timeout, e);
+        let mut conn = pool.acquire().await.map_err(|e| err(busy_timeout, e))?;
+        let busy_ms: i64 =
+            sqlx::query_scalar("PRAGMA busy_timeout").fetch_one(&mut *conn).await.map_err(|e| err(busy_timeout, e))?;
+        busy_timeout = Duration::from_millis(busy_ms.max(0).unsigned_abs());
+        let synchronous: i64 =
+            sqlx::query_scalar("PRAGMA synchronous").fetch_one(&mut *conn).await.map_err(|e| err(busy_timeout, e))?;
+        drop(conn);
+        // 2 is FULL, 3 EXTRA.
+        if synchronous < 2 {
+            let mode = if synchronous == 1 { "NORMAL" } else { "OFF" };
+            return Err(Error::Config(format!(
+                "{describe}: the pool's connections run with synchronous = {mode}, so a power loss or OS crash can \
+                 undo the last commits, and an undone `done` makes the step run again; open the pool with \
+                 SqliteConnectOptions::synchronous(SqliteSynchronous::Full)"
+            )));
+        }
+        let store = SqliteStore::on(pool, describe, table, busy_timeout);
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// Settings for a store in the file at `path` (created if missing).
+    pub fn builder(path: impl AsRef<Path>) -> SqliteStoreBuilder {
+        SqliteStoreBuilder {
+            path: path.as_ref().to_owned(),
+            table: "idempotent_records".to_owned(),
+            busy_timeout: Duration::from_secs(5),
+            max_connections: 8,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names_must_be_identifiers() {
+        for good in ["idempotent_records", "_x", "Records2"] {
+            assert!(validate_table(good).is_ok(), "{good}");
+        }
+        for bad in ["", "x; DROP TABLE y", "2x", "a-b", "\"q\"", "sqlite_master", "idempotent_schema", &"a".repeat(65)]
+        {
+            assert!(matches!(validate_table(bad), Err(Error::Config(_))), "{bad:?}");
+        }
+    }
+}
