@@ -1,6 +1,7 @@
 //! Test support for the workspace: throwaway `redis-server` processes, throwaway PostgreSQL
 //! servers ([`postgres::PgServer`]), the store matrix every scenario runs on ([`on_every_store!`],
-//! [`matrix`]), the store conformance suite, and [`hooked::HookedStore`] for stores with one
+//! [`matrix`]), the store conformance suite, the scenarios written once for both SQL stores
+//! ([`sql`], [`transaction`], [`sql_store`]), and [`hooked::HookedStore`] for stores with one
 //! transition changed.
 //!
 //! Every server listens on a free loopback port in its own temporary directory, keeps its log
@@ -28,8 +29,10 @@ pub mod matrix;
 pub mod postgres;
 pub mod proxy;
 pub mod refund_server;
+pub mod sql;
+pub mod sql_store;
 pub mod state;
-pub mod txn;
+pub mod transaction;
 pub mod uncertain;
 pub mod workload;
 
@@ -715,30 +718,6 @@ impl RedisCluster {
         }
         Ok(())
     }
-}
-
-/// Generates, for each scenario named, one `#[tokio::test]` on every store of the
-/// [matrix](matrix): `memory::<name>`, `sqlite::<name>`, `postgres::<name>` and `redis::<name>`,
-/// each on an empty store of its own. A scenario is an `async fn` of a `SharedStore`, or of a
-/// [`matrix::Backend`] when it needs the store's URL (for another process) or a directory.
-#[macro_export]
-macro_rules! on_every_store {
-    (@store $module:ident $kind:ident $($check:ident),*) => {
-        mod $module {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-                async fn $check() {
-                    $crate::matrix::run($crate::matrix::Kind::$kind, super::$check).await;
-                }
-            )*
-        }
-    };
-    ($($check:ident),* $(,)?) => {
-        $crate::on_every_store!(@store memory Memory $($check),*);
-        $crate::on_every_store!(@store sqlite Sqlite $($check),*);
-        $crate::on_every_store!(@store postgres Postgres $($check),*);
-        $crate::on_every_store!(@store redis Redis $($check),*);
-    };
 }
 
 /// A unique name for a test's run ids and keys.

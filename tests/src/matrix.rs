@@ -10,6 +10,10 @@
 //! | `postgres` | `PostgresStore::connect` on a schema of its own (`CREATE SCHEMA`, then `search_path` in the URL) on a server shared by the tests of the process |
 //! | `redis` | `RedisStore::connect` on a throwaway `redis-server` of its own |
 //!
+//! The scenarios of the SQL stores only (`on_every_store!(sql: …)`) take instead an empty
+//! [`Database`] of SQLite or PostgreSQL, made the same way but with no store opened on it yet,
+//! and typed by its backend ([`SqlDb`]).
+//!
 //! The PostgreSQL server is shared because starting one (copying the template data directory,
 //! then waiting for it) costs far more than a schema does. The tests hold it by an [`Arc`], and
 //! the matrix keeps only a [`Weak`]: it is killed (by [`PgServer`]'s `Drop`) when the last test
@@ -18,12 +22,50 @@
 
 use std::any::Any;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
+use idempotent_core::store::sql::SqlStore;
 use idempotent_core::{MemoryStore, PostgresStore, RedisStore, SharedStore, SqliteStore};
 
+use crate::sql::{Conn, SqlDb};
 use crate::{PgServer, RedisServer};
+
+/// Generates, for each scenario named, one `#[tokio::test]` on every store of the
+/// [matrix](crate::matrix): `memory::<name>`, `sqlite::<name>`, `postgres::<name>` and `redis::<name>`,
+/// each on an empty store of its own. A scenario is an `async fn` of a `SharedStore`, or of a
+/// [`Backend`] when it needs the store's URL (for another process) or a directory.
+///
+/// `on_every_store!(sql: …)` runs the scenarios of the SQL stores only: `sqlite::<name>` and
+/// `postgres::<name>`. Each is generic over the backend (`async fn <name><B: SqlDb>(db:
+/// Database<B>)`, see [`SqlDb`] and [`Database`]) and runs on an empty database.
+#[macro_export]
+macro_rules! on_every_store {
+    (@store $module:ident $kind:ident $backend:tt $($check:ident),*) => {
+        mod $module {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+                async fn $check() {
+                    $crate::matrix::run($crate::matrix::Kind::$kind, $crate::on_every_store!(@scenario $backend $check)).await;
+                }
+            )*
+        }
+    };
+    (@scenario [$($backend:ty)?] $check:ident) => {
+        super::$check $(::<$backend>)?
+    };
+    (sql: $($check:ident),* $(,)?) => {
+        $crate::on_every_store!(@store sqlite Sqlite [$crate::sql::SqliteBackend] $($check),*);
+        $crate::on_every_store!(@store postgres Postgres [$crate::sql::PostgresBackend] $($check),*);
+    };
+    ($($check:ident),* $(,)?) => {
+        $crate::on_every_store!(@store memory Memory [] $($check),*);
+        $crate::on_every_store!(@store sqlite Sqlite [] $($check),*);
+        $crate::on_every_store!(@store postgres Postgres [] $($check),*);
+        $crate::on_every_store!(@store redis Redis [] $($check),*);
+    };
+}
 
 /// The stores a test can run on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,17 +99,16 @@ impl Backend {
         let (store, url, server): (SharedStore, Option<String>, Option<Box<dyn Any + Send>>) = match kind {
             Kind::Memory => (Arc::new(MemoryStore::new()), None, None),
             Kind::Sqlite => {
-                let path = dir.path().join("records.db");
-                let store = SqliteStore::open(&path).await.expect("open the SQLite store");
-                (Arc::new(store), Some(format!("sqlite://{}", path.display())), None)
+                let (url, server) = sql_database(kind, &dir).await;
+                let store = SqliteStore::open(dir.path().join(SQLITE_FILE)).await.expect("open the SQLite store");
+                (Arc::new(store), Some(url), server)
             }
             Kind::Postgres => {
-                let server = shared_pg_server();
-                let url = new_schema(&server).await;
+                let (url, server) = sql_database(kind, &dir).await;
                 let store = PostgresStore::connect(url.clone())
                     .await
-                    .unwrap_or_else(|e| panic!("connect to {url}: {e}; the server's log:\n{}", server.log()));
-                (Arc::new(store), Some(url), Some(Box::new(server)))
+                    .unwrap_or_else(|e| panic!("connect to {url}: {e}; the server's log:\n{}", pg_log(&server)));
+                (Arc::new(store), Some(url), server)
             }
             Kind::Redis => {
                 let server = RedisServer::start();
@@ -79,31 +120,97 @@ impl Backend {
     }
 }
 
+/// An empty SQL database of the `B` kind for one test, with no store opened on it yet: what the
+/// scenarios of the SQL stores only take.
+pub struct Database<B: SqlDb> {
+    /// Its URL: `sqlite://<file>` (the file does not exist yet), or a PostgreSQL URL whose
+    /// connections use a schema of the test's own.
+    pub url: String,
+    /// A temporary directory for files of the test (the SQLite file is in it).
+    pub dir: tempfile::TempDir,
+    _server: Option<Box<dyn Any + Send>>,
+    _backend: PhantomData<B>,
+}
+
+impl<B: SqlDb> Database<B> {
+    /// Makes an empty database for one test.
+    pub async fn start() -> Database<B> {
+        let dir = tempfile::Builder::new().prefix("idem-test-").tempdir().expect("create a temp dir");
+        let (url, server) = sql_database(B::MATRIX, &dir).await;
+        Database { url, dir, _server: server, _backend: PhantomData }
+    }
+
+    /// A store on it, with the default settings (the first one creates the tables).
+    pub async fn open(&self) -> SqlStore<B> {
+        let opened = B::open(&self.url).await;
+        opened.unwrap_or_else(|e| {
+            panic!("open a store on {}: {e}; the server's log:\n{}", self.url, pg_log(&self._server))
+        })
+    }
+
+    /// A plain connection to it, outside any store.
+    pub async fn connect(&self) -> Conn<B> {
+        B::connect(&self.url).await
+    }
+}
+
 /// What a scenario run by [`on_every_store!`](crate::on_every_store) takes: the store alone,
-/// or the whole [`Backend`] (for its URL or its directory).
+/// the whole [`Backend`] (for its URL or its directory), or, for the SQL stores only, an empty
+/// [`Database`].
 pub trait Given: Sized {
-    /// The scenario's argument, and what must live until the scenario ends.
-    fn given(backend: Backend) -> (Self, Option<Backend>);
+    /// The scenario's argument, made for the `kind`, and what must live until the scenario ends.
+    fn given(kind: Kind) -> impl Future<Output = (Self, Option<Backend>)>;
 }
 
 impl Given for SharedStore {
-    fn given(backend: Backend) -> (Self, Option<Backend>) {
+    async fn given(kind: Kind) -> (Self, Option<Backend>) {
+        let backend = Backend::start(kind).await;
         (backend.store.clone(), Some(backend))
     }
 }
 
 impl Given for Backend {
-    fn given(backend: Backend) -> (Self, Option<Backend>) {
-        (backend, None)
+    async fn given(kind: Kind) -> (Self, Option<Backend>) {
+        (Backend::start(kind).await, None)
     }
 }
 
-/// Runs `scenario` on a new, empty store of the `kind`: the body of each test
+impl<B: SqlDb> Given for Database<B> {
+    async fn given(kind: Kind) -> (Self, Option<Backend>) {
+        assert_eq!(kind, B::MATRIX, "a scenario of a {:?} database run as {kind:?}", B::MATRIX);
+        (Database::start().await, None)
+    }
+}
+
+/// Runs `scenario` on a new, empty store (or database) of the `kind`: the body of each test
 /// [`on_every_store!`](crate::on_every_store) generates.
 pub async fn run<A: Given, F: Future<Output = ()>>(kind: Kind, scenario: impl FnOnce(A) -> F) {
-    let (given, keep) = A::given(Backend::start(kind).await);
+    let (given, keep) = A::given(kind).await;
     scenario(given).await;
     drop(keep);
+}
+
+/// The SQLite file of a test, in its directory.
+pub const SQLITE_FILE: &str = "records.db";
+
+/// An empty database of the SQL `kind` for a test whose directory is `dir`: its URL, and the
+/// server that must live as long as it does.
+async fn sql_database(kind: Kind, dir: &tempfile::TempDir) -> (String, Option<Box<dyn Any + Send>>) {
+    match kind {
+        Kind::Sqlite => (format!("sqlite://{}", dir.path().join(SQLITE_FILE).display()), None),
+        Kind::Postgres => {
+            let server = shared_pg_server();
+            let url = new_schema(&server).await;
+            (url, Some(Box::new(server)))
+        }
+        Kind::Memory | Kind::Redis => unreachable!("{kind:?} is not a SQL store"),
+    }
+}
+
+/// The log of the PostgreSQL server a test holds, if it holds one.
+fn pg_log(server: &Option<Box<dyn Any + Send>>) -> String {
+    let server = server.as_ref().and_then(|s| s.downcast_ref::<Arc<PgServer>>());
+    server.map(|s| s.log()).unwrap_or_default()
 }
 
 /// The PostgreSQL server of the tests running now: the one a running test holds, or a new one.

@@ -1,48 +1,37 @@
-//! `PostgresStore` beyond the conformance suite: contention between pools, a database killed or
-//! paused mid-run, garbage rows, statements per call, schema checks, purging,
-//! connections held, a step's writes committed with its record, and records that need attention
-//! (never purged, resolved once). Each test runs its own throwaway server.
+//! `PostgresStore` beyond the conformance suite and the scenarios both SQL stores share
+//! (`sql_store.rs`): leases that run out, a database killed or paused mid-run, an acquire racing
+//! another write, statements per call and row versions, HOT updates, purging, connections held,
+//! the application's pool, a step's writes committed with its record, and the tests PostgreSQL
+//! names its own way that call the shared scenarios. Each test of its own runs a throwaway
+//! server (they kill, pause, or watch `pg_stat_activity`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures_util::future::join_all;
-use idempotent_core::record::{Abandon, Acquire, Grant, Resolution, Resolved, Transition};
+use idempotent_core::record::{Acquire, Transition};
 use idempotent_core::store::TransactionalStore;
-use idempotent_core::{Error, Fingerprint, Key, PostgresStore, RunContext, SharedStore, Store};
-use idempotent_tests::{PgServer, acquire_order, contention};
+use idempotent_core::{Error, Key, PostgresStore, RunContext, Store};
+use idempotent_tests::matrix::{self, Database, Kind};
+use idempotent_tests::sql::{PostgresBackend, SqlDb, wait_for_state};
+use idempotent_tests::sql_store::{
+    FP, KEEP, LEASE, acquired, fifty_replays_are_one_statement_each, first_execution_is_two_statements, key,
+    pre_release_versions_are_refused, two_stores_race_to_resolve,
+};
+use idempotent_tests::{PgServer, acquire_order};
 use sqlx::PgConnection;
 
-const FP: Fingerprint = Fingerprint::from_bytes([1; 32]);
-const LEASE: Duration = Duration::from_secs(10);
-const KEEP: Duration = Duration::from_secs(60);
 /// The call timeout of the failure tests, and how much later than it a call may fail.
 const TIMEOUT: Duration = Duration::from_millis(500);
 const MARGIN: Duration = Duration::from_millis(400);
 
-fn key(n: u8) -> Key {
-    Key::from_bytes([n; 32])
-}
-
-async fn acquired(store: &PostgresStore, key: &Key, lease: Duration) -> Grant {
-    match store.acquire(key, &FP, lease, KEEP).await.expect("acquire") {
-        Acquire::Acquired(g) => g,
-        other => panic!("expected Acquired, got {other:?}"),
-    }
-}
-
 async fn count(conn: &mut PgConnection, sql: &str) -> i64 {
-    sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned())).fetch_one(conn).await.unwrap()
+    PostgresBackend::count(conn, sql).await
 }
 
 async fn state_of(conn: &mut PgConnection, key: &Key) -> Option<(String, i64)> {
-    sqlx::query_as("SELECT state, attempt FROM idempotent_records WHERE key = $1")
-        .bind(&key.as_bytes()[..])
-        .fetch_optional(conn)
-        .await
-        .unwrap()
+    PostgresBackend::state_of(conn, key).await
 }
 
 /// The row's version (ctid, xmin) and locker (xmax).
@@ -54,56 +43,11 @@ async fn row_version(conn: &mut PgConnection, key: &Key) -> (String, String, Str
         .unwrap()
 }
 
-/// Polls the record of `key` until it is `want` (another task changes it).
-async fn wait_for_state(conn: &mut PgConnection, key: &Key, want: &str, within: Duration) -> i64 {
-    let deadline = Instant::now() + within;
-    loop {
-        let now = state_of(conn, key).await;
-        if let Some((state, attempt)) = &now
-            && state == want
-        {
-            return *attempt;
-        }
-        assert!(Instant::now() < deadline, "the record stayed {now:?}, not {want}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 fn assert_fails_closed<T: std::fmt::Debug>(what: &str, started: Instant, res: Result<T, Error>) {
     let elapsed = started.elapsed();
     let err = res.expect_err(what);
     assert!(err.is_store_failure(), "{what}: {err:?}");
     assert!(elapsed < TIMEOUT + MARGIN, "{what} took {elapsed:?}, the timeout is {TIMEOUT:?}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn one_key_under_64_tasks_on_4_pools_runs_the_action_once() {
-    let server = PgServer::start();
-    // Four stores opened at once on a fresh database: the first opens race to create the table.
-    let stores: Vec<PostgresStore> =
-        join_all((0..4).map(|_| PostgresStore::builder(server.url()).max_connections(4).connect()))
-            .await
-            .into_iter()
-            .collect::<Result<_, _>>()
-            .unwrap();
-    let mut conn = server.connection().await;
-    assert_eq!(count(&mut conn, "SELECT count(*) FROM idempotent_schema").await, 1);
-    let shared: Vec<SharedStore> = stores.into_iter().map(|s| Arc::new(s) as SharedStore).collect();
-    contention::one_key_runs_once(&shared, 64).await;
-    assert_eq!(count(&mut conn, "SELECT count(*) FROM idempotent_records").await, 1);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_hundred_keys_by_eight_callers_run_200_actions() {
-    let server = PgServer::start();
-    let stores = [
-        PostgresStore::builder(server.url()).max_connections(4).connect().await.unwrap(),
-        PostgresStore::builder(server.url()).max_connections(4).connect().await.unwrap(),
-    ];
-    let shared: Vec<SharedStore> = stores.into_iter().map(|s| Arc::new(s) as SharedStore).collect();
-    contention::every_key_runs_once(&shared, 200, 8).await;
-    let mut conn = server.connection().await;
-    assert_eq!(count(&mut conn, "SELECT count(*) FROM idempotent_records WHERE state = 'done'").await, 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -243,7 +187,7 @@ async fn a_paused_database_fails_calls_within_the_timeout_and_works_after_it_res
     assert!(matches!(store.acquire(&key(3), &FP, LEASE, KEEP).await.unwrap(), Acquire::Acquired(_)));
     // The acquire that timed out reached the server when it resumed and took key 1 (for a
     // minute): the store gives it back, so that a retry need not wait out that lease.
-    let attempt = wait_for_state(&mut conn, &key(1), "released", Duration::from_secs(10)).await;
+    let attempt = wait_for_state::<PostgresBackend>(&mut conn, &key(1), "released", Duration::from_secs(10)).await;
     assert_eq!(attempt, 1);
     let next = acquired(&store, &key(1), LEASE).await;
     assert_eq!((next.attempt.number(), next.attempt.recovered()), (2, false));
@@ -311,39 +255,14 @@ async fn an_acquire_racing_another_write_reads_again_and_answers_from_the_newer_
     assert_eq!(store.statements() - before, 2, "the acquire ran once more");
 }
 
+/// Garbage rows are corrupt errors (the scenario both stores share).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn garbage_rows_are_corrupt_errors_not_replays() {
-    let server = PgServer::start();
-    let store = PostgresStore::connect(server.url()).await.unwrap();
-    let mut conn = server.connection().await;
-    // A done row without a result, written by hand, under a live expiry.
-    sqlx::query(
-        "INSERT INTO idempotent_records VALUES ($1, $2, 'done', 'someone', 1, 1, false, 0, 9000000000000000, NULL, '', \
-         NULL, NULL, 0, 0)",
+    matrix::run(
+        Kind::Postgres,
+        idempotent_tests::sql_store::garbage_rows_are_corrupt_errors_not_replays::<PostgresBackend>,
     )
-    .bind(&key(9).as_bytes()[..])
-    .bind(&FP.as_bytes()[..])
-    .execute(&mut conn)
-    .await
-    .unwrap();
-    let err = store.acquire(&key(9), &FP, LEASE, KEEP).await.unwrap_err();
-    assert!(matches!(&err, Error::Corrupt { detail, .. } if detail.contains("without a result")), "{err:?}");
-    assert!(!err.is_store_failure());
-    assert!(err.to_string().contains("corrupt") && err.to_string().contains("was not replayed"), "{err}");
-
-    // A released row whose attempt number is out of range: the acquire that takes it cannot
-    // report the attempt, fails, and gives the key back.
-    let grant = acquired(&store, &key(8), LEASE).await;
-    store.release(&key(8), &grant.token).await.unwrap();
-    sqlx::query("UPDATE idempotent_records SET attempt = 1099511627776 WHERE key = $1")
-        .bind(&key(8).as_bytes()[..])
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    let err = store.acquire(&key(8), &FP, LEASE, KEEP).await.unwrap_err();
-    assert!(matches!(&err, Error::Corrupt { detail, .. } if detail.contains("out of range")), "{err:?}");
-    let attempt = wait_for_state(&mut conn, &key(8), "released", Duration::from_secs(5)).await;
-    assert_eq!(attempt, 1_099_511_627_777);
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -351,19 +270,13 @@ async fn a_first_execution_is_two_statements_and_a_replay_one_that_writes_nothin
     let server = PgServer::start();
     let store = PostgresStore::connect(server.url()).await.unwrap();
     let ctx = RunContext::new(store.clone(), "run-1");
-    let before = store.statements();
-    let n: u32 = ctx.step("count").run(&1, |_| async { Ok::<_, Error>(7) }).await.unwrap();
-    assert_eq!((n, store.statements() - before), (7, 2), "first execution: acquire and complete");
+    first_execution_is_two_statements(&ctx, &store).await;
 
     let (k, _) = ctx.step("count").key_for(&1).unwrap();
     let mut conn = server.connection().await;
     let row = row_version(&mut conn, &k).await;
     assert_eq!(row.2, "0", "the completed row is locked: {row:?}");
-    for _ in 0..50 {
-        let before = store.statements();
-        let n: u32 = ctx.step("count").run(&1, |_| async { Ok::<_, Error>(8) }).await.unwrap();
-        assert_eq!((n, store.statements() - before), (7, 1), "a replay: the acquire alone");
-    }
+    fifty_replays_are_one_statement_each(&ctx, &store).await;
     // No new row version (ctid, xmin) and no row lock (xmax): the replays only read, whether
     // acquire ran its upsert first (the first replays) or its read (the later ones).
     assert_eq!(row_version(&mut conn, &k).await, row, "replays wrote the row");
@@ -416,66 +329,6 @@ async fn a_completion_moves_the_expiry_so_it_is_not_a_hot_update() {
     store.complete(&k, &grant.token, Bytes::from_static(b"ok"), short).await.unwrap();
     let (expires, updated) = times(&mut conn, &k).await;
     assert_eq!(expires - updated, short.as_micros() as i64, "kept the 1 s retention from the completion");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_incompatible_table_is_refused_and_left_alone() {
-    let server = PgServer::start();
-    let mut conn = server.connection().await;
-    sqlx::raw_sql("CREATE TABLE idempotent_records (id integer PRIMARY KEY, body text)")
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    let err = PostgresStore::connect(server.url()).await.unwrap_err();
-    let msg = err.to_string();
-    assert!(matches!(err, Error::Config(_)), "{err:?}");
-    assert!(msg.contains("idempotent_records") && msg.contains("not created by idempotent-core"), "{msg}");
-    assert!(msg.contains("PostgresStoreBuilder::table"), "says what to do: {msg}");
-    let columns: Vec<String> = sqlx::query_scalar(
-        "SELECT column_name::text FROM information_schema.columns WHERE table_name = 'idempotent_records' ORDER BY \
-         ordinal_position",
-    )
-    .fetch_all(&mut conn)
-    .await
-    .unwrap();
-    assert_eq!(columns, ["id", "body"], "the table was altered");
-
-    // Another table works; marked with a newer version, or changed by hand, it is refused.
-    let store = PostgresStore::builder(server.url()).table("records").connect().await.unwrap();
-    store.close().await;
-    sqlx::raw_sql("UPDATE idempotent_schema SET version = 4 WHERE name = 'records'").execute(&mut conn).await.unwrap();
-    let err = PostgresStore::builder(server.url()).table("records").connect().await.unwrap_err();
-    assert!(matches!(&err, Error::Config(m) if m.contains("version 4")), "{err:?}");
-    let changed = "UPDATE idempotent_schema SET version = 3 WHERE name = 'records';
-                   ALTER TABLE records ALTER COLUMN attempt TYPE integer";
-    sqlx::raw_sql(changed).execute(&mut conn).await.unwrap();
-    let err = PostgresStore::builder(server.url()).table("records").connect().await.unwrap_err();
-    assert!(
-        matches!(&err, Error::Config(m) if m.contains("changed by hand") && m.contains("attempt integer")),
-        "{err:?}"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_table_name_that_is_not_an_identifier_is_refused() {
-    let server = PgServer::start();
-    let mut conn = server.connection().await;
-    sqlx::raw_sql("CREATE TABLE y (a integer)").execute(&mut conn).await.unwrap();
-    for bad in ["x; DROP TABLE y", "y\"; DROP TABLE y; --", "2x", "idempotent_schema"] {
-        let err = PostgresStore::builder(server.url()).table(bad).connect().await.unwrap_err();
-        assert!(matches!(&err, Error::Config(m) if m.contains(&format!("{bad:?}"))), "{err:?}");
-    }
-    let tables: Vec<String> =
-        sqlx::query_scalar("SELECT tablename::text FROM pg_tables WHERE schemaname = 'public' ORDER BY tablename")
-            .fetch_all(&mut conn)
-            .await
-            .unwrap();
-    assert_eq!(tables, ["y"], "nothing was created or dropped");
-    // A valid unusual name is quoted everywhere.
-    let store = PostgresStore::builder(server.url()).table("Select").connect().await.unwrap();
-    let g = acquired(&store, &key(1), LEASE).await;
-    assert_eq!(store.complete(&key(1), &g.token, Bytes::from_static(b"q"), KEEP).await.unwrap(), Transition::Ok);
-    assert_eq!(count(&mut conn, "SELECT count(*) FROM \"Select\"").await, 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -667,48 +520,11 @@ async fn a_completion_commits_or_rolls_back_with_the_transaction_that_holds_it()
     tx.rollback().await.unwrap();
 }
 
-/// A record that needs attention outlives the lease and retention it was acquired with: the
-/// purge deletes an expired neighbour, and keeps it; it is resolved later.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn purge_never_removes_a_record_that_needs_attention() {
-    let server = PgServer::start();
-    let store = PostgresStore::connect(server.url()).await.unwrap();
-    let short = Duration::from_millis(300);
-    let Acquire::Acquired(marked) = store.acquire(&key(1), &FP, short, short).await.unwrap() else { panic!() };
-    let Acquire::Acquired(_) = store.acquire(&key(2), &FP, short, short).await.unwrap() else { panic!() };
-    assert_eq!(store.abandon(&key(1), &marked.token, Abandon::NeedsAttention).await.unwrap(), Transition::Ok);
-    // Key 2, acquired after key 1 with the same lease and retention, has expired: so has what
-    // key 1 was acquired with.
-    let mut conn = server.connection().await;
-    let expired = "SELECT count(*) FROM idempotent_records WHERE expires_at <= (extract(epoch FROM \
-                   clock_timestamp()) * 1000000)::bigint";
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while count(&mut conn, expired).await < 1 {
-        assert!(Instant::now() < deadline, "key 2 never expired");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert_eq!(store.purge().await.unwrap(), 1, "the expired neighbour");
-    assert_eq!(store.purge().await.unwrap(), 0);
-    assert_eq!(state_of(&mut conn, &key(1)).await, Some(("needs_attention".to_owned(), 1)));
-    assert_eq!(count(&mut conn, "SELECT count(*) FROM idempotent_records").await, 1);
-    let waiting = Acquire::NeedsAttention { attempt: 1, fence: marked.attempt.fence() };
-    assert_eq!(store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap(), waiting);
-    let done = Resolution::Done { outcome: Bytes::from_static(b"checked"), retention: KEEP };
-    assert_eq!(store.resolve(&key(1), done).await.unwrap(), Resolved::Ok);
-    assert_eq!(
-        store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap(),
-        Acquire::Replay(Bytes::from_static(b"checked"))
-    );
-}
-
 /// Two stores (two pools) resolve the same records at once, one as done and one as not done:
 /// one wins each, and the record is as it said.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_pools_racing_to_resolve_a_record_have_one_winner() {
-    let server = PgServer::start();
-    let a: SharedStore = Arc::new(PostgresStore::connect(server.url()).await.unwrap());
-    let b: SharedStore = Arc::new(PostgresStore::connect(server.url()).await.unwrap());
-    contention::resolve_races_have_one_winner(&a, &b, 32).await;
+    matrix::run(Kind::Postgres, two_stores_race_to_resolve::<PostgresBackend>).await;
 }
 
 /// The table of schema version 1, as idempotent-core 0.1 created it.
@@ -750,29 +566,6 @@ INSERT INTO idempotent_schema VALUES ('idempotent_records', 2)";
 /// refused with a clear error and left as it is, its records untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_of_a_pre_release_version_is_refused_and_left_alone() {
-    let server = PgServer::start();
-    let mut conn = server.connection().await;
-    for (n, ddl) in [(1, V1_TABLE), (2, V2_TABLE)] {
-        sqlx::raw_sql("DROP TABLE IF EXISTS idempotent_records, idempotent_schema").execute(&mut conn).await.unwrap();
-        sqlx::raw_sql(ddl).execute(&mut conn).await.unwrap();
-        sqlx::query("INSERT INTO idempotent_records VALUES ($1, $2, 'done', 'old-token', 5, 2, false, 0, $3, $4)")
-            .bind(&key(1).as_bytes()[..])
-            .bind(&FP.as_bytes()[..])
-            .bind(9_000_000_000_000_000i64)
-            .bind(&b"old"[..])
-            .execute(&mut conn)
-            .await
-            .unwrap();
-        let err = PostgresStore::connect(server.url()).await.unwrap_err();
-        assert!(
-            matches!(&err, Error::Config(m) if m.contains(&format!("version {n}")) && m.contains("reads version 3 only")
-                && m.contains("PostgresStoreBuilder::table")),
-            "{err:?}"
-        );
-        let version = count(&mut conn, "SELECT version::bigint FROM idempotent_schema").await;
-        assert_eq!(version, n, "the table was upgraded");
-        let columns = "SELECT count(*) FROM information_schema.columns WHERE table_name = 'idempotent_records'";
-        assert_eq!(count(&mut conn, columns).await, 10, "the table was altered");
-        assert_eq!(count(&mut conn, "SELECT count(*) FROM idempotent_records").await, 1);
-    }
+    let database = Database::<PostgresBackend>::start().await;
+    pre_release_versions_are_refused(&database, [(1, V1_TABLE), (2, V2_TABLE)]).await;
 }

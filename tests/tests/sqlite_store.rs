@@ -1,6 +1,7 @@
-//! `SqliteStore` beyond the conformance suite: contention between stores and processes on one
-//! file, durability across a reopen, purging, schema checks, statements per call, and
-//! records that need attention (never purged, resolved once).
+//! `SqliteStore` beyond the conformance suite and the scenarios both SQL stores share
+//! (`sql_store.rs`): contention between stores and processes on one file, durability across a
+//! reopen, purging, a locked or unopenable file, statements per call and the write lock, and the
+//! tests SQLite names its own way that call the shared scenarios.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -9,19 +10,17 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use idempotent_core::record::{Abandon, Acquire, Resolution, Resolved, Transition};
-use idempotent_core::{Error, Fingerprint, Key, RunContext, SharedStore, SqliteStore, Store};
-use idempotent_tests::{acquire_order, contention};
+use idempotent_core::record::{Acquire, Transition};
+use idempotent_core::{Error, Key, RunContext, SqliteStore, Store};
+use idempotent_tests::acquire_order;
+use idempotent_tests::matrix::{self, Database, Kind};
+use idempotent_tests::sql::{SqlDb, SqliteBackend, wait_for_state};
+use idempotent_tests::sql_store::{
+    FP, KEEP, LEASE, fifty_replays_are_one_statement_each, first_execution_is_two_statements,
+    garbage_rows_are_corrupt_errors_not_replays, key, pre_release_versions_are_refused, two_stores_race_to_resolve,
+};
 use sqlx::{Connection, SqliteConnection};
 use tempfile::TempDir;
-
-const FP: Fingerprint = Fingerprint::from_bytes([1; 32]);
-const LEASE: Duration = Duration::from_secs(10);
-const KEEP: Duration = Duration::from_secs(60);
-
-fn key(n: u8) -> Key {
-    Key::from_bytes([n; 32])
-}
 
 fn wide_key(n: u32) -> Key {
     let mut k = [7; 32];
@@ -175,20 +174,11 @@ async fn a_first_execution_is_two_statements_a_replay_one_and_replays_in_a_row_t
     let path = dir.path().join("count.db");
     let store = SqliteStore::open(&path).await.unwrap();
     let ctx = RunContext::new(store.clone(), "run-1");
-    let before = store.statements();
-    let n: u32 = ctx.step("count").run(&1, |_| async { Ok::<_, Error>(7) }).await.unwrap();
-    // A new store runs acquire's upsert first: it takes the key and answers in one statement.
-    assert_eq!((n, store.statements() - before), (7, 2), "first execution: acquire's upsert, complete");
+    first_execution_is_two_statements(&ctx, &store).await;
 
     let wal = dir.path().join("count.db-wal");
     let wal_size = std::fs::metadata(&wal).unwrap().len();
-    for _ in 0..50 {
-        let before = store.statements();
-        let n: u32 = ctx.step("count").run(&1, |_| async { Ok::<_, Error>(8) }).await.unwrap();
-        // The first replays are the upsert (which finds the row done and writes nothing), the
-        // later ones acquire's read: one statement either way.
-        assert_eq!((n, store.statements() - before), (7, 1), "a replay is one statement");
-    }
+    fifty_replays_are_one_statement_each(&ctx, &store).await;
     assert_eq!(std::fs::metadata(&wal).unwrap().len(), wal_size, "replays wrote to the WAL");
 
     // After replays in a row acquire reads first, which takes no write lock: a replay answers
@@ -203,47 +193,6 @@ async fn a_first_execution_is_two_statements_a_replay_one_and_replays_in_a_row_t
 
     // A first execution after them: the read finds nothing, then the upsert and the complete.
     acquire_order::first_executions_switch_back_to_the_write(&ctx, "count", || store.statements(), (3, 2)).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_incompatible_table_is_refused_and_left_alone() {
-    let dir = TempDir::new().unwrap();
-    let path = dir.path().join("foreign.db");
-    let mut conn = raw(&path).await;
-    sqlx::raw_sql("CREATE TABLE idempotent_records (id INTEGER PRIMARY KEY, body TEXT)")
-        .execute(&mut conn)
-        .await
-        .unwrap();
-    let err = SqliteStore::open(&path).await.unwrap_err();
-    let msg = err.to_string();
-    assert!(matches!(err, Error::Config(_)), "{err:?}");
-    assert!(msg.contains("idempotent_records") && msg.contains("not created by idempotent-core"), "{msg}");
-    assert!(msg.contains("SqliteStoreBuilder::table"), "says what to do: {msg}");
-    let columns: Vec<String> = sqlx::query_scalar("SELECT name FROM pragma_table_info('idempotent_records')")
-        .fetch_all(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(columns, ["id", "body"], "the table was altered");
-
-    // Another table in the same file works; marked with a newer version, it is refused.
-    let store = SqliteStore::builder(&path).table("records").open().await.unwrap();
-    store.close().await;
-    sqlx::raw_sql("UPDATE idempotent_schema SET version = 4 WHERE name = 'records'").execute(&mut conn).await.unwrap();
-    let err = SqliteStore::builder(&path).table("records").open().await.unwrap_err();
-    assert!(matches!(&err, Error::Config(m) if m.contains("version 4")), "{err:?}");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_table_name_that_is_not_an_identifier_is_refused() {
-    let dir = TempDir::new().unwrap();
-    let path = dir.path().join("inject.db");
-    let mut conn = raw(&path).await;
-    sqlx::raw_sql("CREATE TABLE y (a INTEGER)").execute(&mut conn).await.unwrap();
-    let err = SqliteStore::builder(&path).table("x; DROP TABLE y").open().await.unwrap_err();
-    assert!(matches!(&err, Error::Config(m) if m.contains("x; DROP TABLE y")), "{err:?}");
-    let tables: Vec<String> =
-        sqlx::query_scalar("SELECT name FROM sqlite_schema WHERE type = 'table'").fetch_all(&mut conn).await.unwrap();
-    assert_eq!(tables, ["y"], "nothing was created or dropped");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -282,42 +231,15 @@ async fn a_dropped_acquire_gives_back_the_key_it_took() {
     sqlx::raw_sql("ROLLBACK").execute(&mut holder).await.unwrap();
     // The statement goes on and takes the key; then the key is released, not held for the lease
     // (the bound is far above the two commits it waits for, for a disk slow to sync).
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let state: Option<String> = sqlx::query_scalar("SELECT state FROM idempotent_records WHERE key = ?1")
-            .bind(&key(1).as_bytes()[..])
-            .fetch_optional(&mut holder)
-            .await
-            .unwrap();
-        if state.as_deref() == Some("released") {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "the key stayed {state:?}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for_state::<SqliteBackend>(&mut holder, &key(1), "released", Duration::from_secs(30)).await;
     let Acquire::Acquired(next) = store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap() else { panic!("not free") };
     assert_eq!((next.attempt.number(), next.attempt.recovered()), (2, false));
 }
 
+/// A done row without a result is a corrupt error (the scenario both stores share).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_garbage_row_is_a_corrupt_error_not_a_replay() {
-    let dir = TempDir::new().unwrap();
-    let path = dir.path().join("garbage.db");
-    let store = SqliteStore::open(&path).await.unwrap();
-    let mut conn = raw(&path).await;
-    // A done row without a result, written by hand, under a live expiry.
-    sqlx::query(
-        "INSERT INTO idempotent_records VALUES (?1, ?2, 'done', 'someone', 1, 1, 0, 0, 9000000000000000, NULL, '', \
-         NULL, NULL, 0, 0)",
-    )
-    .bind(&key(9).as_bytes()[..])
-    .bind(&FP.as_bytes()[..])
-    .execute(&mut conn)
-    .await
-    .unwrap();
-    let err = store.acquire(&key(9), &FP, LEASE, KEEP).await.unwrap_err();
-    assert!(matches!(&err, Error::Corrupt { detail, .. } if detail.contains("without a result")), "{err:?}");
-    assert!(!err.is_store_failure());
+    matrix::run(Kind::Sqlite, garbage_rows_are_corrupt_errors_not_replays::<SqliteBackend>).await;
 }
 
 /// Two OS processes × 32 tasks on one file, every task calling the step for each of 200 keys:
@@ -363,91 +285,11 @@ async fn two_processes_of_32_tasks_run_each_action_once() {
     assert_eq!(pids.len(), 2, "both processes ran actions (they raced): {pids:?}");
 }
 
-/// 64 tasks on 4 stores (4 pools) on one file, at one key: the action runs once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn one_key_under_64_tasks_on_4_pools_runs_the_action_once() {
-    let dir = TempDir::new().unwrap();
-    let path = dir.path().join("race.db");
-    let mut stores: Vec<SharedStore> = Vec::new();
-    for _ in 0..4 {
-        stores.push(Arc::new(SqliteStore::builder(&path).max_connections(4).open().await.unwrap()));
-    }
-    contention::one_key_runs_once(&stores, 64).await;
-    assert_eq!(count_rows(&path, "idempotent_records").await, 1);
-}
-
-/// 200 keys by 8 callers on 2 stores on one file: 200 actions, each once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn two_hundred_keys_by_eight_callers_run_200_actions() {
-    let dir = TempDir::new().unwrap();
-    let path = dir.path().join("batch.db");
-    let mut stores: Vec<SharedStore> = Vec::new();
-    for _ in 0..2 {
-        stores.push(Arc::new(SqliteStore::builder(&path).max_connections(4).open().await.unwrap()));
-    }
-    contention::every_key_runs_once(&stores, 200, 8).await;
-    assert_eq!(count_rows(&path, "idempotent_records").await, 200);
-}
-
-/// The database clock in µs, as the store's `expires_at` counts it.
-const NOW_US: &str = "CAST(unixepoch('subsec') * 1000000 AS INTEGER)";
-
-/// Polls until `sql` (a `SELECT count(*) …` on `conn`) is `want`: the database clock gets there.
-async fn wait_for_count(conn: &mut SqliteConnection, sql: &str, want: i64) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned())).fetch_one(&mut *conn).await.unwrap();
-        if n == want {
-            return;
-        }
-        assert!(std::time::Instant::now() < deadline, "`{sql}` stayed {n}, not {want}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// A record that needs attention outlives the lease and retention it was acquired with: the
-/// purge deletes an expired neighbour in the same batch, and keeps it; it is resolved later.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn purge_never_removes_a_record_that_needs_attention() {
-    let dir = TempDir::new().unwrap();
-    let path = dir.path().join("attention.db");
-    let store = SqliteStore::open(&path).await.unwrap();
-    let short = Duration::from_millis(300);
-    let Acquire::Acquired(marked) = store.acquire(&key(1), &FP, short, short).await.unwrap() else { panic!() };
-    let Acquire::Acquired(_) = store.acquire(&key(2), &FP, short, short).await.unwrap() else { panic!() };
-    assert_eq!(store.abandon(&key(1), &marked.token, Abandon::NeedsAttention).await.unwrap(), Transition::Ok);
-    // Key 2, acquired after key 1 with the same lease and retention, has expired: so has what
-    // key 1 was acquired with.
-    let mut conn = raw(&path).await;
-    let expired = format!("SELECT count(*) FROM idempotent_records WHERE expires_at <= {NOW_US}");
-    wait_for_count(&mut conn, &expired, 1).await;
-    assert_eq!(store.purge().await.unwrap(), 1, "the expired neighbour");
-    let left: Vec<(Vec<u8>, String)> =
-        sqlx::query_as("SELECT key, state FROM idempotent_records").fetch_all(&mut conn).await.unwrap();
-    assert_eq!(left, [(key(1).as_bytes().to_vec(), "needs_attention".to_owned())]);
-    // A whole new pass finds nothing to delete either.
-    for _ in 0..2 {
-        assert_eq!(store.purge().await.unwrap(), 0);
-    }
-    let waiting = Acquire::NeedsAttention { attempt: 1, fence: marked.attempt.fence() };
-    assert_eq!(store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap(), waiting);
-    let done = Resolution::Done { outcome: Bytes::from_static(b"checked"), retention: KEEP };
-    assert_eq!(store.resolve(&key(1), done).await.unwrap(), Resolved::Ok);
-    assert_eq!(
-        store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap(),
-        Acquire::Replay(Bytes::from_static(b"checked"))
-    );
-}
-
 /// Two stores (two pools) on one file resolve the same records at once, one as done and one as
 /// not done: one wins each, and the record is as it said.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_stores_racing_to_resolve_a_record_have_one_winner() {
-    let dir = TempDir::new().unwrap();
-    let path = dir.path().join("resolve.db");
-    let a: SharedStore = Arc::new(SqliteStore::open(&path).await.unwrap());
-    let b: SharedStore = Arc::new(SqliteStore::open(&path).await.unwrap());
-    contention::resolve_races_have_one_winner(&a, &b, 32).await;
+    matrix::run(Kind::Sqlite, two_stores_race_to_resolve::<SqliteBackend>).await;
 }
 
 /// The table of schema version 1, as idempotent-core 0.1 created it.
@@ -487,41 +329,15 @@ INSERT INTO idempotent_schema VALUES ('idempotent_records', 2)";
 /// version changed by hand is refused too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_table_of_a_pre_release_version_or_changed_by_hand_is_refused_and_left_alone() {
-    let dir = TempDir::new().unwrap();
-    for (n, ddl) in [(1, V1_TABLE), (2, V2_TABLE)] {
-        let path = dir.path().join(format!("v{n}.db"));
-        let mut conn = raw(&path).await;
-        sqlx::raw_sql(ddl).execute(&mut conn).await.unwrap();
-        sqlx::query("INSERT INTO idempotent_records VALUES (?1, ?2, 'done', 'old-token', 5, 2, 0, 0, ?3, ?4)")
-            .bind(&key(1).as_bytes()[..])
-            .bind(&FP.as_bytes()[..])
-            .bind(9_000_000_000_000_000i64)
-            .bind(&b"old"[..])
-            .execute(&mut conn)
-            .await
-            .unwrap();
-        let err = SqliteStore::open(&path).await.unwrap_err();
-        assert!(
-            matches!(&err, Error::Config(m) if m.contains(&format!("version {n}")) && m.contains("reads version 3 only")
-                && m.contains("SqliteStoreBuilder::table")),
-            "{err:?}"
-        );
-        let version: i64 =
-            sqlx::query_scalar("SELECT version FROM idempotent_schema").fetch_one(&mut conn).await.unwrap();
-        assert_eq!(version, n, "the table was upgraded");
-        let columns: Vec<String> = sqlx::query_scalar("SELECT name FROM pragma_table_info('idempotent_records')")
-            .fetch_all(&mut conn)
-            .await
-            .unwrap();
-        assert_eq!(columns.len(), 10, "the table was altered: {columns:?}");
-        assert_eq!(count_rows(&path, "idempotent_records").await, 1);
-    }
+    let database = Database::<SqliteBackend>::start().await;
+    pre_release_versions_are_refused(&database, [(1, V1_TABLE), (2, V2_TABLE)]).await;
 
     // The current version, changed by hand: refused, and not altered.
-    let path = dir.path().join("v3-changed.db");
-    SqliteStore::open(&path).await.unwrap().close().await;
-    let mut conn = raw(&path).await;
+    let mut conn = database.connect().await;
+    let drop = "DROP TABLE idempotent_records;\nDROP TABLE idempotent_schema";
+    SqliteBackend::exec(&mut conn, drop).await.unwrap();
+    database.open().await.close().await;
     sqlx::raw_sql("ALTER TABLE idempotent_records DROP COLUMN updated_at").execute(&mut conn).await.unwrap();
-    let err = SqliteStore::open(&path).await.unwrap_err();
+    let err = SqliteBackend::open(&database.url).await.unwrap_err();
     assert!(matches!(&err, Error::Config(m) if m.contains("version 3") && m.contains("changed by hand")), "{err:?}");
 }

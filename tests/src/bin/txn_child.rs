@@ -1,5 +1,5 @@
-//! A process that dies inside a step's transaction, for `tests/tests/transaction.rs` and
-//! `tests/tests/transaction_postgres.rs`.
+//! A process that dies inside a step's transaction, for the scenario
+//! `a_process_killed_before_its_commit` (`idempotent_tests::transaction`) on either database.
 //!
 //! `txn_child <store-url> <lease ms>` opens the store at `<store-url>` (`sqlite://<path>` for a
 //! `SqliteStore` on that file, `postgres://…` for a `PostgresStore`) and runs the step
@@ -11,15 +11,27 @@
 use std::io::Write;
 use std::time::Duration;
 
-use idempotent_core::{Error, PostgresStore, RunContext, SqliteStore};
+use idempotent_core::{Error, RunContext};
+use idempotent_tests::sql::{PostgresBackend, SqlDb, SqliteBackend};
+use sqlx::Transaction;
 
 const USAGE: &str = "usage: txn_child <sqlite://path | postgres://user@host:port/db> <lease ms>";
 
-/// Tells the test the fence of the insert, then waits to be killed.
-async fn inserted(fence: u64) {
-    println!("inserted {fence}");
-    std::io::stdout().flush().expect("flush stdout");
-    std::future::pending::<()>().await;
+/// The step on the store of `url`, written once for both databases.
+async fn run<B: SqlDb>(url: &str, lease: Duration) -> Result<u64, Error> {
+    let store = B::open(url).await.expect("open the store");
+    let ctx = RunContext::new(store, "crash-run");
+    ctx.step("create_invoice")
+        .lease(lease)
+        .run_in_transaction(&"order-1", async |tx: &mut Transaction<'_, B::Db>, attempt| {
+            B::insert(tx, "order-1", attempt.fence()).await.expect("insert the invoice");
+            // Tells the test the fence of the insert, then waits to be killed.
+            println!("inserted {}", attempt.fence());
+            std::io::stdout().flush().expect("flush stdout");
+            std::future::pending::<()>().await;
+            Ok(attempt.fence())
+        })
+        .await
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -28,36 +40,10 @@ async fn main() {
     let url = args.next().expect(USAGE);
     let lease_ms: u64 = args.next().expect(USAGE).parse().expect(USAGE);
     let lease = Duration::from_millis(lease_ms);
-    let result: Result<u64, Error> = if let Some(path) = url.strip_prefix("sqlite://") {
-        let store = SqliteStore::open(path).await.expect("open the SQLite store");
-        let ctx = RunContext::new(store, "crash-run");
-        ctx.step("create_invoice")
-            .lease(lease)
-            .run_in_transaction(&"order-1", async |tx: &mut sqlx::SqliteTransaction<'_>, attempt| {
-                sqlx::query("INSERT INTO invoices (order_id, fence) VALUES ('order-1', ?1)")
-                    .bind(attempt.fence() as i64)
-                    .execute(&mut **tx)
-                    .await
-                    .expect("insert the invoice");
-                inserted(attempt.fence()).await;
-                Ok(attempt.fence())
-            })
-            .await
+    let result = if url.starts_with("sqlite://") {
+        run::<SqliteBackend>(&url, lease).await
     } else if url.starts_with("postgres://") {
-        let store = PostgresStore::connect(url).await.expect("connect the PostgreSQL store");
-        let ctx = RunContext::new(store, "crash-run");
-        ctx.step("create_invoice")
-            .lease(lease)
-            .run_in_transaction(&"order-1", async |tx: &mut sqlx::PgTransaction<'_>, attempt| {
-                sqlx::query("INSERT INTO invoices (order_id, fence) VALUES ('order-1', $1)")
-                    .bind(attempt.fence() as i64)
-                    .execute(&mut **tx)
-                    .await
-                    .expect("insert the invoice");
-                inserted(attempt.fence()).await;
-                Ok(attempt.fence())
-            })
-            .await
+        run::<PostgresBackend>(&url, lease).await
     } else {
         panic!("{USAGE}; got {url:?}");
     };
