@@ -70,7 +70,7 @@ pub(crate) fn record_table(records: &[RecordInfo]) -> String {
         .iter()
         .map(|r| {
             vec![
-                r.key.short(),
+                r.key.short().to_string(),
                 r.state.to_string(),
                 r.step.clone(),
                 r.run.clone().unwrap_or_else(|| "-".into()),

@@ -333,7 +333,7 @@ impl Error {
     pub(crate) fn needs_attention(step: &str, key: &crate::Key, attempt: u32, fence: u64) -> Error {
         Error::NeedsAttention {
             step: step.to_owned(),
-            key: key.short(),
+            key: key.short().to_string(),
             attempt,
             fence,
             downstream_key: crate::DownstreamKey::of(key).to_string(),

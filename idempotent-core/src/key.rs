@@ -180,13 +180,9 @@ impl Key {
     }
 
     /// The first 12 hex characters: enough to tell keys apart in logs, useless to an attacker.
-    pub fn short(&self) -> String {
-        hex(&self.0[..6])
-    }
-
-    /// The same 12 characters as [`short`](Key::short), as a value that formats itself: for log
-    /// fields (`key = %key.short_key()`), without a `String` per call.
-    pub fn short_key(&self) -> ShortKey {
+    /// A value that formats itself, for log fields (`key = %key.short()`) without a `String` per
+    /// call; `key.short().to_string()` when a `String` is wanted.
+    pub fn short(&self) -> ShortKey {
         let mut bytes = [0; 6];
         bytes.copy_from_slice(&self.0[..6]);
         ShortKey(bytes)
@@ -250,7 +246,7 @@ impl fmt::Debug for DownstreamKey {
     }
 }
 
-/// The first 12 hex characters of a [`Key`], formatted on demand (see [`Key::short_key`]).
+/// The first 12 hex characters of a [`Key`], formatted on demand (see [`Key::short`]).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct ShortKey([u8; 6]);
 
@@ -276,7 +272,7 @@ impl fmt::Debug for Key {
 
 impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.short())
+        fmt::Display::fmt(&self.short(), f)
     }
 }
 
@@ -393,14 +389,14 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn short_key_formats_as_short() {
+    fn short_formats_as_twelve_hex_digits() {
         let mut bytes = [0; 32];
         bytes[..6].copy_from_slice(&[0x00, 0x1f, 0xa0, 0xff, 0x7e, 0x09]);
         let key = Key::from_bytes(bytes);
-        assert_eq!(key.short(), "001fa0ff7e09");
-        assert_eq!(key.short_key().to_string(), key.short());
-        assert_eq!(format!("{:?}", key.short_key()), key.short());
-        assert_eq!(format!("{:>14}", key.short_key()), format!("{:>14}", key.short()));
+        assert_eq!(key.short().to_string(), "001fa0ff7e09");
+        assert_eq!(format!("{:?}", key.short()), "001fa0ff7e09");
+        assert_eq!(format!("{:>14}", key.short()), "  001fa0ff7e09");
+        assert_eq!(key.to_string(), "001fa0ff7e09");
     }
 
     #[test]

@@ -90,7 +90,7 @@ impl std::fmt::Debug for Lease {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Lease")
             .field("store", &self.store.describe())
-            .field("key", &self.key.short_key())
+            .field("key", &self.key.short())
             .field("token", &self.token)
             .field("attempt", &self.attempt)
             .field("lease", &self.lease)
@@ -109,7 +109,7 @@ impl Lease {
     fn new(store: SharedStore, key: Key, grant: Grant, terms: &Terms, sent: Instant) -> Lease {
         let signal = Arc::new(LeaseSignal::default());
         let attempt = grant.attempt.watched(signal.clone());
-        let short = key.short_key();
+        let short = key.short();
         tracing::debug!(key = %short, fence = attempt.fence(), attempt = attempt.number(), recovered = attempt.recovered(), "idempotent.acquired");
         if attempt.recovered() {
             tracing::info!(key = %short, fence = attempt.fence(), attempt = attempt.number(), "idempotent.recovered: a previous attempt's lease ran out without an outcome");
@@ -205,7 +205,7 @@ impl Lease {
                     () = tokio::time::sleep_until(self.valid_until) => Beat::Expired,
                 }
             };
-            let short = self.key.short_key();
+            let short = self.key.short();
             match beat {
                 Beat::Done(out) => return out,
                 Beat::Renewed(Ok(Transition::Ok), sent) => {
@@ -227,7 +227,7 @@ impl Lease {
 
     fn expired(&self) {
         if !self.signal.is_lost() {
-            tracing::warn!(key = %self.key.short_key(), fence = self.attempt.fence(), "idempotent.lease_lost: no renewal reached the store within the lease; another attempt may take over");
+            tracing::warn!(key = %self.key.short(), fence = self.attempt.fence(), "idempotent.lease_lost: no renewal reached the store within the lease; another attempt may take over");
             self.signal.mark_lost();
         }
     }
@@ -310,7 +310,7 @@ impl Lease {
     }
 
     fn log_end(&self, ending: Ending, answer: &Result<Transition, Error>) {
-        let (short, fence) = (self.key.short_key(), self.attempt.fence());
+        let (short, fence) = (self.key.short(), self.attempt.fence());
         match (ending, answer) {
             (Ending::Complete, Ok(Transition::Ok)) if self.is_lost() => {
                 tracing::info!(key = %short, fence, "idempotent.stored: the lease had run out, but no other attempt took the key")
@@ -410,11 +410,11 @@ impl Drop for EndOnDrop<'_> {
         let Some(end) = self.end.take() else { return };
         let lease = self.lease;
         if self.in_call && std::thread::panicking() {
-            tracing::error!(key = %lease.key.short_key(), "idempotent.store_error: the store panicked while storing the outcome; the key frees itself when the lease runs out");
+            tracing::error!(key = %lease.key.short(), "idempotent.store_error: the store panicked while storing the outcome; the key frees itself when the lease runs out");
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(key = %lease.key.short_key(), "idempotent.store_error: dropped while ending the lease (storing the outcome, releasing or marking the key), outside a runtime; the key frees itself when the lease runs out");
+            tracing::warn!(key = %lease.key.short(), "idempotent.store_error: dropped while ending the lease (storing the outcome, releasing or marking the key), outside a runtime; the key frees itself when the lease runs out");
             return;
         };
         let (store, key, token, retention) = (lease.store.clone(), lease.key, lease.token.clone(), lease.retention);
@@ -423,7 +423,7 @@ impl Drop for EndOnDrop<'_> {
             let answer = send(&store, &key, &token, retention, end).await;
             timer.store_call(&*store, op);
             if let Err(e) = answer {
-                tracing::warn!(key = %key.short_key(), error = %e, "idempotent.store_error: ending the lease after the caller went away failed");
+                tracing::warn!(key = %key.short(), error = %e, "idempotent.store_error: ending the lease after the caller went away failed");
             }
         };
         runtime.spawn(tracing::Instrument::in_current_span(again));

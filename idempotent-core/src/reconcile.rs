@@ -238,7 +238,7 @@ impl Reconciler {
         let mut settled = Vec::with_capacity(page.records.len());
         for record in page.records {
             let outcome = self.settle(&record).await;
-            tracing::info!(step = %record.step, key = %record.key.short_key(), outcome = ?outcome, "idempotent.reconciled");
+            tracing::info!(step = %record.step, key = %record.key.short(), outcome = ?outcome, "idempotent.reconciled");
             settled.push((record, outcome));
         }
         Ok(Pass { settled, wrapped })

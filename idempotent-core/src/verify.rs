@@ -140,7 +140,7 @@ where
     if !attempt.recovered() {
         return Decision::Run;
     }
-    let short = lease.key().short_key();
+    let short = lease.key().short();
     let fence = attempt.fence();
     let Some(verify) = verifier else {
         if on_recovered.stops(&attempt) {

@@ -199,7 +199,7 @@ async fn every_executor_outcome_is_counted_in_its_situation() {
     let (run, tenant) = (unique("secret-run"), "secret-tenant");
     let ctx = RunContext::new(store, &run).with_tenant(tenant);
     let key = ctx.step("refund").key_for(&("order-1", 1500)).unwrap().0;
-    let (hex, short) = (key.to_hex(), key.short());
+    let (hex, short) = (key.to_hex(), key.short().to_string());
     let secrets = [run.as_str(), tenant, &hex, &short, "order-1", "order-2"];
     let seen = || take(&snapshotter, &secrets);
     let ok = |v: u32| move |_| async move { Ok::<_, Error>(v) };
@@ -335,7 +335,7 @@ async fn every_layer_outcome_is_counted_in_its_situation() {
         .tenant(|parts| parts.headers.get("authorization").and_then(|v| v.to_str().ok()).map(str::to_owned));
     let app = Router::new().route("/refunds", post(handler)).layer(layer);
     let tenant_key = Key::from_client_key(Some("secret-tenant"), "refunds-api", "secret-key-1");
-    let (hex, short) = (tenant_key.to_hex(), tenant_key.short());
+    let (hex, short) = (tenant_key.to_hex(), tenant_key.short().to_string());
     let secrets = ["secret-tenant", "secret-key", &hex, &short];
     let seen = || take(&snapshotter, &secrets);
     let outcomes = || calls(&seen(), "refunds-api", "memory");

@@ -61,8 +61,7 @@ impl Step<'_> {
                     Stopped::LeaseLost => self.lease_lost(&key, lease.attempt().fence()).into(),
                     Stopped::Failed(e) => e,
                     Stopped::TimedOut(after) => {
-                        Error::VerifyTimeout { step: self.name.to_string(), key: key.short_key().to_string(), after }
-                            .into()
+                        Error::VerifyTimeout { step: self.name.to_string(), key: key.short().to_string(), after }.into()
                     }
                 };
                 // Nothing ran: the error is what the caller needs, whether or not the mark
@@ -137,7 +136,7 @@ impl Step<'_> {
         E: From<Error>,
     {
         let step: &str = &self.name;
-        let short = key.short_key();
+        let short = key.short();
         let labels = Labels::step(step).run(&self.ctx.run_id).tenant(self.ctx.tenant.as_deref());
         let taken = lease::acquire(&self.ctx.store, key, fingerprint, terms, labels).await;
         lease::count_acquired(step, &*self.ctx.store, &taken, self.options.fail_mode == FailMode::Open);
@@ -181,7 +180,7 @@ impl Step<'_> {
         encode_err: impl Fn(&E) -> Option<serde_json::Result<Vec<u8>>>,
     ) -> Keep {
         let step: &str = &self.name;
-        let short = key.short_key();
+        let short = key.short();
         let encoded = match result {
             Ok(value) => match crate::record::encode_outcome(attempt, true, |buf| serde_json::to_writer(buf, value)) {
                 Ok(bytes) => bytes,
@@ -213,7 +212,7 @@ impl Step<'_> {
     }
 
     pub(super) fn lease_lost(&self, key: &Key, fence: u64) -> Error {
-        Error::LeaseLost { step: self.name.to_string(), key: key.short_key().to_string(), fence }
+        Error::LeaseLost { step: self.name.to_string(), key: key.short().to_string(), fence }
     }
 }
 
@@ -248,7 +247,7 @@ fn decode<T: DeserializeOwned, E: From<Error>>(
     bytes: &[u8],
     decode_err: impl Fn(&[u8]) -> Result<E, ()>,
 ) -> Result<(T, Provenance), E> {
-    let decode_error = |source| Error::Decode { step: step.to_owned(), key: key.short(), source };
+    let decode_error = |source| Error::Decode { step: step.to_owned(), key: key.short().to_string(), source };
     match crate::record::read_outcome(bytes) {
         Some(stored) if stored.ok => match serde_json::from_slice(stored.json) {
             Ok(value) => Ok((value, Provenance::Replayed { attempt: stored.attempt })),
@@ -257,11 +256,11 @@ fn decode<T: DeserializeOwned, E: From<Error>>(
         Some(stored) => match decode_err(stored.json) {
             Ok(e) => Err(e),
             Err(()) => Err(match serde_json::from_slice::<serde_json::Value>(stored.json) {
-                Ok(_) => Error::Corrupt { key: key.short(), detail: "a stored error was found, but this call does not store errors; call it with the same store_errors setting, or bump the step version".into() },
+                Ok(_) => Error::Corrupt { key: key.short().to_string(), detail: "a stored error was found, but this call does not store errors; call it with the same store_errors setting, or bump the step version".into() },
                 Err(e) => decode_error(e),
             }
             .into()),
         },
-        None => Err(Error::Corrupt { key: key.short(), detail: "stored result has no outcome tag".into() }.into()),
+        None => Err(Error::Corrupt { key: key.short().to_string(), detail: "stored result has no outcome tag".into() }.into()),
     }
 }

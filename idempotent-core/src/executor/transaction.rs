@@ -213,7 +213,7 @@ impl Step<'_> {
             Keep::Store(bytes) => match lease.complete_in(&mut tx, bytes).await {
                 Ok(Transition::Ok) => match commit(store, tx).await {
                     Ok(()) => {
-                        tracing::debug!(step = %self.name, key = %key.short_key(), fence, "idempotent.stored: committed with the transaction");
+                        tracing::debug!(step = %self.name, key = %key.short(), fence, "idempotent.stored: committed with the transaction");
                         // Done: nothing to release.
                         drop(lease.disarm());
                         self.count(CallEnd::Executed);

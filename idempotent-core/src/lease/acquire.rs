@@ -71,20 +71,20 @@ pub async fn acquire(
             Acquire::Replay(bytes) => return Ok(Taken::Replay(bytes)),
             Acquire::Mismatch => return Ok(Taken::Mismatch),
             Acquire::NeedsAttention { attempt, fence } => {
-                tracing::warn!(key = %key.short_key(), attempt, fence, "idempotent.needs_attention: the operation waits to be resolved; nothing runs");
+                tracing::warn!(key = %key.short(), attempt, fence, "idempotent.needs_attention: the operation waits to be resolved; nothing runs");
                 return Ok(Taken::NeedsAttention { attempt, fence });
             }
             Acquire::InFlight { retry_after } => {
                 let OnInFlight::Wait { timeout } = terms.on_in_flight else {
-                    tracing::debug!(key = %key.short_key(), ?retry_after, "idempotent.in_flight: rejected");
+                    tracing::debug!(key = %key.short(), ?retry_after, "idempotent.in_flight: rejected");
                     return Ok(Taken::InFlight { retry_after });
                 };
                 let waited = started.elapsed();
                 if waited >= timeout {
-                    tracing::debug!(key = %key.short_key(), ?waited, "idempotent.in_flight: gave up waiting");
+                    tracing::debug!(key = %key.short(), ?waited, "idempotent.in_flight: gave up waiting");
                     return Ok(Taken::InFlight { retry_after });
                 }
-                tracing::trace!(key = %key.short_key(), ?retry_after, "idempotent.in_flight: waiting");
+                tracing::trace!(key = %key.short(), ?retry_after, "idempotent.in_flight: waiting");
                 let nap = IN_FLIGHT_POLL.ceiling(polls).min(retry_after.max(Duration::from_millis(1)));
                 polls = polls.saturating_add(1);
                 // Boxed: a timer is most of this future's size, and only waiting calls need one.

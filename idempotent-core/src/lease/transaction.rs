@@ -29,7 +29,7 @@ impl Lease {
         let timer = crate::metrics::Timer::start();
         let answer = store.complete_in(tx, &self.key, &self.token, outcome, self.retention).await;
         timer.store_call(&*self.store, crate::metrics::Op::Complete);
-        let (short, fence) = (self.key.short_key(), self.attempt.fence());
+        let (short, fence) = (self.key.short(), self.attempt.fence());
         match &answer {
             Ok(Transition::Ok) => tracing::trace!(key = %short, fence, "idempotent.completed_in_transaction"),
             Ok(Transition::LeaseLost) => {
@@ -81,7 +81,7 @@ impl std::ops::DerefMut for ReleaseOnDrop {
 impl Drop for ReleaseOnDrop {
     fn drop(&mut self) {
         let Some(lease) = self.0.take() else { return };
-        let short = lease.key.short_key();
+        let short = lease.key.short();
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(key = %short, "idempotent.store_error: dropped outside a runtime before the outcome was stored; the key frees itself when the lease runs out");
             return;

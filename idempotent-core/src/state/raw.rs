@@ -205,7 +205,7 @@ impl RawState {
                         }
                         Ok(Loaded { value: None, .. }) => {
                             return Err(Error::Corrupt {
-                                key: crate::Key::from_bytes(*scope.digest()).short(),
+                                key: crate::Key::from_bytes(*scope.digest()).short().to_string(),
                                 detail: format!("state {scope}: absent after a commit of version {version}"),
                             });
                         }

@@ -33,7 +33,10 @@ impl RedisStore {
     }
 
     fn state_corrupt(scope: &Scope, detail: String) -> Error {
-        Error::Corrupt { key: Key::from_bytes(*scope.digest()).short(), detail: format!("state {scope}: {detail}") }
+        Error::Corrupt {
+            key: Key::from_bytes(*scope.digest()).short().to_string(),
+            detail: format!("state {scope}: {detail}"),
+        }
     }
 }
 

@@ -79,7 +79,7 @@ where
         Err(e) => (Err(e), None),
         Ok(res) => match collect_at_once(res, config.max_stored_response).await {
             Ok(collected) => {
-                let (res, stored) = decide(config, collected, grpc, lease.key().short_key());
+                let (res, stored) = decide(config, collected, grpc, lease.key().short());
                 (Ok(res), stored)
             }
             Err(collect) => {
@@ -107,7 +107,7 @@ where
     B::Error: Into<BoxError>,
 {
     let collected = lease.run(Pin::new(&mut collect)).await;
-    let (res, stored) = decide(&config, collected, grpc, lease.key().short_key());
+    let (res, stored) = decide(&config, collected, grpc, lease.key().short());
     let wanted = stored.is_some();
     let answer = lease.end(stored.map_or(End::Release, End::Complete)).await;
     idempotent_core::metrics::ended(&config.scope, &*config.store, wanted, &answer);

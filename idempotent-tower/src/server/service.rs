@@ -203,7 +203,7 @@ where
     ReqBody: Body<Data = Bytes>,
     ReqBody::Error: Into<BoxError>,
 {
-    let short = key.short_key();
+    let short = key.short();
     let refuse = |refusal: Refusal| Admission::Respond(refusal.into_response(grpc));
     let count = |outcome| metrics::call(&config.scope, &*config.store, outcome);
     let (data, trailers) = match read_body(&parts.headers, body, config.max_request_body).await {

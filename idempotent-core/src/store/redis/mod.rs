@@ -311,7 +311,7 @@ impl RedisStore {
     }
 
     fn corrupt(key: &Key, detail: impl Into<String>) -> Error {
-        Error::Corrupt { key: key.short(), detail: detail.into() }
+        Error::Corrupt { key: key.short().to_string(), detail: detail.into() }
     }
 }
 

@@ -44,7 +44,7 @@ impl Found {
     /// ours, the key was taken; another's, the row says replay, in flight, needs attention or
     /// mismatch.
     pub(crate) fn judge(self, key: &Key, fingerprint: &Fingerprint, token: &Token) -> Result<Acquire, Error> {
-        let corrupt = |detail: String| Error::Corrupt { key: key.short(), detail };
+        let corrupt = |detail: String| Error::Corrupt { key: key.short().to_string(), detail };
         let fence = || u64::try_from(self.fence).map_err(|_| corrupt(format!("negative fence {}", self.fence)));
         let attempt =
             || u32::try_from(self.attempt).map_err(|_| corrupt(format!("attempt {} out of range", self.attempt)));
@@ -85,8 +85,10 @@ where
     for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
     for<'r> i64: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
-    let get_err =
-        |e: sqlx::Error| Error::Corrupt { key: key.short(), detail: format!("a column has the wrong type: {e}") };
+    let get_err = |e: sqlx::Error| Error::Corrupt {
+        key: key.short().to_string(),
+        detail: format!("a column has the wrong type: {e}"),
+    };
     Ok(Found {
         token: row.try_get(0).map_err(get_err)?,
         fingerprint: row.try_get(1).map_err(get_err)?,
@@ -145,7 +147,7 @@ where
     let info = read().map_err(|e| {
         let key = row.try_get::<Vec<u8>, _>(0).ok().and_then(|k| <[u8; 32]>::try_from(k).ok());
         Error::Corrupt {
-            key: key.map_or_else(|| "?".to_owned(), |k| Key::from_bytes(k).short()),
+            key: key.map_or_else(|| "?".to_owned(), |k| Key::from_bytes(k).short().to_string()),
             detail: format!("a column has the wrong type: {e}"),
         }
     })?;
@@ -195,7 +197,7 @@ impl Info {
             key: "?".to_owned(),
             detail: format!("a key of {} bytes", self.key.len()),
         })?;
-        let corrupt = |detail: String| Error::Corrupt { key: key.short(), detail };
+        let corrupt = |detail: String| Error::Corrupt { key: key.short().to_string(), detail };
         let fingerprint = bytes32(&self.fingerprint)
             .map(Fingerprint::from_bytes)
             .ok_or_else(|| corrupt(format!("a fingerprint of {} bytes", self.fingerprint.len())))?;

@@ -85,7 +85,7 @@ fn version_of(scope: &Scope, v: i64) -> Result<Version, Error> {
     match u64::try_from(v) {
         Ok(v) if v > 0 => Ok(Version::new(v)),
         _ => Err(Error::Corrupt {
-            key: crate::Key::from_bytes(*scope.digest()).short(),
+            key: crate::Key::from_bytes(*scope.digest()).short().to_string(),
             detail: format!("state {scope}: its row has version {v}, below 1"),
         }),
     }
