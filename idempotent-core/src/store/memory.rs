@@ -316,7 +316,7 @@ impl MemoryStore {
         self.inner.len.fetch_sub(before - shard.map.len(), Ordering::Relaxed);
     }
 
-    fn acquire_now(
+    fn acquire_or_sweep(
         &self,
         key: &Key,
         fp: &Fingerprint,
@@ -449,7 +449,7 @@ impl Store for MemoryStore {
         retention: Duration,
         labels: Labels<'a>,
     ) -> BoxFuture<'a, Result<Acquire, Error>> {
-        let res = self.acquire_now(key, fingerprint, lease, retention, &labels);
+        let res = self.acquire_or_sweep(key, fingerprint, lease, retention, &labels);
         Box::pin(std::future::ready(res))
     }
 

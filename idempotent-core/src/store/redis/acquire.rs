@@ -59,7 +59,7 @@ impl RedisStore {
     /// Acquire's work for `token`: one `SET NX GET` (after a `GET` when the store reads first),
     /// then the acquire script only for a record they cannot judge (or for every acquire when the
     /// plain path is off or has no clock).
-    pub(super) async fn take(
+    pub(super) async fn acquire_for(
         &self,
         key: &Key,
         fingerprint: &Fingerprint,

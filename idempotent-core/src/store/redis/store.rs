@@ -77,7 +77,7 @@ impl Store for RedisStore {
         Box::pin(async move {
             arg::check_labels(&labels)?;
             let token = Token::unique();
-            let res = self.take(key, fingerprint, &token, millis(lease), millis(retention), &labels).await;
+            let res = self.acquire_for(key, fingerprint, &token, millis(lease), millis(retention), &labels).await;
             if let Ok(answer) = &res {
                 self.inner.order.learn(answer);
             }

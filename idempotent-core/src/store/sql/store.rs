@@ -86,7 +86,7 @@ impl<F: Future + Send + 'static> Drop for AcquireCall<F> {
 impl<B: Backend> SqlStore<B> {
     /// Acquire's work for `token`: the read when the store reads first, then the upsert, run
     /// again while the record changes between its read and its write.
-    async fn take(
+    async fn acquire_for(
         &self,
         key: &Key,
         fp: &Fingerprint,
@@ -235,7 +235,7 @@ impl<B: Backend> Store for SqlStore<B> {
         let flag = abandoned.clone();
         let work = async move {
             let token = Token::unique();
-            match store.take(&key, &fingerprint, &token, lease, retention, &labels).await {
+            match store.acquire_for(&key, &fingerprint, &token, lease, retention, &labels).await {
                 Ok(answer) => {
                     store.inner.order.learn(&answer);
                     if let Acquire::Acquired(grant) = &answer {
