@@ -66,15 +66,15 @@ idempotent_tests::on_every_store!(
 
 /// What the handlers did, and a gate that holds `/gated` open until the test lets it finish.
 #[derive(Clone)]
-struct Ledger {
+struct Effects {
     calls: Arc<AtomicUsize>,
     entered: Arc<Notify>,
     gate: Arc<Semaphore>,
 }
 
-impl Ledger {
+impl Effects {
     fn new() -> Self {
-        Ledger { calls: Arc::default(), entered: Arc::default(), gate: Arc::new(Semaphore::new(0)) }
+        Effects { calls: Arc::default(), entered: Arc::default(), gate: Arc::new(Semaphore::new(0)) }
     }
 
     fn calls(&self) -> usize {
@@ -87,7 +87,7 @@ impl Ledger {
 }
 
 async fn refund(
-    State(l): State<Ledger>,
+    State(l): State<Effects>,
     lease: Option<Extension<Attempt>>,
     unprotected: Option<Extension<Unprotected>>,
     headers: HeaderMap,
@@ -115,7 +115,7 @@ async fn refund(
 }
 
 async fn status(
-    State(l): State<Ledger>,
+    State(l): State<Effects>,
     Path(code): Path<u16>,
     lease: Option<Extension<Attempt>>,
 ) -> Response<AxumBody> {
@@ -133,7 +133,7 @@ struct Size {
     bytes: usize,
 }
 
-async fn big(State(l): State<Ledger>, Query(size): Query<Size>) -> Response<AxumBody> {
+async fn big(State(l): State<Effects>, Query(size): Query<Size>) -> Response<AxumBody> {
     let n = l.call();
     let mut body = format!("call {n};").into_bytes();
     body.resize(size.bytes, b'x');
@@ -143,14 +143,14 @@ async fn big(State(l): State<Ledger>, Query(size): Query<Size>) -> Response<Axum
     Response::new(AxumBody::new(StreamBody::new(futures_util::stream::iter(chunks))))
 }
 
-async fn gated(State(l): State<Ledger>) -> Response<AxumBody> {
+async fn gated(State(l): State<Effects>) -> Response<AxumBody> {
     let n = l.call();
     l.entered.notify_one();
     l.gate.acquire().await.unwrap().forget();
     Response::builder().status(StatusCode::CREATED).body(AxumBody::from(format!("gated re_{n}"))).unwrap()
 }
 
-async fn trailers(State(l): State<Ledger>) -> Response<AxumBody> {
+async fn trailers(State(l): State<Effects>) -> Response<AxumBody> {
     let n = l.call();
     let mut t = HeaderMap::new();
     t.insert("x-checksum", HeaderValue::from_str(&format!("sum-{n}")).unwrap());
@@ -164,7 +164,7 @@ async fn trailers(State(l): State<Ledger>) -> Response<AxumBody> {
     Response::new(AxumBody::new(StreamBody::new(futures_util::stream::iter(frames))))
 }
 
-async fn failing(State(l): State<Ledger>) -> Response<AxumBody> {
+async fn failing(State(l): State<Effects>) -> Response<AxumBody> {
     let n = l.call();
     let frames: Vec<Result<Frame<Bytes>, BoxError>> =
         vec![Ok(Frame::data(Bytes::from(format!("partial {n}")))), Err("the database went away".into())];
@@ -172,7 +172,7 @@ async fn failing(State(l): State<Ledger>) -> Response<AxumBody> {
 }
 
 /// Answers at once; the body yields only once the gate opens.
-async fn slow_body(State(l): State<Ledger>) -> Response<AxumBody> {
+async fn slow_body(State(l): State<Effects>) -> Response<AxumBody> {
     let n = l.call();
     let body = futures_util::stream::once(async move {
         l.entered.notify_one();
@@ -182,7 +182,7 @@ async fn slow_body(State(l): State<Ledger>) -> Response<AxumBody> {
     Response::builder().status(StatusCode::CREATED).body(AxumBody::new(StreamBody::new(body))).unwrap()
 }
 
-fn routes(ledger: &Ledger) -> Router {
+fn routes(effects: &Effects) -> Router {
     Router::new()
         .route("/refunds", post(refund).patch(refund).get(refund).put(refund))
         .route("/status/{code}", post(status))
@@ -191,7 +191,7 @@ fn routes(ledger: &Ledger) -> Router {
         .route("/trailers", post(trailers))
         .route("/failing", post(failing))
         .route("/slow-body", post(slow_body))
-        .with_state(ledger.clone())
+        .with_state(effects.clone())
 }
 
 fn tenant_from_header(parts: &http::request::Parts) -> Option<String> {
@@ -201,25 +201,25 @@ fn tenant_from_header(parts: &http::request::Parts) -> Option<String> {
 /// A running server and a client for it.
 struct App {
     addr: SocketAddr,
-    ledger: Ledger,
+    effects: Effects,
     h1: Client<HttpConnector, ClientBody>,
     h2: Client<HttpConnector, ClientBody>,
 }
 
 impl App {
     async fn start(store: &SharedStore, configure: impl FnOnce(IdempotencyLayer) -> IdempotencyLayer) -> App {
-        let ledger = Ledger::new();
+        let effects = Effects::new();
         let layer = configure(IdempotencyLayer::new(store.clone()).tenant(tenant_from_header));
-        Self::serve(routes(&ledger).layer(layer), ledger).await
+        Self::serve(routes(&effects).layer(layer), effects).await
     }
 
-    async fn serve(router: Router, ledger: Ledger) -> App {
+    async fn serve(router: Router, effects: Effects) -> App {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
         let h1 = Client::builder(TokioExecutor::new()).build_http();
         let h2 = Client::builder(TokioExecutor::new()).http2_only(true).build_http();
-        App { addr, ledger, h1, h2 }
+        App { addr, effects, h1, h2 }
     }
 
     fn req(&self, method: &str, path: &str) -> http::request::Builder {
@@ -332,7 +332,7 @@ async fn replay_is_byte_identical_over_http1(store: SharedStore) {
     let request = raw_post("/refunds", "\"raw-1\"", r#"{"order":"o-1","amount":1500}"#);
     let first = app.raw(&request).await;
     let second = app.raw(&request).await;
-    assert_eq!(app.ledger.calls(), 1);
+    assert_eq!(app.effects.calls(), 1);
 
     let first_text = String::from_utf8_lossy(&first);
     assert!(first_text.starts_with("HTTP/1.1 201 Created\r\n"), "{first_text}");
@@ -353,14 +353,14 @@ async fn replay_is_byte_identical_over_http1(store: SharedStore) {
     // The bare form of the same key names the same record.
     let bare = app.raw(&raw_post("/refunds", "raw-1", r#"{"order":"o-1","amount":1500}"#)).await;
     assert_eq!(without_headers(&bare, &["date", "idempotent-replayed"]), without_headers(&first, &["date"]));
-    assert_eq!(app.ledger.calls(), 1);
+    assert_eq!(app.effects.calls(), 1);
 }
 
 async fn replay_keeps_trailers_over_http2(store: SharedStore) {
     let app = App::start(&store, |l| l).await;
     let first = app.h2(app.post("/trailers", "t-1"), "{}").await;
     let second = app.h2(app.post("/trailers", "t-1"), "{}").await;
-    assert_eq!(app.ledger.calls(), 1);
+    assert_eq!(app.effects.calls(), 1);
     assert_eq!(first.status, StatusCode::OK);
     assert!(!first.replayed());
     assert!(second.replayed());
@@ -395,8 +395,8 @@ async fn sixty_four_concurrent_requests_run_the_handler_once(store: SharedStore)
         let retry_after: u64 = reply.headers["retry-after"].to_str().unwrap().parse().unwrap();
         assert!((1..=60).contains(&retry_after));
     }
-    assert_eq!(app.ledger.calls(), 1);
-    app.ledger.gate.add_permits(1);
+    assert_eq!(app.effects.calls(), 1);
+    app.effects.gate.add_permits(1);
     let leader = next().await;
     assert_eq!(leader.status, StatusCode::CREATED);
     assert_eq!(leader.text(), "gated re_1");
@@ -405,7 +405,7 @@ async fn sixty_four_concurrent_requests_run_the_handler_once(store: SharedStore)
     let again = app.h2(app.post("/gated", "same-key"), "{}").await;
     assert!(again.replayed());
     assert_eq!(again.body, leader.body);
-    assert_eq!(app.ledger.calls(), 1);
+    assert_eq!(app.effects.calls(), 1);
 }
 
 async fn sixty_four_waiting_requests_all_get_the_first_response(store: SharedStore) {
@@ -422,8 +422,8 @@ async fn sixty_four_waiting_requests_all_get_the_first_response(store: SharedSto
             }
         }));
     }
-    app.ledger.entered.notified().await;
-    app.ledger.gate.add_permits(1);
+    app.effects.entered.notified().await;
+    app.effects.gate.add_permits(1);
     let mut fresh = 0;
     for t in tasks {
         let reply = tokio::time::timeout(Duration::from_secs(30), t).await.expect("a reply").unwrap();
@@ -432,7 +432,7 @@ async fn sixty_four_waiting_requests_all_get_the_first_response(store: SharedSto
         fresh += usize::from(!reply.replayed());
     }
     assert_eq!(fresh, 1);
-    assert_eq!(app.ledger.calls(), 1);
+    assert_eq!(app.effects.calls(), 1);
 }
 
 async fn tenants_never_share_a_record(store: SharedStore) {
@@ -458,7 +458,7 @@ async fn tenants_never_share_a_record(store: SharedStore) {
     let anonymous = app.h1(app.post("/refunds", "shared"), body).await;
     assert_eq!(anonymous.status, StatusCode::CREATED);
     assert!(!anonymous.replayed());
-    assert_eq!(app.ledger.calls(), 4);
+    assert_eq!(app.effects.calls(), 4);
 }
 
 async fn another_request_under_the_same_key_is_422(store: SharedStore) {
@@ -480,7 +480,7 @@ async fn another_request_under_the_same_key_is_422(store: SharedStore) {
     other_method.problem(422, "key-reused");
     let other_path = app.h1(app.post("/status/201", "m-1"), r#"{"order":"o-1","amount":100}"#).await;
     other_path.problem(422, "key-reused");
-    assert_eq!(app.ledger.calls(), 1);
+    assert_eq!(app.effects.calls(), 1);
 }
 
 async fn the_replay_hook_changes_replayed_responses_only(store: SharedStore) {
@@ -519,7 +519,7 @@ async fn the_replay_hook_changes_replayed_responses_only(store: SharedStore) {
         assert_eq!((reply.status, &reply.body), (first.status, &first.body), "status and body are the stored ones");
         assert_eq!(hooked.load(Ordering::SeqCst), n);
     }
-    assert_eq!(app.ledger.calls(), 1);
+    assert_eq!(app.effects.calls(), 1);
 }
 
 async fn missing_key_passes_through_or_is_400_when_required(store: SharedStore) {
@@ -533,7 +533,7 @@ async fn missing_key_passes_through_or_is_400_when_required(store: SharedStore) 
             (&"none".parse().unwrap(), &"NoKey".parse().unwrap())
         );
     }
-    assert_eq!(app.ledger.calls(), 2, "without a key, requests pass through unprotected");
+    assert_eq!(app.effects.calls(), 2, "without a key, requests pass through unprotected");
     // A method the layer does not cover carries nothing of the layer's.
     let get = app.h1(app.req("GET", "/refunds"), "").await;
     assert!(get.headers.get("x-unprotected").is_none(), "{:?}", get.headers);
@@ -543,23 +543,23 @@ async fn missing_key_passes_through_or_is_400_when_required(store: SharedStore) 
     strict.h2(strict.req("PATCH", "/refunds"), "{}").await.problem(400, "key-missing");
     // Methods the layer does not cover never need a key.
     assert_eq!(strict.h1(strict.req("GET", "/refunds"), "").await.status, StatusCode::CREATED);
-    assert_eq!(strict.ledger.calls(), 1);
+    assert_eq!(strict.effects.calls(), 1);
 
     // Required on one route only, by layering that route.
-    let ledger = Ledger::new();
+    let effects = Effects::new();
     let router = Router::new()
         .route("/strict", post(refund).layer(IdempotencyLayer::new(store.clone()).require_key(true)))
         .route("/lenient", post(refund))
-        .with_state(ledger.clone())
+        .with_state(effects.clone())
         .layer(IdempotencyLayer::new(store.clone()));
-    let routed = App::serve(router, ledger).await;
+    let routed = App::serve(router, effects).await;
     routed.h1(routed.req("POST", "/strict"), "{}").await.problem(400, "key-missing");
     assert_eq!(routed.h1(routed.req("POST", "/lenient"), "{}").await.status, StatusCode::CREATED);
-    assert_eq!(routed.ledger.calls(), 1);
+    assert_eq!(routed.effects.calls(), 1);
     // With a key, the outer layer handles the request and the route's layer stands aside.
     assert_eq!(routed.h1(routed.post("/strict", "nested"), "{}").await.status, StatusCode::CREATED);
     assert!(routed.h1(routed.post("/strict", "nested"), "{}").await.replayed());
-    assert_eq!(routed.ledger.calls(), 2);
+    assert_eq!(routed.effects.calls(), 2);
 }
 
 async fn malformed_keys_are_400(store: SharedStore) {
@@ -590,13 +590,13 @@ async fn malformed_keys_are_400(store: SharedStore) {
     assert!(doc["detail"].as_str().unwrap().contains("more than once"), "{doc}");
     let twice_h2 = app.req("POST", "/refunds").header("idempotency-key", "a").header("idempotency-key", "b");
     app.h2(twice_h2, "{}").await.problem(400, "key-invalid");
-    assert_eq!(app.ledger.calls(), 0);
+    assert_eq!(app.effects.calls(), 0);
 
     // The longest key allowed works, in both forms.
     let longest = "k".repeat(255);
     assert_eq!(app.h1(app.post("/refunds", &longest), "{}").await.status, StatusCode::CREATED);
     assert!(app.h1(app.post("/refunds", &format!("\"{longest}\"")), "{}").await.replayed());
-    assert_eq!(app.ledger.calls(), 1);
+    assert_eq!(app.effects.calls(), 1);
 }
 
 async fn bodies_over_the_cap_are_413_with_or_without_content_length(store: SharedStore) {
@@ -614,7 +614,7 @@ async fn bodies_over_the_cap_are_413_with_or_without_content_length(store: Share
     Reply::read(app.h1.request(req).await.unwrap()).await.problem(413, "body-too-large");
     let req = app.post("/refunds", "big-3").body(chunked()).unwrap();
     Reply::read(app.h2.request(req).await.unwrap()).await.problem(413, "body-too-large");
-    assert_eq!(app.ledger.calls(), 0);
+    assert_eq!(app.effects.calls(), 0);
 
     // Exactly at the cap is fine, and the handler sees the whole body.
     let ok = app.h1(app.post("/refunds", "big-4"), vec![b'z'; 1024]).await;
@@ -622,7 +622,7 @@ async fn bodies_over_the_cap_are_413_with_or_without_content_length(store: Share
     assert!(ok.text().contains("\"bytes\":1024"), "{}", ok.text());
     // A refused key was never taken: the same key works once the body is small enough.
     assert_eq!(app.h1(app.post("/refunds", "big-1"), "{}").await.status, StatusCode::CREATED);
-    assert_eq!(app.ledger.calls(), 2);
+    assert_eq!(app.effects.calls(), 2);
 }
 
 async fn a_body_that_fails_mid_stream_is_400(store: SharedStore) {
@@ -634,7 +634,7 @@ async fn a_body_that_fails_mid_stream_is_400(store: SharedStore) {
     let text = String::from_utf8_lossy(&raw);
     assert!(text.starts_with("HTTP/1.1 400 Bad Request\r\n"), "{text}");
     assert!(text.contains("tag:idempotent-tower,2025:body-unreadable"), "{text}");
-    assert_eq!(app.ledger.calls(), 0);
+    assert_eq!(app.effects.calls(), 0);
     // The key was never taken.
     assert_eq!(app.h1(app.post("/refunds", "broken-1"), "{}").await.status, StatusCode::CREATED);
 }
@@ -644,21 +644,21 @@ async fn retryable_outcomes_release_the_key_and_final_ones_are_replayed(store: S
     for code in [500u16, 502, 503, 408, 409, 425, 429] {
         let key = format!("release-{code}");
         let first = app.h1(app.post(&format!("/status/{code}"), &key), "{}").await;
-        let before = app.ledger.calls();
+        let before = app.effects.calls();
         let second = app.h2(app.post(&format!("/status/{code}"), &key), "{}").await;
         assert_eq!((first.status.as_u16(), second.status.as_u16()), (code, code));
         assert!(!second.replayed(), "{code} was stored");
-        assert_eq!(app.ledger.calls(), before + 1, "{code}: the retry did not run the handler");
+        assert_eq!(app.effects.calls(), before + 1, "{code}: the retry did not run the handler");
     }
     for code in [200u16, 202, 400, 404, 422] {
         let key = format!("store-{code}");
         let first = app.h1(app.post(&format!("/status/{code}"), &key), "{}").await;
-        let before = app.ledger.calls();
+        let before = app.effects.calls();
         let second = app.h2(app.post(&format!("/status/{code}"), &key), "{}").await;
         assert_eq!(second.status.as_u16(), code);
         assert!(second.replayed(), "{code} was not stored");
         assert_eq!(second.body, first.body);
-        assert_eq!(app.ledger.calls(), before);
+        assert_eq!(app.effects.calls(), before);
     }
 }
 
@@ -677,7 +677,7 @@ async fn responses_over_the_store_cap_are_sent_but_not_stored(store: SharedStore
     let replay = app.h1(app.post("/big?bytes=1024", "small-response"), "{}").await;
     assert!(replay.replayed());
     assert_eq!(replay.body, small.body);
-    assert_eq!(app.ledger.calls(), 3);
+    assert_eq!(app.effects.calls(), 3);
 }
 
 async fn methods_and_header_name_are_configurable(store: SharedStore) {
@@ -690,7 +690,7 @@ async fn methods_and_header_name_are_configurable(store: SharedStore) {
     // PATCH is.
     app.h1(app.req("PATCH", "/refunds").header("idempotency-key", "patch-1"), "{}").await;
     assert!(app.h1(app.req("PATCH", "/refunds").header("idempotency-key", "patch-1"), "{}").await.replayed());
-    assert_eq!(app.ledger.calls(), 3);
+    assert_eq!(app.effects.calls(), 3);
 
     let put_only = App::start(&store, |l| l.methods([Method::PUT]).scope("put-only")).await;
     for _ in 0..2 {
@@ -698,7 +698,7 @@ async fn methods_and_header_name_are_configurable(store: SharedStore) {
     }
     put_only.h1(put_only.req("PUT", "/refunds").header("idempotency-key", "m-1"), "{}").await;
     assert!(put_only.h1(put_only.req("PUT", "/refunds").header("idempotency-key", "m-1"), "{}").await.replayed());
-    assert_eq!(put_only.ledger.calls(), 3);
+    assert_eq!(put_only.effects.calls(), 3);
 
     let custom = App::start(&store, |l| {
         l.header_name(HeaderName::from_static("x-request-key")).scope("custom").require_key(true)
@@ -708,7 +708,7 @@ async fn methods_and_header_name_are_configurable(store: SharedStore) {
     let first = custom.h1(custom.req("POST", "/refunds").header("x-request-key", "c-1"), "{}").await;
     let second = custom.h1(custom.req("POST", "/refunds").header("x-request-key", "c-1"), "{}").await;
     assert!(!first.replayed() && second.replayed());
-    assert_eq!(custom.ledger.calls(), 1);
+    assert_eq!(custom.effects.calls(), 1);
 }
 
 async fn the_heartbeat_keeps_a_long_request_in_flight(store: SharedStore) {
@@ -720,7 +720,7 @@ async fn the_heartbeat_keeps_a_long_request_in_flight(store: SharedStore) {
         let app = app.clone();
         tokio::spawn(async move { app.h1(app.post("/gated", "slow"), "{}").await })
     };
-    app.ledger.entered.notified().await;
+    app.effects.entered.notified().await;
     // Time passing is the point here: outlive the lease several times over.
     tokio::time::sleep(lease * 3).await;
     // Without renewals the duplicate would take the key and block at the gate too.
@@ -728,8 +728,8 @@ async fn the_heartbeat_keeps_a_long_request_in_flight(store: SharedStore) {
         .await
         .expect("the duplicate ran the handler: the lease ran out while the first request was running");
     duplicate.problem(409, "key-in-use");
-    assert_eq!(app.ledger.calls(), 1, "the lease ran out while the handler was running");
-    app.ledger.gate.add_permits(1);
+    assert_eq!(app.effects.calls(), 1, "the lease ran out while the handler was running");
+    app.effects.gate.add_permits(1);
     let first = leader.await.unwrap();
     assert_eq!(first.status, StatusCode::CREATED);
     let replay = app.h2(app.post("/gated", "slow"), "{}").await;
@@ -749,7 +749,7 @@ async fn a_response_body_that_fails_releases_the_key(store: SharedStore) {
                 assert!(res.into_body().collect().await.is_err(), "the body error reaches the client");
             }
         }
-        assert_eq!(app.ledger.calls(), n, "a failed response must not be stored");
+        assert_eq!(app.effects.calls(), n, "a failed response must not be stored");
     }
 }
 
@@ -761,14 +761,14 @@ async fn a_waiting_duplicate_gives_up_with_409(store: SharedStore) {
         let app = app.clone();
         tokio::spawn(async move { app.h1(app.post("/gated", "patient"), "{}").await })
     };
-    app.ledger.entered.notified().await;
+    app.effects.entered.notified().await;
     let started = std::time::Instant::now();
     app.h2(app.post("/gated", "patient"), "{}").await.problem(409, "key-in-use");
     assert!(started.elapsed() >= Duration::from_millis(300), "gave up before the timeout");
-    app.ledger.gate.add_permits(1);
+    app.effects.gate.add_permits(1);
     assert_eq!(leader.await.unwrap().status, StatusCode::CREATED);
     assert!(app.h2(app.post("/gated", "patient"), "{}").await.replayed());
-    assert_eq!(app.ledger.calls(), 1);
+    assert_eq!(app.effects.calls(), 1);
 }
 
 /// An in-process request to `path` under `key` (no connection: the test drops the future
@@ -782,39 +782,39 @@ fn in_process(path: &str, key: &str) -> Request<AxumBody> {
 }
 
 async fn a_request_dropped_while_its_body_is_read_still_stores_the_response(store: SharedStore) {
-    let ledger = Ledger::new();
+    let effects = Effects::new();
     // A retry that waits for the first response; it gives up (409) long before a lease of 60 s
     // would free a key left `running`.
     let layer = IdempotencyLayer::new(store).on_in_flight(OnInFlight::Wait { timeout: Duration::from_secs(3) });
-    let app = routes(&ledger).layer(layer);
+    let app = routes(&effects).layer(layer);
     tokio::select! {
         res = app.clone().oneshot(in_process("/slow-body", "dropped")) => {
             panic!("the response came before its body could be read: {:?}", res.map(|r| r.status()))
         }
         // The handler has answered and the layer is reading the body: drop the request.
-        () = ledger.entered.notified() => {}
+        () = effects.entered.notified() => {}
     }
-    ledger.gate.add_permits(1);
+    effects.gate.add_permits(1);
     let retry = app.oneshot(in_process("/slow-body", "dropped")).await.unwrap();
     assert_eq!(retry.status(), StatusCode::CREATED, "the response was never stored");
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
     assert_eq!(retry.into_body().collect().await.unwrap().to_bytes(), "slow re_1");
-    assert_eq!(ledger.calls(), 1, "the retry ran the handler again");
+    assert_eq!(effects.calls(), 1, "the retry ran the handler again");
 }
 
 async fn a_layer_that_never_reruns_blindly_stops_a_recovered_request_for_an_operator(store: SharedStore) {
     use idempotent_core::OnRecovered;
     use idempotent_core::record::{Resolution, Resolved};
-    let ledger = Ledger::new();
+    let effects = Effects::new();
     let layer = IdempotencyLayer::new(store.clone())
         .lease(Duration::from_millis(300))
         .on_in_flight(OnInFlight::Wait { timeout: Duration::from_secs(5) })
         .on_recovered(OnRecovered::NeedsAttention);
-    let app = routes(&ledger).layer(layer);
+    let app = routes(&effects).layer(layer);
     // The first request dies inside its handler (the server dropped it): its lease runs out.
     tokio::select! {
         res = app.clone().oneshot(in_process("/gated", "rec-1")) => panic!("the gated handler answered: {res:?}"),
-        () = ledger.entered.notified() => {}
+        () = effects.entered.notified() => {}
     }
     for _ in 0..2 {
         let res = app.clone().oneshot(in_process("/gated", "rec-1")).await.unwrap();
@@ -823,14 +823,14 @@ async fn a_layer_that_never_reruns_blindly_stops_a_recovered_request_for_an_oper
             serde_json::from_slice(&res.into_body().collect().await.unwrap().to_bytes()).unwrap();
         assert_eq!(doc["type"], "tag:idempotent-tower,2025:needs-attention", "{doc}");
     }
-    assert_eq!(ledger.calls(), 1, "the handler did not run again");
+    assert_eq!(effects.calls(), 1, "the handler did not run again");
     // The operator checks, finds nothing happened, and resolves the key's record as not done.
     let key = idempotent_core::Key::from_client_key(None, "http", "rec-1");
     assert_eq!(store.resolve(&key, Resolution::NotDone).await.unwrap(), Resolved::Ok);
-    ledger.gate.add_permits(1);
+    effects.gate.add_permits(1);
     let res = app.oneshot(in_process("/gated", "rec-1")).await.unwrap();
     assert_eq!(res.status(), StatusCode::CREATED);
-    assert_eq!(ledger.calls(), 2);
+    assert_eq!(effects.calls(), 2);
 }
 
 /// What a [`slow_complete`] or [`slow_release`] store shares with the test.
@@ -901,10 +901,10 @@ async fn a_request_dropped_while_release_is_in_flight_still_frees_the_key(store:
 
 async fn a_request_dropped_while_complete_is_in_flight_still_stores_the_response(store: SharedStore) {
     let slow = slow_complete(store);
-    let ledger = Ledger::new();
+    let effects = Effects::new();
     let shared: SharedStore = slow.clone();
     let layer = IdempotencyLayer::new(shared).on_in_flight(OnInFlight::Wait { timeout: Duration::from_secs(3) });
-    let app = routes(&ledger).layer(layer);
+    let app = routes(&effects).layer(layer);
     tokio::select! {
         res = app.clone().oneshot(in_process("/refunds", "dropped")) => {
             panic!("the response came before it was stored: {:?}", res.map(|r| r.status()))
@@ -916,7 +916,7 @@ async fn a_request_dropped_while_complete_is_in_flight_still_stores_the_response
     assert_eq!(retry.status(), StatusCode::CREATED, "the response was never stored");
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
     assert_eq!(retry.headers()["x-refund"], "re_1");
-    assert_eq!(ledger.calls(), 1, "the retry ran the handler again");
+    assert_eq!(effects.calls(), 1, "the retry ran the handler again");
 }
 
 /// A store that cannot renew: every renewal fails as if the store were out of reach, or, with
@@ -944,10 +944,10 @@ async fn a_lease_whose_renewals_keep_failing_still_stores_when_no_one_took_over(
         let app = app.clone();
         tokio::spawn(async move { app.h1(app.post("/gated", "unrenewed"), "{}").await })
     };
-    app.ledger.entered.notified().await;
+    app.effects.entered.notified().await;
     // Time passing is the point: outlive the lease with every renewal failing.
     tokio::time::sleep(lease * 4).await;
-    app.ledger.gate.add_permits(1);
+    app.effects.gate.add_permits(1);
     let first = leader.await.unwrap();
     assert_eq!(first.status, StatusCode::CREATED);
     assert_eq!(first.text(), "gated re_1", "the client gets the response");
@@ -958,16 +958,16 @@ async fn a_lease_whose_renewals_keep_failing_still_stores_when_no_one_took_over(
     let retry = app.h2(app.post("/gated", "unrenewed"), "{}").await;
     assert!(retry.replayed());
     assert_eq!(retry.text(), "gated re_1");
-    assert_eq!(app.ledger.calls(), 1);
+    assert_eq!(app.effects.calls(), 1);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_renewal_that_never_answers_loses_the_lease_when_it_runs_out() {
     let lease = Duration::from_secs(30);
     let store = renew_fails(Arc::new(idempotent_core::MemoryStore::new()), true);
-    let ledger = Ledger::new();
+    let effects = Effects::new();
     let lost = Arc::new(tokio::sync::Notify::new());
-    let app = routes(&ledger).layer(IdempotencyLayer::new(store).lease(lease));
+    let app = routes(&effects).layer(IdempotencyLayer::new(store).lease(lease));
     let watcher = {
         let lost = lost.clone();
         tower::service_fn(move |req: Request<idempotent_tower::server::RequestBody<AxumBody>>| {
@@ -989,21 +989,21 @@ async fn a_renewal_that_never_answers_loses_the_lease_when_it_runs_out() {
         .layer(watcher);
     let watching = tokio::spawn(watched.oneshot(in_process("/watch", "hung")));
     let leader = tokio::spawn(app.clone().oneshot(in_process("/gated", "hung")));
-    ledger.entered.notified().await;
+    effects.entered.notified().await;
     // The first renewal (at a third of the lease) hangs; the lease must still count as lost
     // once it has run out.
     tokio::time::sleep(lease + Duration::from_secs(1)).await;
     lost.notified().await;
     let watched = watching.await.unwrap().unwrap();
     assert_eq!(watched.into_body().collect().await.unwrap().to_bytes(), "true");
-    ledger.gate.add_permits(1);
+    effects.gate.add_permits(1);
     let first = leader.await.unwrap().unwrap();
     assert_eq!(first.status(), StatusCode::CREATED);
     // No other attempt took the key: the store still takes the response.
     assert!(first.headers().get("idempotent-stored").is_none());
     let retry = app.oneshot(in_process("/gated", "hung")).await.unwrap();
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
-    assert_eq!(ledger.calls(), 1);
+    assert_eq!(effects.calls(), 1);
 }
 
 async fn absurd_lease_and_retention_are_refused(store: SharedStore) {
@@ -1014,7 +1014,7 @@ async fn absurd_lease_and_retention_are_refused(store: SharedStore) {
             reply.problem(500, "misconfigured");
             assert!(reply.text().contains("out of range"), "{d:?}: {}", reply.text());
         }
-        assert_eq!(app.ledger.calls(), 0, "{d:?}: a misconfigured layer ran the handler");
+        assert_eq!(app.effects.calls(), 0, "{d:?}: a misconfigured layer ran the handler");
     }
 }
 
@@ -1038,7 +1038,7 @@ async fn a_corrupt_record_is_500_and_never_replayed(store: SharedStore) {
         reply.problem(500, "record-corrupt");
         assert!(!reply.replayed());
     }
-    assert_eq!(app.ledger.calls(), 1, "a corrupt record must not run the handler again");
+    assert_eq!(app.effects.calls(), 1, "a corrupt record must not run the handler again");
 }
 
 /// A store whose first `complete` marks the record as needing attention instead (what an attempt
@@ -1062,7 +1062,7 @@ async fn a_key_that_needs_attention_is_409_and_runs_nothing_until_resolved(store
     let app = App::start(&shared, |l| l).await;
     // The first request ran the handler; its outcome was left needing attention.
     app.h1(app.post("/refunds", "na-1"), "{}").await;
-    assert_eq!(app.ledger.calls(), 1);
+    assert_eq!(app.effects.calls(), 1);
     for _ in 0..3 {
         let reply = app.h2(app.post("/refunds", "na-1"), "{}").await;
         let doc = reply.problem(409, "needs-attention");
@@ -1070,14 +1070,14 @@ async fn a_key_that_needs_attention_is_409_and_runs_nothing_until_resolved(store
         assert!(doc["detail"].as_str().unwrap().contains("do not retry"), "{doc}");
         assert!(!reply.replayed());
     }
-    assert_eq!(app.ledger.calls(), 1, "nothing ran while the key needs attention");
+    assert_eq!(app.effects.calls(), 1, "nothing ran while the key needs attention");
     // An operator finds that the refund did not happen, and resolves the record as not done.
     let key = marking.state().lock().unwrap().expect("the marked key");
     let resolved = shared.resolve(&key, idempotent_core::record::Resolution::NotDone).await.unwrap();
     assert_eq!(resolved, idempotent_core::record::Resolved::Ok);
     let reply = app.h1(app.post("/refunds", "na-1"), "{}").await;
     assert_eq!(reply.status, StatusCode::CREATED);
-    assert_eq!(app.ledger.calls(), 2, "the next request ran the handler");
+    assert_eq!(app.effects.calls(), 2, "the next request ran the handler");
     let again = app.h1(app.post("/refunds", "na-1"), "{}").await;
     assert!(again.replayed() && again.body == reply.body);
 }
@@ -1119,7 +1119,7 @@ async fn an_unreachable_store_is_503_and_the_handler_is_not_called() {
     let doc = reply.problem(503, "store-unavailable");
     assert_eq!(reply.headers["retry-after"], "1");
     assert!(doc["detail"].as_str().unwrap().contains("not processed"));
-    assert_eq!(app.ledger.calls(), 1, "the handler ran although the store was down");
+    assert_eq!(app.effects.calls(), 1, "the handler ran although the store was down");
     // Requests the layer does not cover are unaffected.
     assert_eq!(app.h1(app.req("GET", "/refunds"), "").await.status, StatusCode::CREATED);
 }
@@ -1132,26 +1132,26 @@ async fn fail_open_calls_the_handler_when_the_store_is_unreachable() {
         Arc::new(RedisStore::builder(url).command_timeout(Duration::from_millis(500)).build().unwrap());
     let closed = App::start(&store, |l| l).await;
     closed.h2(closed.post("/refunds", "k"), "{}").await.problem(503, "store-unavailable");
-    assert_eq!(closed.ledger.calls(), 0);
+    assert_eq!(closed.effects.calls(), 0);
     let open = App::start(&store, |l| l.fail_mode(FailMode::Open)).await;
     for n in 1..=2 {
         let reply = open.h2(open.post("/refunds", "k"), "{}").await;
         assert_eq!(reply.status, StatusCode::CREATED);
         assert!(!reply.replayed());
-        assert_eq!(open.ledger.calls(), n);
+        assert_eq!(open.effects.calls(), n);
         // Unprotected: the handler is told it holds no lease (an unprotected attempt, fence 0).
         assert_eq!(reply.headers["x-fence"], "0");
         assert_eq!(reply.headers["x-unprotected"], "StoreUnavailable");
     }
     // A layer inside one that failed open stands aside too, rather than refusing the request
     // the outer layer let through (this one fails closed).
-    let ledger = Ledger::new();
+    let effects = Effects::new();
     let router = Router::new()
         .route("/refunds", post(refund).layer(IdempotencyLayer::new(store.clone())))
-        .with_state(ledger.clone())
+        .with_state(effects.clone())
         .layer(IdempotencyLayer::new(store).fail_mode(FailMode::Open));
-    let nested = App::serve(router, ledger).await;
+    let nested = App::serve(router, effects).await;
     let reply = nested.h1(nested.post("/refunds", "k"), "{}").await;
     assert_eq!((reply.status, &reply.headers["x-fence"]), (StatusCode::CREATED, &"0".parse().unwrap()));
-    assert_eq!(nested.ledger.calls(), 1);
+    assert_eq!(nested.effects.calls(), 1);
 }

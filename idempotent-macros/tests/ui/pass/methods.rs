@@ -2,11 +2,11 @@
 
 use idempotent_core::{Error, MemoryStore, RunContext, idempotent};
 
-struct Ledger {
+struct Account {
     entries: Vec<String>,
 }
 
-impl Ledger {
+impl Account {
     #[idempotent(step = "count")]
     async fn count(&self, ctx: &RunContext) -> Result<usize, Error> {
         Ok(self.entries.len())
@@ -32,7 +32,7 @@ impl Ledger {
     }
 }
 
-impl serde::Serialize for Ledger {
+impl serde::Serialize for Account {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         self.entries.serialize(s)
     }
@@ -42,13 +42,13 @@ fn main() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
         let ctx = RunContext::new(MemoryStore::new(), "run-m");
-        let mut ledger = Ledger { entries: vec![] };
-        assert_eq!(ledger.append(&ctx, "a".into()).await.unwrap(), 1);
-        assert_eq!(ledger.append(&ctx, "a".into()).await.unwrap(), 1); // replayed
-        assert_eq!(ledger.entries.len(), 1);
-        assert_eq!(ledger.count(&ctx).await.unwrap(), 1);
-        let other = Ledger { entries: vec!["x".into()] };
-        assert_eq!(ledger.merged_len(&ctx, &other).await.unwrap(), 2);
-        assert_eq!(ledger.close(ctx.clone()).await.unwrap(), vec!["a".to_owned()]);
+        let mut account = Account { entries: vec![] };
+        assert_eq!(account.append(&ctx, "a".into()).await.unwrap(), 1);
+        assert_eq!(account.append(&ctx, "a".into()).await.unwrap(), 1); // replayed
+        assert_eq!(account.entries.len(), 1);
+        assert_eq!(account.count(&ctx).await.unwrap(), 1);
+        let other = Account { entries: vec!["x".into()] };
+        assert_eq!(account.merged_len(&ctx, &other).await.unwrap(), 2);
+        assert_eq!(account.close(ctx.clone()).await.unwrap(), vec!["a".to_owned()]);
     });
 }
