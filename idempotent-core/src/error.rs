@@ -293,7 +293,7 @@ pub enum Error {
         /// The state's scope (`tenant/name`).
         scope: String,
         /// The update's commit token: the one to retry it under.
-        token: crate::state::CommitToken,
+        token: crate::state::token::CommitToken,
         /// Whether a retry of the same call derives the same token (the update ran inside a
         /// step or a covered request, or its token was given), rather than drawing a new one.
         retry_derives_token: bool,
@@ -343,7 +343,7 @@ impl Error {
 
     /// The commit token of a state update that may have been applied
     /// ([`Error::CommitUnanswered`]): retry the update under it with `update_with_token`.
-    pub fn commit_token(&self) -> Option<crate::state::CommitToken> {
+    pub fn commit_token(&self) -> Option<crate::state::token::CommitToken> {
         match self {
             Error::CommitUnanswered { token, .. } => Some(*token),
             _ => None,

@@ -122,14 +122,14 @@ mod raw;
 #[cfg(feature = "redis")]
 mod redis;
 mod scope;
-mod token;
+pub(crate) mod token;
 mod typed;
 
 pub use memory::MemoryStateStore;
+pub(crate) use protocol::history;
 pub use protocol::{Commit, IntoSharedStateStore, Loaded, SharedStateStore, StateStore, Version};
 pub use raw::{RawState, UpdatePolicy, Updated};
 pub use scope::Scope;
-pub(crate) use token::history;
 pub use token::{COMMIT_HISTORY, CommitToken, REDIS_COMMIT_HISTORY};
 pub use typed::State;
 

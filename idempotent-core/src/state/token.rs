@@ -7,7 +7,7 @@ use sha2::{Digest, Sha256};
 
 use crate::key::field;
 
-use super::{Scope, Version};
+use super::scope::Scope;
 
 /// How many commit tokens a store keeps per scope, with the version each produced: a commit
 /// retried after a lost reply is recognised while fewer than this many other commits have
@@ -95,51 +95,9 @@ impl fmt::Debug for CommitToken {
     }
 }
 
-/// The tokens a store keeps per scope, newest last, each 16 bytes: the one at index `i` of `n`
-/// produced version `current - (n - 1 - i)`. Shared by the stores that keep them in one value
-/// (memory, SQL).
-pub(crate) mod history {
-    use super::{COMMIT_HISTORY, CommitToken, Version};
-
-    /// The version `token` produced, if it is among `tokens` (whose newest produced `current`).
-    pub(crate) fn find(tokens: &[u8], current: Version, token: &CommitToken) -> Option<Version> {
-        let n = tokens.len() / 16;
-        tokens
-            .chunks_exact(16)
-            .rposition(|t| t == token.as_bytes())
-            .map(|i| Version::new(current.get() - (n - 1 - i) as u64))
-    }
-
-    /// `tokens` with `token` appended, keeping the newest [`COMMIT_HISTORY`].
-    pub(crate) fn push(tokens: &[u8], token: &CommitToken) -> Vec<u8> {
-        let keep = (COMMIT_HISTORY as usize - 1) * 16;
-        let tokens = &tokens[tokens.len() - (tokens.len() / 16 * 16).min(keep)..];
-        let mut out = Vec::with_capacity(tokens.len() + 16);
-        out.extend_from_slice(tokens);
-        out.extend_from_slice(token.as_bytes());
-        out
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn history_finds_each_kept_token_with_its_version_and_forgets_the_oldest() {
-        let mut tokens = Vec::new();
-        let token = |i: u64| CommitToken::derive(&i.to_string());
-        for v in 1..=200u64 {
-            tokens = history::push(&tokens, &token(v));
-        }
-        assert_eq!(tokens.len(), COMMIT_HISTORY as usize * 16);
-        let current = Version::new(200);
-        for v in 200 - COMMIT_HISTORY + 1..=200 {
-            assert_eq!(history::find(&tokens, current, &token(v)), Some(Version::new(v)));
-        }
-        assert_eq!(history::find(&tokens, current, &token(200 - COMMIT_HISTORY)), None);
-        assert_eq!(history::find(&[], Version::ABSENT, &token(1)), None);
-    }
 
     #[test]
     fn scopes_differ_by_tenant_and_tokens_by_attempt_order() {
