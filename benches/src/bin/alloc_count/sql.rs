@@ -37,7 +37,11 @@ fn floor_key(i: u64) -> Vec<u8> {
 macro_rules! rows {
     ($calls:expr, $want:expr, $store:expr, $pool:expr, [$select:expr, $replay:expr, $write:expr, $first:expr]) => {{
         let (calls, pool) = ($calls, &$pool);
-        let ctx = RunContext::new($store, "alloc-run");
+        let store = $store;
+        let ctx = RunContext::new(store.clone(), "alloc-run");
+        // Statements per call of ours: the store's own count over a row's calls (and as many
+        // warm-up calls, which take the same path).
+        let statements = |before: u64| (store.statements() - before) as f64 / (2 * calls) as f64;
         // Replays cycle through 1000 stored rows, ours and the floor's.
         let stored: Vec<Refund> = (0..1000).map(Refund::new).collect();
         for (i, payload) in stored.iter().enumerate() {
@@ -57,8 +61,9 @@ macro_rules! rows {
             floor_read = Some(floor);
         }
         if $want($replay) {
+            let before = store.statements();
             let ours = per_call(calls, |i| replay(&ctx, "replayed_refund", &stored[(i % 1000) as usize])).await;
-            row($replay, ours, floor_read);
+            row(&format!("{} ({:.1} statements per call)", $replay, statements(before)), ours, floor_read);
         }
         let mut floor_write = None;
         if $want($write) {
@@ -73,8 +78,9 @@ macro_rules! rows {
         }
         if $want($first) {
             let fresh = fresh_payloads(calls);
+            let before = store.statements();
             let ours = per_call(calls, |i| first(&ctx, "issue_refund", &fresh[i as usize])).await;
-            row($first, ours, floor_write);
+            row(&format!("{} ({:.1} statements per call)", $first, statements(before)), ours, floor_write);
         }
     }};
 }
