@@ -30,19 +30,21 @@ async fn garbage_records_are_errors_not_replays() {
     let fp = fp.to_hex();
     let token = "t".repeat(32);
     let record = |state: &str, tail: &str| format!("{state}{fp}{token}{tail}");
-    let tail = layout::OLD_RUNNING_LEN - layout::LEASE.start;
+    let tail = layout::HEADER_LEN - layout::LEASE.start;
     let (exploded, short, bad_result) =
         (record("Q", &"0".repeat(tail)), record("R", "123"), record("D", "\u{1}garbage"));
     // A done record cut short inside its token, before any result.
     let short_done = format!("D{fp}{}", &token[..10]);
-    // Numbers Lua's `tonumber` would take but the record never holds.
+    // Numbers Lua's `tonumber` would take but the record never holds, in records of the right
+    // shape (times and an empty labels section after them).
     let (lease, fence, attempt) = (layout::LEASE.len(), layout::FENCE.len(), layout::ATTEMPT.len());
+    let rest = format!("{}{}", "0".repeat(layout::CREATED.len() + layout::UPDATED.len()), layout::NO_LABELS);
     let (bad_lease, nan_fence, inf_lease, exp_fence, huge_fence) = (
-        record("R", &format!("{}{:0fence$}{:0attempt$}0", "x".repeat(lease), 1, 1)),
-        record("R", &format!("{:0lease$}{:>fence$}{:0attempt$}0", 1, "nan", 1)),
-        record("R", &format!("{:>lease$}{:0fence$}{:0attempt$}0", "inf", 1, 1)),
-        record("R", &format!("{:0lease$}{:>fence$}{:0attempt$}0", 1, "1e18", 1)),
-        record("R", &format!("{:0lease$}{:0fence$}{:0attempt$}0", 1, layout::MAX_FENCE, 1)),
+        record("R", &format!("{}{:0fence$}{:0attempt$}0{rest}", "x".repeat(lease), 1, 1)),
+        record("R", &format!("{:0lease$}{:>fence$}{:0attempt$}0{rest}", 1, "nan", 1)),
+        record("R", &format!("{:>lease$}{:0fence$}{:0attempt$}0{rest}", "inf", 1, 1)),
+        record("R", &format!("{:0lease$}{:>fence$}{:0attempt$}0{rest}", 1, "1e18", 1)),
+        record("R", &format!("{:0lease$}{:0fence$}{:0attempt$}0{rest}", 1, layout::MAX_FENCE, 1)),
     );
     let garbage: [&[&str]; 12] = [
         &["SET", &redis_key, "not a record"],

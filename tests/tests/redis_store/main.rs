@@ -13,7 +13,6 @@
 //! - `server_clock`: fences and completion times that follow the server's clock.
 //! - `needs_attention`: needs-attention records: no TTL until resolved, read alike by both paths.
 //! - `corrupt_records`: records this crate did not write are corrupt errors, never replays.
-//! - `earlier_releases`: records an earlier release wrote are still read.
 
 use std::time::Duration;
 
@@ -23,7 +22,6 @@ use idempotent_tests::{RedisServer, unique};
 
 mod connections;
 mod corrupt_records;
-mod earlier_releases;
 mod needs_attention;
 mod preflight;
 mod reads_together;

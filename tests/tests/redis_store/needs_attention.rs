@@ -76,8 +76,14 @@ async fn needs_attention_reads_alike_on_both_acquire_paths() {
     let (fp, other_fp) = (Fingerprint::from_bytes([3; 32]), Fingerprint::from_bytes([4; 32]));
     let (token, fence, attempt) = ("a".repeat(32), 4_503_599_627_370_497_u64, 7_u32);
     let (lease, fence_len, attempt_len) = (layout::LEASE.len(), layout::FENCE.len(), layout::ATTEMPT.len());
-    let record = format!("A{}{token}{:0lease$}{fence:0fence_len$}{attempt:0attempt_len$}0", fp.to_hex(), 12);
-    assert_eq!(record.len(), layout::OLD_RUNNING_LEN, "a needs-attention record as an earlier release wrote it");
+    let times = "0".repeat(layout::CREATED.len() + layout::UPDATED.len());
+    let record = format!(
+        "A{}{token}{:0lease$}{fence:0fence_len$}{attempt:0attempt_len$}0{times}{}",
+        fp.to_hex(),
+        12,
+        layout::NO_LABELS
+    );
+    assert_eq!(record.len(), layout::HEADER_LEN, "a needs-attention record without labels");
     server.cmd(&["SET", &redis_key, &record]);
 
     let minute = Duration::from_secs(60);

@@ -32,7 +32,7 @@ end
 local state, last_fence, last_attempt, lease = nil, 0, 0, nil
 if rec then
   state = string.sub(rec, STATE, STATE)
-  if (state == DONE or state == OLD_DONE) and result_from(rec) then
+  if state == DONE and result_from(rec) then
     -- A retried acquire of the token that completed the key has the same fingerprint: it
     -- replays.
     return rec
@@ -99,12 +99,9 @@ local fence = math.max(last_fence + 1, now_us)
 local attempt = last_attempt + 1
 local lease_ms = tonumber(string.sub(args, ARG_LEASE_FROM, ARG_LEASE_TO))
 -- A record that lives on (released, or its lease passed) keeps its creation time and labels; a
--- new one takes the argument's labels, and so does an earlier release's, which has none (its
--- creation time stays unknown).
+-- new one takes the argument's labels.
 local created, labels = string.format(TIME_FORMAT, now), string.sub(args, ARG_LABELS_FROM)
-if rec and #rec == OLD_RUNNING_LEN then
-  created = string.format(TIME_FORMAT, 0)
-elseif rec then
+if rec then
   created, labels = string.sub(rec, CREATED_FROM, CREATED_TO), string.sub(rec, STEP_LEN_FROM)
 end
 -- The new record: R, then the argument's fingerprint and token, which sit in the same order.

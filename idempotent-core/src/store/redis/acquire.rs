@@ -184,7 +184,7 @@ impl RedisStore {
         if record.len() < TOKEN.end {
             return Err(not_a_record());
         }
-        // A done record (this layout's or an earlier release's): the result after its labels.
+        // A done record: the result after its labels.
         if let Some(result) = layout::result_start(&record) {
             if record[FINGERPRINT] != fp[..] {
                 return Ok(Some(Acquire::Mismatch));

@@ -20,8 +20,8 @@ use super::RedisStore;
 use super::arg::Arg;
 use super::conn::Node;
 use super::layout::{
-    self, ATTEMPT, CREATED, DONE, FENCE, FINGERPRINT, LEASE, NEEDS_ATTENTION, NEW, OLD_DONE, OLD_RUNNING_LEN,
-    RECOVERED, RELEASED, RUNNING, STATE, UPDATED,
+    self, ATTEMPT, CREATED, DONE, FENCE, FINGERPRINT, LEASE, NEEDS_ATTENTION, NEW, RECOVERED, RELEASED, RUNNING, STATE,
+    UPDATED,
 };
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
@@ -302,11 +302,9 @@ fn record_info(key: &Key, head: &[u8], result_len: usize, now: i64, pttl: i64) -
     let state = *head.get(STATE)?;
     let fingerprint = Fingerprint::from_hex(std::str::from_utf8(head.get(FINGERPRINT)?).ok()?)?;
     let number = |range: std::ops::Range<usize>| head.get(range).and_then(layout::digits);
-    // An earlier release's records: no times, no labels (and, done, no fence or attempt).
-    let old = state == OLD_DONE || head.len() == OLD_RUNNING_LEN;
-    let (fence, attempt) = if state == OLD_DONE { (0, 0) } else { (number(FENCE)?, number(ATTEMPT)?) };
-    let (created, updated) = if old { (0, 0) } else { (number(CREATED)?, number(UPDATED)?) };
-    let labels = if old { layout::Labels { step: b"", run: None, tenant: None } } else { layout::labels(head)? };
+    let (fence, attempt) = (number(FENCE)?, number(ATTEMPT)?);
+    let (created, updated) = (number(CREATED)?, number(UPDATED)?);
+    let labels = layout::labels(head)?;
     let text = |b: &[u8]| std::str::from_utf8(b).ok().map(str::to_owned);
     let (state, lease_until, result_bytes) = match state {
         RUNNING => {
@@ -324,7 +322,7 @@ fn record_info(key: &Key, head: &[u8], result_len: usize, now: i64, pttl: i64) -
         RELEASED if head.get(RECOVERED) == Some(&b'1') => (RecordState::Stuck, None, None),
         RELEASED => (RecordState::Released, None, None),
         NEEDS_ATTENTION => (RecordState::NeedsAttention, None, None),
-        DONE | OLD_DONE => (RecordState::Done, None, Some(result_len)),
+        DONE => (RecordState::Done, None, Some(result_len)),
         _ => return None,
     };
     let expires = (state != RecordState::NeedsAttention && pttl >= 0).then(|| at_ms(now + pttl));

@@ -20,7 +20,7 @@ if not ok or not rec or #rec < TOKEN_TO or string.sub(rec, TOKEN_FROM, TOKEN_TO)
   return 0
 end
 local state = string.sub(rec, STATE, STATE)
-if state == DONE or state == OLD_DONE then
+if state == DONE then
   -- Written again as it is (TTL kept), so that the repeat replicates like the first write: a
   -- WAIT behind it then covers the outcome whichever connection the first one went out on.
   redis.call('SET', key, rec, 'KEEPTTL')
@@ -29,7 +29,6 @@ end
 if (state ~= RUNNING and state ~= NEW) or not is_running(rec) then
   return 0
 end
-rec = current(rec)
 local updated = ARGV[4] or ''
 if #updated ~= UPDATED_TO - UPDATED_FROM + 1 then
   updated = string.format(TIME_FORMAT, now_ms())

@@ -21,22 +21,16 @@
 --                  uncertain, or released by fence: the next acquisition is recovered), else 0
 --               A, C: what the running record held
 --   created     when the record's current life began (its first acquisition since it was
---               absent), milliseconds of server time, 15 digits; 0: unknown (a record an
---               earlier release wrote). N: the client's estimate of the server's clock (the
---               fence, in milliseconds: see clock.rs), as a SET cannot read the server's clock
+--               absent), milliseconds of server time, 15 digits. N: the client's estimate of the
+--               server's clock (the fence, in milliseconds: see clock.rs), as a SET cannot read
+--               the server's clock
 --   updated     when the record last changed, milliseconds of server time, 15 digits (N: as
 --               created)
 --   labels      the lengths of the step, run id and tenant, 5 digits each, then 1 or 0 for
 --               whether a run id is given and whether a tenant is; their text follows the header
--- then, for C, the encoded result to the end.
---
--- Records an earlier release wrote are read too: R, N, X and A records of OLD_RUNNING_LEN bytes
--- (the header up to the recovered byte: no times, no labels), and D records (done: state,
--- fingerprint and token, then the result from OLD_RESULT_FROM; no fence or attempt). A script
--- that changes an old running record writes it in this layout first (`current`); a done one is
--- only replayed (or deleted).
+-- then, for C, the encoded result to the end. No other layout is read.
 local STATE = 1
-local RUNNING, NEW, RELEASED, NEEDS_ATTENTION, DONE, OLD_DONE = 'R', 'N', 'X', 'A', 'C', 'D'
+local RUNNING, NEW, RELEASED, NEEDS_ATTENTION, DONE = 'R', 'N', 'X', 'A', 'C'
 local FINGERPRINT_FROM, FINGERPRINT_TO = 2, 65
 local TOKEN_FROM, TOKEN_TO = 66, 97
 local LEASE_FROM, LEASE_TO = 98, 112
@@ -51,10 +45,6 @@ local TENANT_LEN_FROM, TENANT_LEN_TO = 184, 188
 local RUN_SET = 189
 local TENANT_SET = 190
 local HEADER_LEN = 190
-local OLD_RUNNING_LEN = 143
-local OLD_RESULT_FROM = 98
--- The labels section of a record without labels (no step, run or tenant).
-local NO_LABELS = '00000000000000000'
 -- string.format patterns of the digit fields: the lease alone, every field from the lease to
 -- the recovered byte, and a time (created, updated).
 local LEASE_FORMAT = '%015.0f'
@@ -102,35 +92,24 @@ local function labels_size(s, at)
   return size
 end
 
--- Whether `rec` is a running, new, released or needs-attention record, in this layout (header
--- and labels, nothing after) or an earlier release's (OLD_RUNNING_LEN bytes).
+-- Whether `rec` is a running, new, released or needs-attention record: the header and its
+-- labels, nothing after.
 local function is_running(rec)
   local state = string.sub(rec, STATE, STATE)
   if state ~= RUNNING and state ~= NEW and state ~= RELEASED and state ~= NEEDS_ATTENTION then
     return false
   end
-  return #rec == OLD_RUNNING_LEN or (#rec >= HEADER_LEN and labels_size(rec, STEP_LEN_FROM) == #rec - STEP_LEN_FROM + 1)
+  return #rec >= HEADER_LEN and labels_size(rec, STEP_LEN_FROM) == #rec - STEP_LEN_FROM + 1
 end
 
--- Where the result of a done record starts (C: after its labels; D, an earlier release's: after
--- the token), or nil when `rec` is not a done record.
+-- Where the result of a done record starts (after its labels), or nil when `rec` is not a done
+-- record.
 local function result_from(rec)
   local state = string.sub(rec, STATE, STATE)
   if state == DONE and #rec >= HEADER_LEN then
     local size = labels_size(rec, STEP_LEN_FROM)
     return size and STEP_LEN_FROM + size
-  elseif state == OLD_DONE and #rec >= TOKEN_TO then
-    return OLD_RESULT_FROM
   end
   return nil
-end
-
--- A running record (is_running) in this layout: an earlier release's gains an unknown (0)
--- creation and update time and no labels.
-local function current(rec)
-  if #rec == OLD_RUNNING_LEN then
-    return rec .. string.format(TIME_FORMAT, 0) .. string.format(TIME_FORMAT, 0) .. NO_LABELS
-  end
-  return rec
 end
 

@@ -1,6 +1,5 @@
 //! Where each field of a Redis record sits, for the Rust side: the same layout as `layout.lua`,
-//! the prelude of every script, which documents each field (and the records an earlier release
-//! wrote, which are still read). Here positions are 0-based byte ranges (`X_FROM - 1 .. X_TO`
+//! the prelude of every script, which documents each field. Here positions are 0-based byte ranges (`X_FROM - 1 .. X_TO`
 //! in the Lua names); a test below checks that the two agree. The functions read a record's
 //! variable part (labels, result) in place, without allocating.
 //!
@@ -32,16 +31,8 @@
 //! itself when the client has no fresh estimate (a store whose acquires never take the `SET NX`
 //! path never measures the clock).
 //!
-//! # Records of an earlier release
-//!
-//! Running, released and needs-attention records of [`OLD_RUNNING_LEN`] bytes (no times, no
-//! labels) and done records [`OLD_DONE`] (the result right after the token, no fence or attempt)
-//! are still read by every script and by `inspect` and `scan`. A script that changes an old
-//! running record writes it in this layout first (times unknown, no labels unless an acquisition
-//! brings its own); `inspect` reads an old done record with attempt and fence 0, and an old
-//! record's times as unknown (the Unix epoch). The other way does not work: a process of the
-//! earlier release reads a record of this layout as one it did not write and fails closed
-//! (`Corrupt`, or a lease lost on complete), so upgrade every process on a store together.
+//! This is the only layout the store reads: nothing is published yet, so no deployment holds
+//! records of an earlier one. A key holding anything else is [`Corrupt`](crate::Error::Corrupt).
 
 use std::ops::{Range, RangeFrom};
 
@@ -58,8 +49,6 @@ pub const RELEASED: u8 = b'X';
 pub const NEEDS_ATTENTION: u8 = b'A';
 /// State of a done record (the result follows the labels).
 pub const DONE: u8 = b'C';
-/// State of a done record an earlier release wrote (the result follows the token).
-pub const OLD_DONE: u8 = b'D';
 /// The payload's fingerprint, in hex.
 pub const FINGERPRINT: Range<usize> = 1..65;
 /// The owner token of the last acquisition.
@@ -94,11 +83,6 @@ pub const HEADER_LEN: usize = 190;
 pub const NO_LABELS: &str = "00000000000000000";
 /// The longest label (step, run id or tenant) a record holds, in bytes.
 pub const MAX_LABEL_LEN: usize = 99_999;
-/// The length of a running, released or needs-attention record an earlier release wrote (no
-/// times, no labels).
-pub const OLD_RUNNING_LEN: usize = 143;
-/// Done records an earlier release wrote: the encoded result.
-pub const OLD_RESULT: RangeFrom<usize> = 97..;
 /// Fences stay below 2^53, where Lua's doubles count exactly.
 pub const MAX_FENCE: u64 = 1 << 53;
 
@@ -158,20 +142,19 @@ pub fn labels(record: &[u8]) -> Option<Labels<'_>> {
     Some(Labels { step, run, tenant })
 }
 
-/// Where a done record's result starts: after the labels ([`DONE`]), or after the token
-/// ([`OLD_DONE`]); `None` when the record is not a done record.
+/// Where a done record's result starts: after its labels; `None` when the record is not a done
+/// record.
 pub fn result_start(record: &[u8]) -> Option<usize> {
     match record.first() {
         Some(&DONE) if record.len() >= HEADER_LEN => labels_end(record),
-        Some(&OLD_DONE) if record.len() >= TOKEN.end => Some(OLD_RESULT.start),
         _ => None,
     }
 }
 
-/// Whether a running, new, released or needs-attention record has the length of one: this
-/// layout's (header and labels, nothing after) or an earlier release's.
+/// Whether a running, new, released or needs-attention record has the length of one: the
+/// header and its labels, nothing after.
 pub fn running_shape(record: &[u8]) -> bool {
-    record.len() == OLD_RUNNING_LEN || (record.len() >= HEADER_LEN && labels_end(record) == Some(record.len()))
+    record.len() >= HEADER_LEN && labels_end(record) == Some(record.len())
 }
 
 #[cfg(test)]
@@ -211,7 +194,6 @@ mod tests {
         position("RECOVERED", RECOVERED);
         position("RUN_SET", RUN_SET);
         position("TENANT_SET", TENANT_SET);
-        position("OLD_RESULT_FROM", OLD_RESULT.start);
         position("ARG_LABELS_FROM", ARG_LABELS.start);
         let ranges = [
             ("FINGERPRINT", FINGERPRINT),
@@ -239,15 +221,12 @@ mod tests {
             ("RELEASED", RELEASED),
             ("NEEDS_ATTENTION", NEEDS_ATTENTION),
             ("DONE", DONE),
-            ("OLD_DONE", OLD_DONE),
         ];
         for (name, state) in states {
             assert_eq!(take(name), char::from(state).to_string(), "{name}");
         }
         assert_eq!(take("HEADER_LEN"), HEADER_LEN.to_string());
-        assert_eq!(take("OLD_RUNNING_LEN"), OLD_RUNNING_LEN.to_string());
         assert_eq!(take("ACQUIRE_ARG_MIN_LEN"), ACQUIRE_ARG_MIN_LEN.to_string());
-        assert_eq!(take("NO_LABELS"), NO_LABELS);
         assert_eq!(take("MAX_FENCE"), MAX_FENCE.to_string());
         assert_eq!(take("LEASE_FORMAT"), format!("%0{}.0f", LEASE.len()));
         assert_eq!(
@@ -277,7 +256,6 @@ mod tests {
         assert_eq!((RECOVERED + 1, CREATED.end, UPDATED.end), (CREATED.start, UPDATED.start, STEP_LEN.start));
         assert_eq!((STEP_LEN.end, RUN_LEN.end, TENANT_LEN.end), (RUN_LEN.start, TENANT_LEN.start, RUN_SET));
         assert_eq!((RUN_SET + 1, TENANT_SET + 1), (TENANT_SET, HEADER_LEN));
-        assert_eq!((RECOVERED + 1, OLD_RESULT.start), (OLD_RUNNING_LEN, TOKEN.end));
         assert_eq!(NO_LABELS.len(), HEADER_LEN - STEP_LEN.start);
         assert_eq!(MAX_LABEL_LEN.to_string().len(), STEP_LEN.len());
         assert_eq!((STEP_LEN.len(), RUN_LEN.len()), (TENANT_LEN.len(), TENANT_LEN.len()));
@@ -293,7 +271,7 @@ mod tests {
     /// Every state has its own letter.
     #[test]
     fn the_states_are_distinct() {
-        let states = [RUNNING, NEW, RELEASED, NEEDS_ATTENTION, DONE, OLD_DONE];
+        let states = [RUNNING, NEW, RELEASED, NEEDS_ATTENTION, DONE];
         let distinct: std::collections::BTreeSet<_> = states.iter().collect();
         assert_eq!(distinct.len(), states.len());
     }
@@ -328,12 +306,8 @@ mod read_tests {
         assert!(running_shape(&running));
         assert_eq!(labels(&running).unwrap(), Labels { step: b"", run: None, tenant: None });
         assert!(!running_shape(&record(RUNNING, ("s", None, None), b"extra")));
-        // An earlier release's records.
-        let mut old_done = vec![OLD_DONE];
-        old_done.extend([b'f'; 96]);
-        old_done.extend(b"r");
-        assert_eq!(result_start(&old_done), Some(OLD_RESULT.start));
-        assert!(running_shape(&[b'R'; OLD_RUNNING_LEN]));
+        // The header alone, without its labels, is no record.
+        assert!(!running_shape(&running[..HEADER_LEN - 1]));
     }
 
     #[test]

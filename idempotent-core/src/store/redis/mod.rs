@@ -119,8 +119,7 @@ pub mod source {
 /// that answered `TIME` and the key's node). A record is one string: a fixed-width header
 /// (state, fingerprint, owner token, lease, fence, attempt, created and updated times, the
 /// labels' lengths), the labels' text, then the stored result once it is done (the layout, and
-/// why it is so, is documented in `layout.rs` and `layout.lua`; records of the earlier layout,
-/// without labels, are still read);
+/// why it is so, is documented in `layout.rs` and `layout.lua`);
 /// a done record costs the result and its labels plus 190 bytes.
 /// [`Store::inspect`](super::Store::inspect) and [`Store::scan`](super::Store::scan) read
 /// records with the `read` script (`scan`: `SCAN … MATCH <prefix>*` on the

@@ -25,9 +25,6 @@ end
 if state ~= RUNNING and state ~= NEW then
   return 0
 end
-if #rec == OLD_RUNNING_LEN then
-  redis.call('SET', key, current(rec), 'KEEPTTL')
-end
 -- SETRANGE counts from 0.
 redis.call('SETRANGE', key, STATE - 1, RELEASED)
 redis.call('SETRANGE', key, UPDATED_FROM - 1, string.format(TIME_FORMAT, now_ms()))

@@ -32,9 +32,6 @@ end
 if (state ~= RUNNING and state ~= NEW) or tonumber(fence) ~= tonumber(ARGV[1]) then
   return 0
 end
-if #rec == OLD_RUNNING_LEN then
-  redis.call('SET', key, current(rec), 'KEEPTTL')
-end
 -- SETRANGE counts from 0.
 redis.call('SETRANGE', key, STATE - 1, RELEASED)
 redis.call('SETRANGE', key, RECOVERED - 1, '1')

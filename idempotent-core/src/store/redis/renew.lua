@@ -16,9 +16,6 @@ local state = string.sub(rec, STATE, STATE)
 if state ~= RUNNING and state ~= NEW then
   return 0
 end
-if #rec == OLD_RUNNING_LEN then
-  redis.call('SET', key, current(rec), 'KEEPTTL')
-end
 -- SETRANGE counts from 0.
 if state == NEW then
   -- A new record (written by SET NX) gets its deadline on the server's clock from now on.

@@ -27,7 +27,7 @@ if not rec then
   return 0
 end
 local state = string.sub(rec, STATE, STATE)
-if (state == DONE or state == OLD_DONE) and result_from(rec) then
+if state == DONE and result_from(rec) then
   return 0
 end
 if not is_running(rec) then
@@ -45,7 +45,6 @@ end
 if state ~= NEEDS_ATTENTION then
   return 0
 end
-rec = current(rec)
 local times = string.sub(rec, CREATED_FROM, CREATED_TO) .. string.format(TIME_FORMAT, now_ms())
 if to == DONE then
   redis.call('SET', key, DONE .. string.sub(rec, FINGERPRINT_FROM, RECOVERED) .. times .. string.sub(rec, STEP_LEN_FROM) .. ARGV[3], 'PX', ARGV[2])
