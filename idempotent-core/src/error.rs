@@ -40,14 +40,18 @@ pub enum Error {
     /// Another caller holds the lease on this key and has not finished.
     #[error(
         "step `{step}` (key {key}): another attempt is still running; the action was not run. \
-         Retry after {retry_after:?}"
+         Retry with your backoff: a retry gets that attempt's outcome once it finishes (its lease \
+         runs out within {} at the latest, and a retry after that runs the action if it left none)",
+        whole_ms(*.retry_after)
     )]
     InFlight {
         /// The step.
         step: String,
         /// Short hash of the key.
         key: String,
-        /// When the current holder's lease runs out at the latest.
+        /// When the current holder's lease runs out at the latest: a bound on how long the key
+        /// can stay taken, not a delay to wait before retrying (the holder usually finishes much
+        /// sooner).
         retry_after: Duration,
     },
 
@@ -307,6 +311,12 @@ pub enum Error {
     Config(String),
 }
 
+/// A duration as whole milliseconds, rounded up (`60000 ms`), for messages: `Debug` prints
+/// nanoseconds (`59.999862455s`).
+fn whole_ms(d: Duration) -> String {
+    format!("{} ms", d.as_nanos().div_ceil(1_000_000))
+}
+
 fn after_note(op: &str) -> &'static str {
     match op {
         "acquire" => "; the action was not run (fail closed). Retry later, or opt into fail-open",
@@ -350,7 +360,9 @@ impl Error {
         }
     }
 
-    /// How long to wait before retrying, when the error says.
+    /// How long the error's condition can last at the latest, when the error says: for
+    /// [`InFlight`](Self::InFlight), until the holder's lease runs out. A retry policy may wait
+    /// less (the holder usually finishes sooner); it should not wait more.
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
             Error::InFlight { retry_after, .. } => Some(*retry_after),
@@ -389,7 +401,7 @@ impl Error {
     /// | variant | transient | a retry of the same call |
     /// |---|---|---|
     /// | `Unavailable`, `Timeout` | yes | reaches the store once it is back |
-    /// | `InFlight` | yes | gets the running attempt's outcome once it finishes (wait [`retry_after`](Self::retry_after)) |
+    /// | `InFlight` | yes | gets the running attempt's outcome once it finishes (back off as usual: [`retry_after`](Self::retry_after) is the longest the key can stay taken, not a delay to wait) |
     /// | `LeaseLost` | yes | replays the outcome of the attempt that took over, or takes the key over itself |
     /// | `VerifyTimeout` | yes | verifies again (the record was left for the next call) |
     /// | `Contention` | yes | loads, reduces and commits again (a step's state update commits under the same token) |
@@ -452,5 +464,25 @@ impl Error {
                 | Error::Contention { .. }
                 | Error::CommitUnanswered { retry_derives_token: true, .. }
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The lease left is a bound, not a delay: the message says to back off, and prints the bound
+    /// in whole milliseconds rather than `59.999862455s`.
+    #[test]
+    fn in_flight_says_to_back_off_and_bounds_the_wait() {
+        let busy = Error::InFlight {
+            step: "charge".into(),
+            key: "3fa1c2".into(),
+            retry_after: Duration::from_nanos(59_999_862_455),
+        };
+        let text = busy.to_string();
+        assert!(text.contains("Retry with your backoff"), "{text}");
+        assert!(text.contains("within 60000 ms at the latest"), "{text}");
+        assert!(!text.contains("59.99"), "{text}");
     }
 }
