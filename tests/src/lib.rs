@@ -103,3 +103,9 @@ fn uuid_like() -> String {
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
     format!("{t:x}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed))
 }
+
+/// The workspace README's Rust snippets, compiled and run as doc tests (the one with a server is
+/// compiled only).
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct WorkspaceReadme;
