@@ -2,14 +2,16 @@
 //! the state's version is the resource's entity tag (`ETag`), and a write carries the tag it was
 //! computed from in `If-Match`.
 //!
-//! A handler loads the state, answers `GET` with [`etag`] of its version, and for a write checks
-//! the request's `If-Match` against the current version with [`check_if_match`]: a stale tag is
-//! `412 Precondition Failed`, a missing one `428 Precondition Required`, both problem documents
-//! (RFC 9457) saying what to do, the 412 with the current `ETag`. The commit then goes in on the
-//! version checked; if another writer committed in between, the conflict is a 412 too
-//! ([`Precondition::Failed`]). Tags are strong (`"<version>"`): a weak tag (`W/"…"`) never
-//! matches, as RFC 9110 §13.1.1 requires for `If-Match`; `If-Match: *` matches a state that
-//! exists.
+//! A handler answers `GET` with [`etag`] of the state's version. A write commits on the version
+//! its `If-Match` names ([`parse_etag`]), without loading the state first: the store takes the
+//! commit only while that version is current, so a stale tag comes back as the commit's conflict,
+//! answered `412 Precondition Failed` with the current `ETag` ([`Precondition::Failed`]). What
+//! [`parse_etag`] cannot read (no `If-Match`, `*`, a weak or foreign tag) goes through
+//! [`check_if_match`] against the version the handler loads: a missing tag is `428 Precondition
+//! Required`, a tag that names no current version 412, and `*` matches a state that exists. Both
+//! refusals are problem documents (RFC 9457) saying what to do. Tags are strong (`"<version>"`): a
+//! weak tag (`W/"…"`) never matches, as RFC 9110 §13.1.1 requires for `If-Match`. The
+//! `shared_cart` example's `PUT /cart` is this handler.
 //!
 //! ```
 //! use idempotent_core::state::Version;
