@@ -309,6 +309,32 @@ pub enum Error {
     /// A configuration value was invalid.
     #[error("invalid configuration: {0}")]
     Config(String),
+
+    /// The action's own error, in a step whose error type is this one: a database error inside
+    /// [`Step::run_in_transaction`](crate::Step::run_in_transaction) (`?` on a `sqlx::Error`
+    /// converts into it, with the `sqlite` or `postgres` feature), or any error an action wraps
+    /// with [`Error::action`]. Like every `Err` of an action it is not stored: the key is released
+    /// (a transactional step's writes roll back), and the next call runs the action again. It is
+    /// not [transient](Self::is_transient) (retrying is the application's decision: look at the
+    /// source), and [`action_may_have_run`](Self::action_may_have_run) is true, as the action did.
+    #[error("the action failed: {0}")]
+    Action(#[source] BoxError),
+}
+
+impl Error {
+    /// The action's own error `source`, as [`Error::Action`].
+    pub fn action(source: impl Into<BoxError>) -> Error {
+        Error::Action(source.into())
+    }
+}
+
+/// `?` on a `sqlx::Error` inside an action ([`Step::run_in_transaction`](crate::Step::run_in_transaction))
+/// whose error type is [`Error`]: the action's own error, [`Error::Action`].
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+impl From<sqlx::Error> for Error {
+    fn from(source: sqlx::Error) -> Error {
+        Error::Action(Box::new(source))
+    }
 }
 
 /// A duration as whole milliseconds, rounded up (`60000 ms`), for messages: `Debug` prints
@@ -391,6 +417,7 @@ impl Error {
                 | Error::Timeout { op: "complete" | "complete_in" | "commit", .. }
                 | Error::CommitUnanswered { .. }
                 | Error::StateUncertain { .. }
+                | Error::Action(_)
         )
     }
 }

@@ -285,18 +285,13 @@ struct ReadmeDoctest;
 /// use idempotent_core::sqlx::{self, SqliteTransaction};
 /// use idempotent_core::{idempotent, Error, RunContext, SqliteStore};
 ///
-/// fn db(e: sqlx::Error) -> Error {
-///     Error::Config(e.to_string()) // your own error type would wrap it
-/// }
-///
 /// #[idempotent(step = "create_invoice", transaction = tx)]
 /// async fn create_invoice(ctx: &RunContext, tx: &mut SqliteTransaction<'_>, order_id: &str, cents: i64) -> Result<i64, Error> {
 ///     let done = sqlx::query("INSERT INTO invoices (order_id, cents) VALUES (?1, ?2)")
 ///         .bind(order_id)
 ///         .bind(cents)
 ///         .execute(&mut **tx)
-///         .await
-///         .map_err(db)?;
+///         .await?; // a sqlx::Error is the body's own error, Error::Action
 ///     Ok(done.last_insert_rowid())
 /// }
 ///
@@ -306,12 +301,11 @@ struct ReadmeDoctest;
 /// let store = SqliteStore::open(&path).await?;
 /// sqlx::query("CREATE TABLE IF NOT EXISTS invoices (order_id TEXT, cents INTEGER)")
 ///     .execute(store.pool())
-///     .await
-///     .map_err(db)?;
+///     .await?;
 /// let ctx = RunContext::new(store.clone(), "order-7");
 /// let id = create_invoice(&ctx, "order-7", 1500).await?; // no transaction to pass
 /// assert_eq!(create_invoice(&ctx, "order-7", 1500).await?, id); // replayed, nothing inserted
-/// let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM invoices").fetch_one(store.pool()).await.map_err(db)?;
+/// let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM invoices").fetch_one(store.pool()).await?;
 /// assert_eq!(rows, 1);
 /// # store.close().await;
 /// # for suffix in ["", "-wal", "-shm"] { let _ = std::fs::remove_file(format!("{}{suffix}", path.display())); }

@@ -181,6 +181,32 @@ pub async fn an_action_error_rolls_back_its_writes_and_frees_the_key<B: SqlDb>(d
     assert_eq!(record_state(&store).await.as_deref(), Some("done"));
 }
 
+/// Scenario: `?` on a database error inside the step makes it the action's own error
+/// (`Error::Action`, the `sqlx::Error` its source): the step's insert rolls back, the key is
+/// released, and the retry commits.
+pub async fn a_database_error_in_the_step_is_the_actions_own<B: SqlDb>(database: Database<B>) {
+    let store = setup(&database).await;
+    let ctx = RunContext::new(store.clone(), "order-12");
+    let step = || ctx.step("create_invoice");
+    let failed: Result<u64, Error> = step()
+        .run_in_transaction(&"order-12", async |tx: &mut Transaction<'_, B::Db>, attempt| {
+            B::insert(tx, "order-12", attempt.fence()).await?;
+            B::exec(&mut **tx, "INSERT INTO no_such_table VALUES (1)").await?;
+            Ok(attempt.fence())
+        })
+        .await;
+    let error = failed.expect_err("an insert into a missing table fails");
+    assert!(matches!(error, Error::Action(_)), "{error:?}");
+    assert!(error.action_may_have_run() && !error.is_transient(), "{error}");
+    let source = std::error::Error::source(&error).expect("the database's error");
+    assert!(source.downcast_ref::<sqlx::Error>().is_some(), "{source:?}");
+    assert_eq!(invoices(&store).await, []);
+    assert_eq!(record_state(&store).await.as_deref(), Some("released"));
+
+    let fence = the_retry_runs_as_attempt_2::<B, Error>(step(), "order-12", "the first attempt released the key").await;
+    assert_eq!(invoices(&store).await, [("order-12".to_owned(), fence as i64)]);
+}
+
 /// Scenario: a deferred foreign key fails the commit; the key is released, and the retry (once
 /// the customer exists) commits as the second attempt.
 pub async fn a_failed_commit_rolls_back_and_frees_the_key<B: SqlDb>(database: Database<B>) {

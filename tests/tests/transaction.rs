@@ -19,6 +19,7 @@ use tokio::sync::{Notify, Semaphore};
 idempotent_tests::on_every_store!(
     sql: business_rows_and_the_done_record_commit_together_and_replay,
     an_action_error_rolls_back_its_writes_and_frees_the_key,
+    a_database_error_in_the_step_is_the_actions_own,
     a_failed_commit_rolls_back_and_frees_the_key,
     concurrent_duplicates_insert_one_row,
     concurrent_duplicates_on_two_pools_insert_one_row,

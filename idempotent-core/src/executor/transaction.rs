@@ -44,9 +44,8 @@ impl Step<'_> {
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// # let path = std::env::temp_dir().join(format!("idempotent-doc-tx-{}.db", std::process::id()));
     /// let store = SqliteStore::open(&path).await?;
-    /// # let e = |e: sqlx::Error| Error::Config(e.to_string());
     /// sqlx::query("CREATE TABLE IF NOT EXISTS invoices (order_id TEXT, amount INTEGER, fence INTEGER)")
-    ///     .execute(store.pool()).await.map_err(e)?;
+    ///     .execute(store.pool()).await?;
     /// let ctx = RunContext::new(store.clone(), "order-7");
     /// for _retry in 0..2 {
     ///     let fence: u64 = ctx
@@ -57,14 +56,13 @@ impl Step<'_> {
     ///                 .bind(1500)
     ///                 .bind(attempt.fence() as i64)
     ///                 .execute(&mut **tx)
-    ///                 .await
-    ///                 .map_err(e)?;
+    ///                 .await?; // a sqlx::Error is the action's own error, Error::Action
     ///             Ok::<_, Error>(attempt.fence())
     ///         })
     ///         .await?;
     ///     assert!(fence > 0);
     /// }
-    /// let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM invoices").fetch_one(store.pool()).await.map_err(e)?;
+    /// let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM invoices").fetch_one(store.pool()).await?;
     /// assert_eq!(rows, 1); // the retry replayed the stored fence; the insert ran once
     /// # store.close().await;
     /// # for suffix in ["", "-wal", "-shm"] { let _ = std::fs::remove_file(format!("{}{suffix}", path.display())); }
@@ -78,7 +76,6 @@ impl Step<'_> {
     /// use idempotent_core::{Error, PostgresStore, RunContext, sqlx};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
-    /// # let e = |e: sqlx::Error| Error::Config(e.to_string());
     /// let store = PostgresStore::connect("postgres://app@127.0.0.1:5432/app").await?;
     /// let ctx = RunContext::new(store.clone(), "order-7");
     /// let fence: u64 = ctx
@@ -89,8 +86,7 @@ impl Step<'_> {
     ///             .bind(1500)
     ///             .bind(attempt.fence() as i64)
     ///             .execute(&mut **tx)
-    ///             .await
-    ///             .map_err(e)?;
+    ///             .await?;
     ///         Ok::<_, Error>(attempt.fence())
     ///     })
     ///     .await?;

@@ -173,8 +173,7 @@
 //!             let done = sqlx::query("INSERT INTO invoices (order_id) VALUES (?1)")
 //!                 .bind(&order)
 //!                 .execute(&mut **tx)
-//!                 .await
-//!                 .map_err(|e| Error::Config(e.to_string()))?; // your own error type here
+//!                 .await?; // a sqlx::Error is the action's own error, Error::Action
 //!             Ok::<_, Error>(done.last_insert_rowid())
 //!         })
 //!         .await;
