@@ -6,8 +6,13 @@
 //! applied" instead of appending again. Every finding ends in the state exactly once.
 //!
 //! ```text
-//! cargo run -p idempotent-examples --bin agent_findings
+//! cargo run -p idempotent-examples --bin agent_findings   # SQLite file (the embedded default)
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run -p idempotent-examples --bin agent_findings   # Redis
+//! DATABASE_URL=postgres://postgres@127.0.0.1/postgres cargo run -p idempotent-examples --bin agent_findings  # PostgreSQL
 //! ```
+//!
+//! The steps' records and the findings are kept in the examples' database
+//! (`idempotent_examples::stores_from_env`), under a run id of their own per run.
 //!
 //! Exits non-zero if a finding is missing or doubled.
 
@@ -16,14 +21,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use bytes::Bytes;
-use idempotent_core::state::{Commit, CommitToken, Loaded, MemoryStateStore, Scope, State, StateStore, Version};
+use idempotent_core::state::{Commit, CommitToken, Loaded, Scope, SharedStateStore, State, StateStore, Version};
 use idempotent_core::store::BoxFuture;
-use idempotent_core::{Error, MemoryStore, RunContext};
+use idempotent_core::{Error, RunContext};
 
 /// A transport to the state store that loses the reply to one commit in five after the commit
 /// went in.
 struct Flaky {
-    inner: MemoryStateStore,
+    inner: SharedStateStore,
     commits: AtomicU32,
     lost: AtomicU32,
 }
@@ -56,20 +61,24 @@ impl StateStore for Flaky {
     }
 
     fn describe(&self) -> String {
-        "flaky memory".into()
+        format!("flaky {}", self.inner.describe())
     }
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let flaky = Arc::new(Flaky { inner: MemoryStateStore::new(), commits: AtomicU32::new(0), lost: AtomicU32::new(0) });
-    let records = MemoryStore::new();
-    let scope = Scope::new("run-7/findings");
+    tracing_subscriber::fmt().with_env_filter(idempotent_examples::log_filter()).init();
+    let stores = idempotent_examples::stores_from_env().await?;
+    let run_id = idempotent_examples::fresh_id("run");
+    println!("records and findings in {}; run {run_id}; 1 in 5 commit replies lost on the way back", stores.describe);
+    let flaky = Arc::new(Flaky { inner: stores.state, commits: AtomicU32::new(0), lost: AtomicU32::new(0) });
+    let records = stores.records;
+    let scope = Scope::new(format!("{run_id}/findings"));
     // One update at a time per task, no retries inside the update: a lost reply fails the step.
     let policy = idempotent_core::UpdatePolicy::default().attempts(1);
     let retried = Arc::new(AtomicU32::new(0));
     let branches = (0..4).map(|b| {
-        let ctx = RunContext::new(records.clone(), "run-7");
+        let ctx = RunContext::new(records.clone(), &run_id);
         let findings: State<Vec<String>> =
             State::new(flaky.clone() as Arc<dyn StateStore>, scope.clone()).with_policy(policy);
         let retried = retried.clone();

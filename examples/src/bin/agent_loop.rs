@@ -4,9 +4,15 @@
 //! reply is lost. Retries, hedges and charges are printed; every tool call charges once.
 //!
 //! ```text
-//! cargo run -p idempotent-examples --bin agent_loop
+//! cargo run -p idempotent-examples --bin agent_loop   # SQLite file (the embedded default)
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run -p idempotent-examples --bin agent_loop   # Redis
+//! DATABASE_URL=postgres://postgres@127.0.0.1/postgres cargo run -p idempotent-examples --bin agent_loop  # PostgreSQL
+//! RUST_LOG=info,idempotent_tower::retry=debug,idempotent_tower::client::hedge=debug cargo run -p idempotent-examples --bin agent_loop  # each retry and hedge
 //! RUST_LOG=idempotent_tower=debug cargo run -p idempotent-examples --bin agent_loop  # the layers' own events too
 //! ```
+//!
+//! Both services' `IdempotencyLayer`s keep their records in the examples' database
+//! (`idempotent_examples::store_from_env`); the run id is new on every run of the program.
 //!
 //! - Model calls: `IdempotencyKeyLayer` → tower `Retry` (`HttpRetryPolicy`: 502 and 429 with
 //!   `Retry-After`) → `Hedge` (`HedgeLayer`: a copy after the p90 latency) → hyper. The provider
@@ -35,7 +41,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use idempotent_core::{Key, KeyScope, MemoryStore, OnInFlight};
+use idempotent_core::{Key, KeyScope, OnInFlight, SharedStore};
 use idempotent_tower::client::hedge::{HedgeLayer, HedgePolicy};
 use idempotent_tower::reqwest::{IdempotencyKeyMiddleware, OperationKey, RetryMiddleware, reqwest, reqwest_middleware};
 use idempotent_tower::retry::{Backoff, HttpRetryPolicy};
@@ -113,13 +119,10 @@ async fn serve(app: Router) -> SocketAddr {
     addr
 }
 
-async fn start_provider(provider: Provider) -> SocketAddr {
+async fn start_provider(store: SharedStore, provider: Provider) -> SocketAddr {
     let app = Router::new()
         .route("/v1/chat/completions", post(completions))
-        .layer(
-            IdempotencyLayer::new(MemoryStore::new())
-                .on_in_flight(OnInFlight::Wait { timeout: Duration::from_secs(5) }),
-        )
+        .layer(IdempotencyLayer::new(store).on_in_flight(OnInFlight::Wait { timeout: Duration::from_secs(5) }))
         .route("/v1/models", get(|| async { Json(json!({"data": [{"id": "mock-1"}]})) }))
         .with_state(provider.clone())
         .layer(from_fn_with_state(provider, gateway));
@@ -163,11 +166,11 @@ async fn lossy_front(State(payments): State<Payments>, request: AxumRequest, nex
     response
 }
 
-async fn start_payments(payments: Payments) -> SocketAddr {
+async fn start_payments(store: SharedStore, payments: Payments) -> SocketAddr {
     let app = Router::new()
         .route("/charges", post(charge))
         .with_state(payments.clone())
-        .layer(IdempotencyLayer::new(MemoryStore::new()).require_key(true))
+        .layer(IdempotencyLayer::new(store).require_key(true))
         .layer(from_fn_with_state(payments, lossy_front));
     serve(app).await
 }
@@ -191,19 +194,20 @@ where
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-            // The client side's retry and hedge events; the servers' own at `RUST_LOG=idempotent_tower=debug`.
-            "warn,idempotent_tower::retry=debug,idempotent_tower::client::hedge=debug".into()
-        }))
+        // The client side's retry and hedge events are DEBUG: `RUST_LOG` in the module docs.
+        .with_env_filter(idempotent_examples::log_filter())
         .with_target(false)
         .without_time()
         .init();
 
+    let (store, describe) = idempotent_examples::store_from_env().await?;
+    let run_id = idempotent_examples::fresh_id("support-4711/turn-1");
+    println!("records of both services in {describe}; run {run_id}");
     let provider = Provider::default();
     let payments = Payments::default();
-    let model_url = format!("http://{}/v1/chat/completions", start_provider(provider.clone()).await);
+    let model_url = format!("http://{}/v1/chat/completions", start_provider(store.clone(), provider.clone()).await);
     let models_url = model_url.replace("/chat/completions", "/models");
-    let charges_url = format!("http://{}/charges", start_payments(payments.clone()).await);
+    let charges_url = format!("http://{}/charges", start_payments(store, payments.clone()).await);
 
     // The model client: key outside retry, retry outside the hedge (each attempt may be hedged).
     let hedges = HedgePolicy::new();
@@ -236,7 +240,6 @@ async fn main() -> Result<(), BoxError> {
         ))
         .build();
 
-    let run_id = "support-4711/turn-1";
     let mut messages = vec![
         json!({"role": "system", "content": "You settle unpaid orders with the charge tool."}),
         json!({"role": "user", "content": "Please settle order-1 ($15.00) and order-2 ($25.00)."}),
@@ -250,7 +253,7 @@ async fn main() -> Result<(), BoxError> {
         let arrivals = provider.arrivals.load(Ordering::SeqCst) - arrivals_before;
         let hedged = hedges.hedges() - hedges_before;
         println!(
-            "model call {turn}: {status} in {:>4} ms — {arrivals} request(s) reached the provider, {hedged} of them a hedge",
+            "model call {turn}: {status} in {:>4} ms — {arrivals} request(s) reached the provider; {hedged} hedge(s) sent",
             started.elapsed().as_millis()
         );
         let message = completion["choices"][0]["message"].clone();
@@ -262,7 +265,7 @@ async fn main() -> Result<(), BoxError> {
         for call in calls {
             let (id, arguments) =
                 (call["id"].as_str().unwrap_or_default(), call["function"]["arguments"].as_str().unwrap_or("{}"));
-            let key = Key::derive(&KeyScope::new(run_id, "charge"), id)?;
+            let key = Key::derive(&KeyScope::new(run_id.as_str(), "charge"), id)?;
             let response = tools
                 .post(&charges_url)
                 .header("content-type", "application/json")

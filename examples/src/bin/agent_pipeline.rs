@@ -195,9 +195,7 @@ const MAX_ATTEMPTS: u32 = 5;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "error".into()))
-        .init();
+    tracing_subscriber::fmt().with_env_filter(idempotent_examples::log_filter()).init();
 
     let (store, store_name) = idempotent_examples::store_from_env().await?;
     let run_id = std::env::var("RUN_ID").unwrap_or_else(|_| {

@@ -4,8 +4,13 @@
 //! `before_sleep` does; the delays are the workspace's full-jitter `Backoff`.
 //!
 //! ```text
-//! cargo run -p idempotent-examples --bin backon_retry
+//! cargo run -p idempotent-examples --bin backon_retry   # SQLite file (the embedded default)
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run -p idempotent-examples --bin backon_retry   # Redis
+//! DATABASE_URL=postgres://postgres@127.0.0.1/postgres cargo run -p idempotent-examples --bin backon_retry  # PostgreSQL
 //! ```
+//!
+//! The tool's records are kept in the examples' database (`idempotent_examples::store_from_env`),
+//! under a run id that is new on every run of the program.
 //!
 //! Exits non-zero if the card was charged other than once.
 
@@ -18,7 +23,7 @@ use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::post;
 use backon::Retryable;
-use idempotent_core::{Backoff, Error, MemoryStore, RunContext, idempotent};
+use idempotent_core::{Backoff, Error, RunContext, idempotent};
 use idempotent_tower::reqwest::reqwest;
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
@@ -34,6 +39,8 @@ fn full_jitter(backoff: Backoff) -> impl Iterator<Item = Duration> + Send + Sync
 #[derive(Default)]
 struct Card {
     charges: AtomicU32,
+    /// Told when a charge runs (its call holds the key's lease).
+    charging: Notify,
     /// Holds the first charge until the duplicate has been refused once.
     duplicate_refused: Notify,
 }
@@ -46,6 +53,7 @@ struct Receipt {
 #[idempotent(step = "charge", retention = 3600, on_in_flight = "reject", skip(card))]
 async fn charge(ctx: &RunContext, card: &Card, order: &str, cents: u64) -> Result<Receipt, Error> {
     let n = card.charges.fetch_add(1, Ordering::SeqCst) + 1;
+    card.charging.notify_one();
     card.duplicate_refused.notified().await;
     Ok(Receipt { charge_id: format!("ch_{order}_{cents}_{n}") })
 }
@@ -101,25 +109,34 @@ async fn complete(client: &reqwest::Client, url: &str, key: &http::HeaderValue) 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(idempotent_examples::log_filter())
         .with_target(false)
         .without_time()
         .init();
+    let (store, describe) = idempotent_examples::store_from_env().await?;
+    let run_id = idempotent_examples::fresh_id("order-flow-42");
+    println!("records in {describe}; run {run_id}");
     let backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2)).max_attempts(6);
 
     // 1. The tool. A redelivered message runs the same tool call while the first still runs:
     //    the store refuses the duplicate (InFlight, transient), backon retries it, and once the
     //    first is done the retry replays its receipt.
-    let ctx = RunContext::new(MemoryStore::new(), "order-flow-42");
+    let ctx = RunContext::new(store, &run_id);
     let card = Card::default();
     let first = charge(&ctx, &card, "order-7", 1500);
-    let duplicate = (|| charge(&ctx, &card, "order-7", 1500))
-        .retry(full_jitter(backoff))
-        .when(|e: &Error| e.is_transient())
-        .notify(|e: &Error, delay: Duration| {
-            tracing::info!(delay_ms = delay.as_millis() as u64, "retrying the charge tool: {e}");
-            card.duplicate_refused.notify_one();
-        });
+    let duplicate = async {
+        // Delivered again once the first call runs its charge (it holds the key's lease then,
+        // whichever call a store happens to serve first).
+        card.charging.notified().await;
+        (|| charge(&ctx, &card, "order-7", 1500))
+            .retry(full_jitter(backoff))
+            .when(|e: &Error| e.is_transient())
+            .notify(|e: &Error, delay: Duration| {
+                tracing::info!(delay_ms = delay.as_millis() as u64, "retrying the charge tool: {e}");
+                card.duplicate_refused.notify_one();
+            })
+            .await
+    };
     let (first, duplicate) = tokio::join!(first, duplicate);
     let (first, duplicate) = (first?, duplicate?);
     println!("tool:  first call → {}, duplicate → {}", first.charge_id, duplicate.charge_id);

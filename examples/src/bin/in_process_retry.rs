@@ -2,8 +2,10 @@
 //! fails transiently is retried, and charges the card once.
 //!
 //! ```text
-//! cargo run -p idempotent-examples --bin in_process_retry
-//! RUST_LOG=idempotent_tower=debug cargo run -p idempotent-examples --bin in_process_retry
+//! cargo run -p idempotent-examples --bin in_process_retry   # SQLite file (the embedded default)
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run -p idempotent-examples --bin in_process_retry   # Redis
+//! DATABASE_URL=postgres://postgres@127.0.0.1/postgres cargo run -p idempotent-examples --bin in_process_retry  # PostgreSQL
+//! RUST_LOG=idempotent_tower=debug cargo run -p idempotent-examples --bin in_process_retry   # the layer's events
 //! ```
 //!
 //! ```text
@@ -17,7 +19,9 @@
 //! charges. The idempotency layer releases the key on each 503, so the retries run the charge;
 //! once the charge succeeded its response is stored. When the job runner later runs the same job
 //! again (a restarted worker), the key — derived from the run id, the step and the payload — is
-//! the same, and the stored response is replayed without charging again.
+//! the same, and the stored response is replayed without charging again. The layer keeps its
+//! records in the examples' database (`idempotent_examples::store_from_env`); the job's run id is
+//! new on every run of the program, so a run never replays an earlier one's charge.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -27,7 +31,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
-use idempotent_core::{Key, KeyScope, MemoryStore};
+use idempotent_core::{Key, KeyScope};
 use idempotent_tower::IdempotencyLayer;
 use idempotent_tower::retry::{Backoff, HttpRetryPolicy};
 use idempotent_tower::server::RequestBody;
@@ -44,12 +48,10 @@ struct Bank {
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .init();
+    tracing_subscriber::fmt().with_env_filter(idempotent_examples::log_filter()).init();
+    let (store, describe) = idempotent_examples::store_from_env().await?;
+    let run_id = idempotent_examples::fresh_id("run-7");
+    println!("records in {describe}; job run {run_id}");
 
     let bank = Arc::new(Bank::default());
     // The side-effecting service. The idempotency layer hands it the buffered request body.
@@ -76,15 +78,13 @@ async fn main() -> Result<(), BoxError> {
 
     let policy =
         HttpRetryPolicy::new().backoff(Backoff::new(Duration::from_millis(50), Duration::from_secs(1)).max_attempts(5));
-    let stack = ServiceBuilder::new()
-        .layer(RetryLayer::new(policy))
-        .layer(IdempotencyLayer::new(MemoryStore::new()))
-        .service(payments);
+    let stack =
+        ServiceBuilder::new().layer(RetryLayer::new(policy)).layer(IdempotencyLayer::new(store)).service(payments);
 
-    // The job: charge order-1042 in run 7. Its key is derived from what the job is, so every
+    // The job: charge order-1042 in the run. Its key is derived from what the job is, so every
     // life of the worker sends the same key for it.
     let payload = serde_json::json!({"order": "order-1042", "amount_cents": 1500});
-    let key = Key::derive(&KeyScope::new("run-7", "charge"), &payload)?;
+    let key = Key::derive(&KeyScope::new(run_id.as_str(), "charge"), &payload)?;
     let job = || {
         Request::post("http://payments.internal/charges")
             .header("idempotency-key", HeaderValue::from_str(&key.to_hex()).unwrap())

@@ -2,9 +2,10 @@
 //! payment provider that is charged exactly once.
 //!
 //! ```text
-//! cargo run -p idempotent-examples --bin refund_demo  # SQLite file (the embedded default)
+//! cargo run -p idempotent-examples --bin refund_demo  # SQLite file (the embedded default); run it twice
 //! REDIS_URL=redis://127.0.0.1:6379 cargo run -p idempotent-examples --bin refund_demo   # Redis
 //! DATABASE_URL=postgres://postgres@127.0.0.1/postgres cargo run -p idempotent-examples --bin refund_demo  # PostgreSQL
+//! RUN_ID=refund-job-7 cargo run -p idempotent-examples --bin refund_demo   # a run id of your own
 //! ```
 //!
 //! The worker runs the workflow `refund order-1042`: step 1 asks the payment provider for a
@@ -17,13 +18,20 @@
 //! (`Attempt::downstream_key`, sent as the provider's `Idempotency-Key`); the next worker's
 //! attempt is `recovered`, so the step's verifier asks the provider for a refund under that key,
 //! finds it, and stores it as the outcome instead of refunding again.
+//!
+//! The run id names the job: `RUN_ID`, else `refund-job-order-1042` on a SQLite file (the
+//! default), so that a second run finds the first run's outcomes in the file and replays them
+//! (the provider is not called again), else (Redis, PostgreSQL: possibly shared servers) a new
+//! id per run. The provider's ledgers of the protected parts are files in the temporary
+//! directory, one per store and run id, kept across runs like the records.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use idempotent_core::{Attempt, Error, RunContext, Verdict};
+use idempotent_core::store::RecordState;
+use idempotent_core::{Attempt, Error, RunContext, SharedStore, Verdict};
 use serde::{Deserialize, Serialize};
 
 /// A simulated payment provider: every refund it makes is a line in its ledger file, so that
@@ -32,6 +40,8 @@ use serde::{Deserialize, Serialize};
 /// moves no money.
 struct PaymentProvider {
     ledger: PathBuf,
+    /// Refund requests this process sent to the provider.
+    calls: AtomicU32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -52,7 +62,17 @@ impl PaymentProvider {
     /// A provider with an empty ledger at `ledger`.
     fn new(ledger: PathBuf) -> PaymentProvider {
         let _ = std::fs::remove_file(&ledger);
-        PaymentProvider { ledger }
+        PaymentProvider::open(ledger)
+    }
+
+    /// A provider with the ledger at `ledger`, as earlier runs left it.
+    fn open(ledger: PathBuf) -> PaymentProvider {
+        PaymentProvider { ledger, calls: AtomicU32::new(0) }
+    }
+
+    /// Refund requests this process sent.
+    fn calls(&self) -> u32 {
+        self.calls.load(Ordering::SeqCst)
     }
 
     fn entries(&self) -> Vec<Entry> {
@@ -63,6 +83,7 @@ impl PaymentProvider {
     /// Refunds `amount_cents` on `order`, once per `idempotency_key` (every call without one is a
     /// new refund).
     async fn refund(&self, idempotency_key: Option<&str>, order: &str, amount_cents: u64) -> Refund {
+        self.calls.fetch_add(1, Ordering::SeqCst);
         if let Some(found) = idempotency_key.and_then(|key| self.find(key)) {
             return found;
         }
@@ -171,7 +192,7 @@ async fn worker(ctx: Option<&RunContext>, provider: &PaymentProvider) -> Vec<Str
 async fn refund_then_hang(run_id: &str, ledger: PathBuf) -> Result<(), Box<dyn std::error::Error>> {
     let (store, _) = idempotent_examples::store_from_env().await?;
     let ctx = RunContext::new(store, run_id);
-    let provider = PaymentProvider { ledger };
+    let provider = PaymentProvider::open(ledger);
     let _: Refund = ctx
         .step("issue_refund")
         .lease(CRASH_LEASE)
@@ -192,32 +213,54 @@ const CRASH_LEASE: Duration = Duration::from_secs(1);
 
 /// Part 3: a worker (another process) is killed after the provider refunded and before the
 /// outcome was stored; the next worker verifies with the provider instead of refunding again.
-async fn killed_worker(ledger: &Path) -> Result<usize, Box<dyn std::error::Error>> {
-    let provider = PaymentProvider::new(ledger.to_owned());
-    let run_id = format!("refund-job-{ORDER}-crash-{}", std::process::id());
-    let mut child = std::process::Command::new(std::env::current_exe()?)
-        .args(["--refund-then-hang", &run_id])
-        .arg(ledger)
-        .stdout(std::process::Stdio::piped())
-        .spawn()?;
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().expect("piped")), &mut line)?;
-    let (refund_id, key) = line.trim().split_once(' ').ok_or_else(|| format!("the worker said {line:?}"))?;
-    child.kill()?; // SIGKILL: after the refund, before the outcome is stored
-    child.wait()?;
-    println!(
-        "  worker 1 (pid {}): provider refunded {refund_id} under Idempotency-Key {}…; killed before storing it",
-        child.id(),
-        &key[..12]
-    );
+/// Returns the refunds in the provider's ledger and whether this process only replayed.
+async fn killed_worker(
+    store: SharedStore,
+    run_id: &str,
+    ledger: &Path,
+) -> Result<(usize, bool), Box<dyn std::error::Error>> {
+    let provider = PaymentProvider::open(ledger.to_owned());
+    let ctx = RunContext::new(store, run_id);
+    match ctx.step("issue_refund").inspect(&(ORDER, AMOUNT)).await? {
+        None => {
+            let mut child = std::process::Command::new(std::env::current_exe()?)
+                .args(["--refund-then-hang", run_id])
+                .arg(ledger)
+                .stdout(std::process::Stdio::piped())
+                .spawn()?;
+            let mut line = String::new();
+            std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().expect("piped")), &mut line)?;
+            let (refund_id, key) = line.trim().split_once(' ').ok_or_else(|| format!("the worker said {line:?}"))?;
+            child.kill()?; // SIGKILL: after the refund, before the outcome is stored
+            child.wait()?;
+            println!(
+                "  worker 1 (pid {}): provider refunded {refund_id} under Idempotency-Key {}…; killed before storing it",
+                child.id(),
+                &key[..12]
+            );
+        }
+        Some(earlier) if earlier.state == RecordState::Done => {
+            println!(
+                "  an earlier run of {run_id} finished this job (attempt {}): its outcome is stored",
+                earlier.attempt
+            );
+        }
+        Some(earlier) => {
+            println!(
+                "  an earlier run of {run_id} left the job {:?} at attempt {} (a worker died): worker 2 takes over",
+                earlier.state, earlier.attempt
+            );
+        }
+    }
 
-    let (store, _) = idempotent_examples::store_from_env().await?;
-    let ctx = RunContext::new(store, &run_id);
     let provider = &provider;
+    let verified = AtomicU32::new(0);
+    let verified = &verified;
     let refund: Refund = ctx
         .step("issue_refund")
         // Asked instead of refunding when the previous attempt's outcome is unknown.
         .verify(|attempt: Attempt| async move {
+            verified.fetch_add(1, Ordering::SeqCst);
             let key = attempt.downstream_key();
             let found = provider.find(key.as_str());
             println!(
@@ -233,46 +276,89 @@ async fn killed_worker(ledger: &Path) -> Result<usize, Box<dyn std::error::Error
             Ok::<_, Error>(provider.refund(Some(key.as_str()), ORDER, AMOUNT).await)
         })
         .await?;
-    println!("  worker 2: stored {} as the outcome without refunding again", refund.id);
     let refunds = provider.refunds();
-    println!("  => the provider refunded {refunds} time(s).");
-    Ok(refunds)
+    let replayed = provider.calls() == 0 && verified.load(Ordering::SeqCst) == 0;
+    if replayed {
+        println!("  worker 2: replayed {} from the store; neither the provider nor the verifier was asked", refund.id);
+        if refunds == 0 {
+            println!(
+                "  => replayed: no refund in this run (the provider's ledger {} was deleted since the earlier run).",
+                ledger.display()
+            );
+        } else {
+            println!("  => replayed: the provider refunded {refunds} time(s) in all, none in this run.");
+        }
+    } else {
+        println!("  worker 2: stored {} as the outcome without refunding again", refund.id);
+        println!("  => the provider refunded {refunds} time(s).");
+    }
+    Ok((refunds, replayed))
+}
+
+/// The provider's ledgers of the protected parts, kept across runs like the records.
+fn ledger_dir() -> PathBuf {
+    std::env::temp_dir().join("idempotent-refund-demo")
+}
+
+/// The ledger of `run_id` on `store`: one per store (its kind and a hash of where it is) and run
+/// id, so that the same run id on another database starts from an empty ledger too.
+fn ledger_of(store: &SharedStore, run_id: &str) -> PathBuf {
+    // FNV-1a: stable across runs and builds.
+    let hash = store
+        .describe()
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    let run: String = run_id.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
+    ledger_dir().join(format!("{}-{hash:016x}-{run}.jsonl", store.kind()))
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt().with_env_filter(std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".into())).init();
     let args: Vec<String> = std::env::args().collect();
     if let [_, flag, run_id, ledger] = &args[..]
         && flag == "--refund-then-hang"
     {
+        // The parent reads this worker's first line of stdout: its logs go to stderr.
+        tracing_subscriber::fmt()
+            .with_env_filter(idempotent_examples::log_filter())
+            .with_writer(std::io::stderr)
+            .init();
         return refund_then_hang(run_id, PathBuf::from(ledger)).await;
     }
+    tracing_subscriber::fmt().with_env_filter(idempotent_examples::log_filter()).init();
     let (store, describe) = idempotent_examples::store_from_env().await?;
-    let ledgers = std::env::temp_dir().join(format!("idempotent-refund-demo-{}", std::process::id()));
-    std::fs::create_dir_all(&ledgers)?;
+    // The run id names this logical job; every retry of the job, and every later run of the
+    // program on the same SQLite file, uses the same one. On a server (Redis, PostgreSQL), which
+    // others may share, each run is a job of its own unless RUN_ID names one.
+    let (run_id, fresh) = match std::env::var("RUN_ID").ok().filter(|id| !id.is_empty()) {
+        Some(id) => (id, false),
+        None if store.kind() == "sqlite" => (format!("refund-job-{ORDER}"), false),
+        None => (idempotent_examples::fresh_id(&format!("refund-job-{ORDER}")), true),
+    };
+    println!("Records in {describe}; run {run_id}");
+    let scratch = ledger_dir().join(format!("naive-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch)?;
 
     println!("Refund workflow for {ORDER}; the gateway fails {RETRIES} times after the refund is issued.\n");
 
     println!("Without idempotent:");
-    let naive = PaymentProvider::new(ledgers.join("naive.jsonl"));
+    let naive = PaymentProvider::new(scratch.join("naive.jsonl"));
     worker(None, &naive).await;
     let naive_refunds = naive.refunds();
     println!("  => the provider refunded {naive_refunds} times. The customer got {naive_refunds}x the money.\n");
+    std::fs::remove_dir_all(&scratch)?;
 
-    println!("With idempotent ({describe}):");
-    // The run id names this logical job; every retry of the job uses the same one. A fresh id per
-    // demo run keeps runs against a shared database independent.
-    let run_id = format!("refund-job-{ORDER}-{}", std::process::id());
-    let ctx = RunContext::new(store, &run_id);
-    let provider = PaymentProvider::new(ledgers.join("protected.jsonl"));
+    println!("With idempotent:");
+    let ctx = RunContext::new(store.clone(), &run_id);
+    let ledger = ledger_of(&store, &run_id);
+    let provider = PaymentProvider::open(ledger.clone());
     let ids = worker(Some(&ctx), &provider).await;
 
     // A worker that restarts (a new process: a new connection to the same database) and runs
     // the job again gets the same refund too.
     drop(ctx);
-    let (store, _) = idempotent_examples::store_from_env().await?;
-    let restarted = RunContext::new(store, &run_id);
+    let (restarted_store, _) = idempotent_examples::store_from_env().await?;
+    let restarted = RunContext::new(restarted_store, &run_id);
     let again: Refund = restarted
         .step("issue_refund")
         .run(&(ORDER, AMOUNT), |_| async { Ok::<_, Error>(provider.refund(None, ORDER, AMOUNT).await) })
@@ -280,15 +366,37 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("  a restarted worker asks again: refund {} (replayed, provider not called)", again.id);
 
     let refunds = provider.refunds();
-    println!("  => the provider refunded {refunds} time(s); every attempt returned refund {}.", again.id);
-    if refunds != 1 || ids.last() != Some(&again.id) {
+    let replayed = provider.calls() == 0;
+    match (replayed, refunds) {
+        (true, 0) => println!(
+            "  => replayed: an earlier run of {run_id} refunded {}; the provider was not called in this run \
+             (its ledger {} was deleted since; the records were not).",
+            again.id,
+            ledger.display()
+        ),
+        (true, _) => println!(
+            "  => replayed: an earlier run of {run_id} refunded; the provider was not called in this run and refunded {refunds} time(s) in all; every attempt returned refund {}.",
+            again.id
+        ),
+        (false, _) => {
+            println!("  => the provider refunded {refunds} time(s); every attempt returned refund {}.", again.id)
+        }
+    }
+    // A replay calls the provider no time; an execution leaves one refund in its ledger.
+    if (if replayed { refunds > 1 } else { refunds != 1 }) || ids.last() != Some(&again.id) {
         return Err(format!("expected exactly one refund, saw {refunds}").into());
     }
 
     println!("\nA worker killed after the provider refunded, before the outcome was stored:");
-    let refunds = killed_worker(&ledgers.join("killed.jsonl")).await?;
-    std::fs::remove_dir_all(&ledgers)?;
-    if refunds != 1 {
+    let crash_run = format!("{run_id}-crash");
+    let crash_ledger = ledger_of(&store, &crash_run);
+    let (refunds, replayed) = killed_worker(store, &crash_run, &crash_ledger).await?;
+    if fresh {
+        // A run id no later run uses: its ledgers would only pile up.
+        let _ = std::fs::remove_file(&ledger);
+        let _ = std::fs::remove_file(&crash_ledger);
+    }
+    if if replayed { refunds > 1 } else { refunds != 1 } {
         return Err(format!("expected exactly one refund after the crash, saw {refunds}").into());
     }
     Ok(())

@@ -1,7 +1,9 @@
 //! A retrying HTTP client that refunds exactly once although the network loses replies.
 //!
 //! ```text
-//! cargo run -p idempotent-examples --bin retrying_client
+//! cargo run -p idempotent-examples --bin retrying_client   # SQLite file (the embedded default)
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run -p idempotent-examples --bin retrying_client   # Redis
+//! DATABASE_URL=postgres://postgres@127.0.0.1/postgres cargo run -p idempotent-examples --bin retrying_client  # PostgreSQL
 //! RUST_LOG=idempotent_tower=debug cargo run -p idempotent-examples --bin retrying_client   # every retry
 //! ```
 //!
@@ -19,6 +21,8 @@
 //! The server processes every refund on its first attempt, and the proxy throws that reply
 //! away. The client sees a dropped connection, retries with the same `Idempotency-Key`, and the
 //! server replays the stored response (`Idempotent-Replayed: true`) instead of refunding again.
+//! The server's layer keeps its records in the examples' database
+//! (`idempotent_examples::store_from_env`); each refund request gets a new random key.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
@@ -34,7 +38,7 @@ use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use idempotent_core::MemoryStore;
+use idempotent_core::SharedStore;
 use idempotent_tower::retry::{Backoff, HttpRetryPolicy};
 use idempotent_tower::{IdempotencyKeyLayer, IdempotencyLayer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -50,11 +54,8 @@ async fn refund(State(refunds): State<Arc<AtomicU32>>, body: String) -> (StatusC
     (StatusCode::CREATED, format!("{{\"refund\":\"re_{n:04}\",\"for\":{body}}}"))
 }
 
-async fn start_server(refunds: Arc<AtomicU32>) -> std::io::Result<SocketAddr> {
-    let app = Router::new()
-        .route("/refunds", post(refund))
-        .with_state(refunds)
-        .layer(IdempotencyLayer::new(MemoryStore::new()));
+async fn start_server(store: SharedStore, refunds: Arc<AtomicU32>) -> std::io::Result<SocketAddr> {
+    let app = Router::new().route("/refunds", post(refund)).with_state(refunds).layer(IdempotencyLayer::new(store));
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move { axum::serve(listener, app).await });
@@ -117,15 +118,12 @@ async fn relay(mut client: TcpStream, upstream: SocketAddr, seen: &Mutex<HashSet
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
-        )
-        .init();
+    tracing_subscriber::fmt().with_env_filter(idempotent_examples::log_filter()).init();
+    let (store, describe) = idempotent_examples::store_from_env().await?;
+    println!("server: records in {describe}");
 
     let refunds = Arc::new(AtomicU32::new(0));
-    let server = start_server(refunds.clone()).await?;
+    let server = start_server(store, refunds.clone()).await?;
     let proxy = start_flaky_proxy(server).await?;
 
     // The client stack. The key layer is OUTSIDE the retry layer: it stamps the key once, and

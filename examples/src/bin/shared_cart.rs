@@ -6,8 +6,13 @@
 //! reads again and re-applies. Every item ends in the cart exactly once.
 //!
 //! ```text
-//! cargo run -p idempotent-examples --bin shared_cart
+//! cargo run -p idempotent-examples --bin shared_cart   # SQLite file (the embedded default)
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run -p idempotent-examples --bin shared_cart   # Redis
+//! DATABASE_URL=postgres://postgres@127.0.0.1/postgres cargo run -p idempotent-examples --bin shared_cart  # PostgreSQL
 //! ```
+//!
+//! The cart is kept in the examples' database (`idempotent_examples::stores_from_env`), under a
+//! scope of its own per run, so every run starts from an empty cart.
 //!
 //! Exits non-zero if an item is missing or doubled.
 
@@ -19,12 +24,15 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use idempotent_core::state::{MemoryStateStore, Scope, State};
+use idempotent_core::state::{Scope, State};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let cart: Arc<idempotent_examples::cart::Cart> =
-        Arc::new(State::new(MemoryStateStore::new(), Scope::new("cart-1").tenant("shop")));
+    tracing_subscriber::fmt().with_env_filter(idempotent_examples::log_filter()).init();
+    let stores = idempotent_examples::stores_from_env().await?;
+    let scope = Scope::new(idempotent_examples::fresh_id("cart")).tenant("shop");
+    println!("cart state in {}; cart {}", stores.describe, scope.name());
+    let cart: Arc<idempotent_examples::cart::Cart> = Arc::new(State::new(stores.state, scope));
     let app = idempotent_examples::cart::router(cart);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
@@ -43,38 +51,42 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 
     let refused = Arc::new(AtomicU32::new(0));
     let per_client = 20;
-    let clients = (0..2).map(|c| {
-        let (client, url, refused) = (client.clone(), url.clone(), refused.clone());
-        tokio::spawn(async move {
-            for i in 0..per_client {
-                let item = format!("client {c}: item {i}");
-                loop {
-                    let res = client.request(http::Request::get(&url).body(Full::default())?).await?;
-                    let tag = res.headers()[header::ETAG].clone();
-                    let mut items: Vec<String> = serde_json::from_slice(&res.into_body().collect().await?.to_bytes())?;
-                    items.push(item.clone());
-                    // The other client's write may land meanwhile: then this one is refused.
-                    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
-                    let req = http::Request::put(&url)
-                        .header("content-type", "application/json")
-                        .header(header::IF_MATCH, tag)
-                        .header("idempotency-key", format!("add {item}"))
-                        .body(Full::from(serde_json::to_vec(&items)?))?;
-                    let res = client.request(req).await?;
-                    match res.status() {
-                        StatusCode::OK => break,
-                        StatusCode::PRECONDITION_FAILED => {
-                            refused.fetch_add(1, Ordering::Relaxed);
+    // Both clients are spawned before either is awaited, so that they run at once.
+    let clients: Vec<_> = (0..2)
+        .map(|c| {
+            let (client, url, refused) = (client.clone(), url.clone(), refused.clone());
+            tokio::spawn(async move {
+                for i in 0..per_client {
+                    let item = format!("client {c}: item {i}");
+                    loop {
+                        let res = client.request(http::Request::get(&url).body(Full::default())?).await?;
+                        let tag = res.headers()[header::ETAG].clone();
+                        let mut items: Vec<String> =
+                            serde_json::from_slice(&res.into_body().collect().await?.to_bytes())?;
+                        items.push(item.clone());
+                        // The other client's write may land meanwhile: then this one is refused.
+                        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+                        let req = http::Request::put(&url)
+                            .header("content-type", "application/json")
+                            .header(header::IF_MATCH, tag)
+                            .header("idempotency-key", format!("add {item}"))
+                            .body(Full::from(serde_json::to_vec(&items)?))?;
+                        let res = client.request(req).await?;
+                        match res.status() {
+                            StatusCode::OK => break,
+                            StatusCode::PRECONDITION_FAILED => {
+                                refused.fetch_add(1, Ordering::Relaxed);
+                            }
+                            other => return Err(format!("PUT answered {other}").into()),
                         }
-                        other => return Err(format!("PUT answered {other}").into()),
                     }
                 }
-            }
-            Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(())
+            })
         })
-    });
-    for c in futures_join(clients).await {
-        c??;
+        .collect();
+    for c in clients {
+        c.await??;
     }
     let res = client.request(http::Request::get(&url).body(Full::default())?).await?;
     let tag = res.headers()[header::ETAG].to_str()?.to_owned();
@@ -93,14 +105,4 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
         std::process::exit(1);
     }
     Ok(())
-}
-
-async fn futures_join<T>(
-    handles: impl Iterator<Item = tokio::task::JoinHandle<T>>,
-) -> Vec<Result<T, tokio::task::JoinError>> {
-    let mut out = Vec::new();
-    for h in handles {
-        out.push(h.await);
-    }
-    out
 }
