@@ -7,8 +7,8 @@ use idempotent_core::store::RecordState;
 
 use crate::duration::parse_duration;
 
-const EXIT_CODES: &str = "Exit codes: 0 done; 1 the store failed or could not be reached; 2 the command line is wrong; \
-3 no such record; 4 refused (another fence, another state, a live lease; or doctor found a problem); \
+const EXIT_CODES: &str = "Exit codes: 0 done; 1 the store failed or could not be reached (a SQLite file that does not exist); \
+2 the command line is wrong (a key that several records' keys start with); 3 no such record; 4 refused (another fence, another state, a live lease; or doctor found a problem); \
 5 nothing changed (a destructive command without --yes).";
 
 /// See, and fix safely, what an idempotent store holds.
@@ -16,7 +16,8 @@ const EXIT_CODES: &str = "Exit codes: 0 done; 1 the store failed or could not be
 #[command(name = "idempotent", version, about, long_about = None, after_help = EXIT_CODES)]
 pub(crate) struct Cli {
     /// The store: redis://host:port (several comma-separated for a cluster), rediss://…,
-    /// sqlite://path or postgres://user@host/db.
+    /// sqlite://path (an existing file; sqlite://path?mode=rwc creates it) or
+    /// postgres://user@host/db.
     #[arg(long, env = "IDEMPOTENT_STORE", global = true, value_name = "URL")]
     pub(crate) store: Option<String>,
 
@@ -51,8 +52,9 @@ pub(crate) enum Command {
 /// Which record: its key, or what the executor or the HTTP layer derives it from.
 #[derive(Debug, Args)]
 pub(crate) struct Which {
-    /// The record's key: 64 hex digits (as `list` prints it with --json, or an error's
-    /// `record_key`).
+    /// The record's key: the start of it as `list` prints it (12 hex digits; any 4 or more
+    /// that only one record's key starts with), or all 64 hex digits (`list --json`, an
+    /// error's `record_key`).
     #[arg(value_name = "KEY", conflicts_with_all = ["run", "http_key"])]
     pub(crate) key: Option<String>,
 

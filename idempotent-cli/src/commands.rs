@@ -7,14 +7,14 @@ use std::time::{Duration, Instant};
 use idempotent_core::reconcile::{Reconciler, Settled};
 use idempotent_core::record::{Acquire, Labels, Resolution, Resolved, encode_ok};
 use idempotent_core::store::{Cursor, Deleted, Filter, MAX_PAGE, RecordInfo, RecordState, delete_all};
-use idempotent_core::{Fingerprint, Key, SharedStore};
+use idempotent_core::{Error, Fingerprint, Key, Risk, SharedStore};
 use serde_json::{Value, json};
 
 use crate::args::{List, Purge, Release, Resolve, Select, Which};
 use crate::duration::short;
 use crate::exit::{Code, Failure};
-use crate::render::{record_detail, record_json, record_table, table};
-use crate::which;
+use crate::render::{count, record_detail, record_json, record_table, table};
+use crate::which::{self, Named};
 
 /// What a command prints, for people and for scripts, and how it exits.
 pub(crate) struct Report {
@@ -44,16 +44,61 @@ fn filter(select: &Select) -> Filter {
     filter
 }
 
-/// Every record that passes `filter`, each once.
-async fn every(store: &SharedStore, filter: &Filter) -> Result<Vec<RecordInfo>, Failure> {
+/// Every record that passes `filter`, each once, in key order, that `keep` keeps.
+async fn every_where(
+    store: &SharedStore,
+    filter: &Filter,
+    keep: impl Fn(&RecordInfo) -> bool,
+) -> Result<Vec<RecordInfo>, Failure> {
     let mut found = BTreeMap::new();
     let mut cursor = Cursor::start();
     loop {
         let page = store.scan(filter, &cursor, MAX_PAGE).await?;
-        found.extend(page.records.into_iter().map(|r| (r.key, r)));
+        // Redis may list a record twice (after a rehash): keyed, each is kept once.
+        found.extend(page.records.into_iter().filter(&keep).map(|r| (r.key, r)));
         match page.next {
             Some(next) => cursor = next,
             None => return Ok(found.into_values().collect()),
+        }
+    }
+}
+
+/// Every record that passes `filter`, each once.
+async fn every(store: &SharedStore, filter: &Filter) -> Result<Vec<RecordInfo>, Failure> {
+    every_where(store, filter, |_| true).await
+}
+
+/// The key `which` names; the start of a key is completed from the store's records (a scan of
+/// them all), and must be the start of exactly one.
+async fn key(store: &SharedStore, which: &Which) -> Result<Key, Failure> {
+    let prefix = match which::named(which)? {
+        Named::Key(key) => return Ok(key),
+        Named::Prefix(prefix) => prefix,
+    };
+    let matching = every_where(store, &Filter::all(), |r| r.key.to_hex().starts_with(&prefix)).await?;
+    match matching.as_slice() {
+        [] => Err(Failure::new(
+            Code::NotFound,
+            format!(
+                "no record's key starts with {prefix}: it is absent, expired or was purged (`list` shows the records there are)"
+            ),
+        )),
+        [one] => Ok(one.key),
+        many => {
+            const SHOWN: usize = 5;
+            let mut shown: Vec<String> = many
+                .iter()
+                .take(SHOWN)
+                .map(|r| format!("{} ({}, step `{}`)", r.key.to_hex(), r.state, r.step))
+                .collect();
+            if many.len() > SHOWN {
+                shown.push(format!("and {} more", many.len() - SHOWN));
+            }
+            Err(Failure::usage(format!(
+                "{prefix} is the start of {} records' keys: {}; give more of the key (`list --json` prints all 64 hex digits)",
+                many.len(),
+                shown.join(", ")
+            )))
         }
     }
 }
@@ -71,7 +116,7 @@ async fn existing(store: &SharedStore, key: &Key) -> Result<RecordInfo, Failure>
 }
 
 pub(crate) async fn inspect(store: &SharedStore, which: &Which) -> Result<Report, Failure> {
-    let record = existing(store, &which::key(which)?).await?;
+    let record = existing(store, &key(store, which).await?).await?;
     Ok(Report::ok(record_detail(&record), record_json(&record)))
 }
 
@@ -100,7 +145,7 @@ pub(crate) async fn list(store: &SharedStore, args: &List) -> Result<Report, Fai
 }
 
 pub(crate) async fn release(store: &SharedStore, args: &Release) -> Result<Report, Failure> {
-    let key = which::key(&args.which)?;
+    let key = key(store, &args.which).await?;
     let record = existing(store, &key).await?;
     let holds = matches!(record.state, RecordState::Running | RecordState::Stuck) && record.lease_until.is_some();
     if !holds {
@@ -145,7 +190,7 @@ pub(crate) async fn release(store: &SharedStore, args: &Release) -> Result<Repor
 }
 
 pub(crate) async fn resolve(store: &SharedStore, args: &Resolve) -> Result<Report, Failure> {
-    let key = which::key(&args.which)?;
+    let key = key(store, &args.which).await?;
     let record = existing(store, &key).await?;
     if record.state != RecordState::NeedsAttention {
         return Err(Failure::refused(format!(
@@ -208,9 +253,10 @@ pub(crate) async fn purge(store: &SharedStore, args: &Purge) -> Result<Report, F
         }
         let counts: Vec<String> = by_state.iter().map(|(s, n)| format!("{n} {s}")).collect();
         let plan = format!(
-            "Would remove {} records ({}); {running} running ones are left alone. A removed done record runs again on its next call.\n",
-            records.len() - running,
+            "Would remove {} ({}); {} left alone. A removed done record runs again on its next call.\n",
+            count(records.len() - running, "record"),
             if counts.is_empty() { "none match".to_owned() } else { counts.join(", ") },
+            count(running, "running record"),
         );
         return Ok(Report::dry_run(
             plan,
@@ -220,7 +266,9 @@ pub(crate) async fn purge(store: &SharedStore, args: &Purge) -> Result<Report, F
     let purged = delete_all(store.as_ref(), &filter).await?;
     let (removed, left_running, gone) = (purged.removed, purged.running, purged.gone);
     let text = format!(
-        "Removed {removed} records; {left_running} running left alone{}.\n",
+        "Removed {}; {} left alone{}.\n",
+        count(removed, "record"),
+        count(left_running, "running record"),
         if gone > 0 { format!(", {gone} already gone") } else { String::new() }
     );
     Ok(Report::ok(text, json!({ "removed": removed, "running": left_running, "already_gone": gone })))
@@ -266,51 +314,207 @@ pub(crate) async fn reconcile(store: &SharedStore, select: &Select) -> Result<Re
     stuck.dedup_by_key(|r| r.key);
     let mut text = record_table(&stuck);
     text.push_str(&format!(
-        "{} stuck records. Run a Reconciler with a verifier for their steps in the service, or check each downstream and `release` (the next call is recovered) or `purge` it.\n",
-        stuck.len()
+        "{}. Run a Reconciler with a verifier for each step in the service, or check each downstream and `release` (the next call is recovered) or `purge` it.\n",
+        count(stuck.len(), "stuck record")
     ));
     Ok(Report::ok(text, json!({ "stuck": stuck.iter().map(record_json).collect::<Vec<_>>() })))
 }
 
+/// One thing `doctor` checked: what, whether it passed, what it found, and what to do if not.
+struct Check {
+    name: &'static str,
+    ok: bool,
+    found: String,
+    fix: Option<String>,
+}
+
+impl Check {
+    fn passed(name: &'static str, found: impl Into<String>) -> Self {
+        Check { name, ok: true, found: found.into(), fix: None }
+    }
+
+    fn failed(name: &'static str, found: impl Into<String>, fix: impl Into<String>) -> Self {
+        Check { name, ok: false, found: found.into(), fix: Some(fix.into()) }
+    }
+}
+
+/// What an acquisition of the probe key answered instead of granting it.
+fn refused_probe(answer: &Acquire) -> &'static str {
+    match answer {
+        Acquire::Acquired(_) => "the probe key was granted",
+        Acquire::Replay(_) => "the probe key already holds a done record",
+        Acquire::InFlight { .. } => "another caller holds the probe key (another doctor running at the same moment?)",
+        Acquire::Mismatch => "the probe key holds a record of another payload",
+        Acquire::NeedsAttention { .. } => "the probe key holds a record that needs attention",
+        _ => "the probe key was not granted",
+    }
+}
+
+const PROBE_STEP: &str = "idempotent-doctor";
+
+/// `doctor`'s answer when its first write finds the store unreachable.
+fn unreachable(store: &SharedStore, reason: &str) -> Failure {
+    Failure::new(
+        Code::Store,
+        format!(
+            "doctor cannot reach {} ({reason}), so nothing was checked: check the --store URL (host, port, \
+             database, user) and that the server is running",
+            store.describe()
+        ),
+    )
+}
+
 pub(crate) async fn doctor(store: &SharedStore) -> Result<Report, Failure> {
-    let mut checks: Vec<(String, bool, String)> = Vec::new();
+    let mut checks = Vec::new();
     // A write, a read and a delete of a probe record, under a key no operation can have.
-    let probe = Key::from_client_key(Some("idempotent-doctor"), "doctor", &format!("{}", std::process::id()));
+    let probe = Key::from_client_key(Some(PROBE_STEP), "doctor", &format!("{}", std::process::id()));
     let started = Instant::now();
-    let labels = Labels::step("idempotent-doctor");
-    let second = Duration::from_secs(10);
-    match store.acquire_labeled(&probe, &Fingerprint::from_bytes([0; 32]), second, second, labels).await {
+    let lease = Duration::from_secs(10);
+    let leftover = format!(
+        "the probe record (step `{PROBE_STEP}`) may be left behind: once its 10s lease has run out, remove it with \
+         `idempotent purge --step {PROBE_STEP} --yes`"
+    );
+    let fingerprint = Fingerprint::from_bytes([0; 32]);
+    match store.acquire_labeled(&probe, &fingerprint, lease, lease, Labels::step(PROBE_STEP)).await {
         Ok(Acquire::Acquired(grant)) => {
-            let round_trip = started.elapsed();
-            let read = store.inspect(&probe).await;
-            let ok = matches!(&read, Ok(Some(r)) if r.step == "idempotent-doctor");
-            let detail = if ok { format!("one acquire took {round_trip:?}") } else { format!("read back {read:?}") };
-            checks.push(("write and read a record".into(), ok, detail));
-            let _ = store.release(&probe, &grant.token).await;
-            let deleted = store.delete(&probe).await;
-            checks.push(("delete a record".into(), matches!(deleted, Ok(Deleted::Ok)), format!("{deleted:?}")));
+            let took = started.elapsed();
+            checks.push(Check::passed(
+                "write a record",
+                format!("took the lease on a probe record (step `{PROBE_STEP}`) in {} ms", took.as_millis()),
+            ));
+            checks.push(match store.inspect(&probe).await {
+                Ok(Some(r)) if r.step == PROBE_STEP && r.state == RecordState::Running => {
+                    Check::passed("read it back", format!("the probe record is there, running, attempt {}", r.attempt))
+                }
+                Ok(Some(r)) => Check::failed(
+                    "read it back",
+                    format!("the probe record reads back as {} of step `{}`, not as written", r.state, r.step),
+                    "something else writes to the store's records (another program on the same table or keys?): give this store a table or database of its own",
+                ),
+                Ok(None) => Check::failed(
+                    "read it back",
+                    "the record just written is not there",
+                    "the store loses what it writes (another program deleting or evicting records?): check what else uses it",
+                ),
+                Err(e) => Check::failed("read it back", e.to_string(), "check that the store's user may read its records"),
+            });
+            let released = store.release(&probe, &grant.token).await;
+            checks.push(match (released, store.delete(&probe).await) {
+                (_, Ok(Deleted::Ok)) => Check::passed("delete it", "released the probe's lease and deleted the record"),
+                (_, Ok(Deleted::Absent)) => Check::failed(
+                    "delete it",
+                    "the probe record was gone before it was deleted",
+                    "the store loses what it writes (another program deleting or evicting records?): check what else uses it",
+                ),
+                (Err(e), Ok(Deleted::Running)) => Check::failed(
+                    "delete it",
+                    format!("releasing the probe's lease failed ({e}), so the record was kept"),
+                    leftover.clone(),
+                ),
+                (Ok(_), Ok(Deleted::Running)) => Check::failed(
+                    "delete it",
+                    "the probe's lease was released, yet the store kept the record as running",
+                    leftover.clone(),
+                ),
+                (_, Ok(_)) => Check::failed("delete it", "the store did not delete the probe record", leftover.clone()),
+                (_, Err(e)) => Check::failed("delete it", e.to_string(), leftover.clone()),
+            });
         }
-        other => checks.push(("write and read a record".into(), false, format!("acquire answered {other:?}"))),
+        Ok(other) => checks.push(Check::failed("write a record", refused_probe(&other), "run doctor again")),
+        // Nothing else can be checked on a store that does not answer: exit 1, as for any
+        // command that cannot reach its store.
+        Err(Error::Unavailable { reason, .. }) => return Err(unreachable(store, &reason)),
+        Err(Error::Timeout { after, .. }) => {
+            return Err(unreachable(store, &format!("no answer within {} ms", after.as_millis())));
+        }
+        Err(e) => checks.push(Check::failed(
+            "write a record",
+            e.to_string(),
+            "check the --store URL (host, port, path, user) and that the store's user may write",
+        )),
     }
-    let scanned = store.scan(&Filter::all(), &Cursor::start(), 1).await;
-    checks.push(("list records".into(), scanned.is_ok(), scanned.err().map(|e| e.to_string()).unwrap_or_default()));
+    checks.push(match store.scan(&Filter::all(), &Cursor::start(), 1).await {
+        Ok(_) => Check::passed("list records", "the store lists its records (as list, stats, purge and reconcile do)"),
+        Err(e) => Check::failed(
+            "list records",
+            e.to_string(),
+            "list, stats, purge and reconcile fail the same way: check that the store's user may read all its records",
+        ),
+    });
     if let Some(redis) = (store.as_ref() as &dyn std::any::Any).downcast_ref::<idempotent_core::RedisStore>() {
-        match redis.preflight().await {
-            Ok(report) => checks.push(("Redis settings".into(), report.is_ok(), report.to_string().trim().to_owned())),
-            Err(e) => checks.push(("Redis settings".into(), false, e.to_string())),
+        redis_settings(redis, &mut checks).await;
+    }
+
+    let failed = checks.iter().filter(|c| !c.ok).count();
+    let mut text = format!("Checked {}:\n", store.describe());
+    for check in &checks {
+        text.push_str(&format!("{:<6}  {}: {}\n", if check.ok { "ok" } else { "FAILED" }, check.name, check.found));
+        if let Some(fix) = &check.fix {
+            text.push_str(&format!("        to fix it: {fix}\n"));
         }
     }
-    let rows: Vec<Vec<String>> = checks
-        .iter()
-        .map(|(name, ok, detail)| vec![name.clone(), if *ok { "ok" } else { "FAILED" }.to_owned(), detail.clone()])
-        .collect();
-    let failed = checks.iter().filter(|c| !c.1).count();
-    let mut text = format!("store: {}\n", store.describe());
-    text.push_str(&table(&["CHECK", "RESULT", "DETAIL"], &rows));
+    text.push_str(&if failed == 0 {
+        format!("All {} passed.\n", count(checks.len(), "check"))
+    } else {
+        format!(
+            "{failed} of {} failed: fix what is marked FAILED, then run doctor again.\n",
+            count(checks.len(), "check")
+        )
+    });
     let json = json!({
         "store": store.describe(),
-        "checks": checks.iter().map(|(n, ok, d)| json!({ "check": n, "ok": ok, "detail": d })).collect::<Vec<_>>(),
+        "ok": failed == 0,
+        "checks": checks
+            .iter()
+            .map(|c| json!({ "check": c.name, "ok": c.ok, "found": c.found, "fix": c.fix }))
+            .collect::<Vec<_>>(),
     });
     let code = if failed == 0 { Code::Ok } else { Code::Refused };
     Ok(Report { text, json, code })
+}
+
+/// The Redis settings the guarantee depends on, one check per risk.
+async fn redis_settings(redis: &idempotent_core::RedisStore, checks: &mut Vec<Check>) {
+    let report = match redis.preflight().await {
+        Ok(report) => report,
+        Err(e) => {
+            checks.push(Check::failed(
+                "Redis settings",
+                format!("could not read them: {e}"),
+                "check that the server answers CONFIG GET maxmemory-policy, appendonly and save",
+            ));
+            return;
+        }
+    };
+    let risks = [
+        (
+            Risk::Eviction,
+            "Redis eviction",
+            "maxmemory-policy is noeviction: Redis never evicts a record",
+            "maxmemory-policy is noeviction",
+        ),
+        (
+            Risk::NoPersistence,
+            "Redis persistence",
+            "AOF or RDB snapshots are on: a restart keeps the records",
+            "AOF or RDB snapshots are on",
+        ),
+    ];
+    for (risk, name, safe, must) in risks {
+        let check = if let Some(problem) = report.problems.iter().find(|p| p.risk == risk) {
+            // The library's text ends with "; to fix it, …": the fix goes on a line of its own.
+            let text = problem.to_string();
+            let (found, fix) = text.split_once("; to fix it, ").unwrap_or((text.as_str(), "see RELIABILITY.md"));
+            Check::failed(name, found, fix)
+        } else if report.unchecked.contains(&risk) {
+            Check::failed(
+                name,
+                "the server refused CONFIG GET (as managed Redis does), so the setting could not be read",
+                format!("check in the provider's settings that {must}"),
+            )
+        } else {
+            Check::passed(name, safe)
+        };
+        checks.push(check);
+    }
 }

@@ -7,9 +7,10 @@ use std::process::ExitCode;
 pub(crate) enum Code {
     /// 0: done.
     Ok = 0,
-    /// 1: the store failed or could not be reached.
+    /// 1: the store failed or could not be reached (a SQLite file that does not exist).
     Store = 1,
-    /// 2: the command line is wrong (clap uses 2 as well).
+    /// 2: the command line is wrong (clap uses 2 as well), a key that several records' keys
+    /// start with among them.
     Usage = 2,
     /// 3: no such record.
     NotFound = 3,

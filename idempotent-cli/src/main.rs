@@ -11,16 +11,18 @@
 //! ```
 //!
 //! `--store` (or `IDEMPOTENT_STORE`) is `redis://host:port` (several, comma-separated, for a
-//! cluster), `rediss://…`, `sqlite://path` or `postgres://user@host/db`. Tables are printed by
+//! cluster), `rediss://…`, `sqlite://path` (an existing file: a missing one is refused, and
+//! created only with `?mode=rwc`) or `postgres://user@host/db`. Tables are printed by
 //! default, one JSON document with `--json`. Destructive commands (`release`, `resolve`,
 //! `purge`) print what they would change and change nothing without `--yes`.
 //!
-//! Exit codes: 0 done; 1 the store failed or could not be reached; 2 the command line is wrong;
-//! 3 no such record; 4 refused (the record is not as the command requires: another fence,
+//! Exit codes: 0 done; 1 the store failed or could not be reached (a SQLite file that does not
+//! exist); 2 the command line is wrong (a key that several records' keys start with); 3 no such
+//! record; 4 refused (the record is not as the command requires: another fence,
 //! another state, a live lease; or `doctor` found a problem); 5 nothing changed (a destructive
 //! command without `--yes`).
 //!
-//! Install with `cargo install --path idempotent-cli`.
+//! Install with `cargo install --locked --path idempotent-cli`.
 
 use std::process::ExitCode;
 
@@ -30,6 +32,7 @@ mod args;
 mod commands;
 mod duration;
 mod exit;
+mod open;
 mod render;
 mod which;
 
@@ -67,7 +70,7 @@ async fn run(cli: &Cli) -> Result<commands::Report, Failure> {
     let url = cli.store.as_deref().ok_or_else(|| {
         Failure::usage("say which store: --store redis://host:port | sqlite://path | postgres://user@host/db (or set IDEMPOTENT_STORE)")
     })?;
-    let store = idempotent_core::store::open(url).await?;
+    let store = open::open(url).await?;
     match &cli.command {
         Command::Inspect(which) => commands::inspect(&store, which).await,
         Command::List(args) => commands::list(&store, args).await,

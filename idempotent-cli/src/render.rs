@@ -103,3 +103,8 @@ pub(crate) fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     }
     out
 }
+
+/// `n` and `noun`, plural unless `n` is 1: `1 record`, `0 records`, `3 running records`.
+pub(crate) fn count(n: usize, noun: &str) -> String {
+    if n == 1 { format!("1 {noun}") } else { format!("{n} {noun}s") }
+}

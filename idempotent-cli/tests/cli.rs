@@ -3,12 +3,13 @@
 //! checked.
 
 use std::collections::BTreeSet;
+use std::path::Path;
 use std::process::Output;
 use std::sync::Arc;
 use std::time::Duration;
 
 use idempotent_core::record::{Abandon, Acquire, Labels};
-use idempotent_core::store::RecordState;
+use idempotent_core::store::{Cursor, Filter, RecordState};
 use idempotent_core::{Attempt, Error, Key, RunContext, SharedStore, SqliteStore};
 use idempotent_tests::{PgServer, RedisCluster, RedisServer, unique};
 use serde_json::Value;
@@ -17,7 +18,13 @@ const HOUR: Duration = Duration::from_secs(3600);
 
 /// Runs the binary with `args` on the store at `url`.
 async fn cli(url: &str, args: &[&str]) -> Output {
+    cli_in(Path::new("."), url, args).await
+}
+
+/// Runs the binary with `args` on the store at `url`, in the directory `dir`.
+async fn cli_in(dir: &Path, url: &str, args: &[&str]) -> Output {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotent"))
+        .current_dir(dir)
         .arg("--store")
         .arg(url)
         .args(args)
@@ -247,29 +254,55 @@ async fn a_cluster_scan_finds_records_on_every_master() {
     assert_eq!(found, keys, "every record, from every master");
 }
 
-/// doctor passes on a SQLite file, and names the problem on a Redis that persists nothing.
+/// doctor passes on a SQLite file, and names the problem on a Redis that persists nothing;
+/// every finding is a sentence (what was checked, what was found, what to do), never a Rust
+/// value's debug form.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn doctor_checks_the_store() {
-    let (_dir, _store, url) = sqlite().await;
+    let (_dir, store, url) = sqlite().await;
     let ok = cli(&url, &["doctor"]).await;
     assert_eq!(code(&ok), 0, "{}{}", stdout(&ok), stderr(&ok));
-    assert!(stdout(&ok).contains("write and read a record  ok"), "{}", stdout(&ok));
+    let text = stdout(&ok);
+    for line in [
+        format!("Checked {}:\n", store.describe()),
+        "ok      write a record: took the lease on a probe record (step `idempotent-doctor`) in ".into(),
+        "ok      read it back: the probe record is there, running, attempt 1\n".into(),
+        "ok      delete it: released the probe's lease and deleted the record\n".into(),
+        "ok      list records: the store lists its records".into(),
+        "All 4 checks passed.\n".into(),
+    ] {
+        assert!(text.contains(&line), "missing {line:?} in:\n{text}");
+    }
+    assert!(!text.contains("Ok(") && !text.contains("Err(") && !text.contains("Some("), "{text}");
+    assert!(store.scan(&Filter::all(), &Cursor::start(), 10).await.unwrap().records.is_empty(), "no probe left");
 
     // The harness's Redis runs without persistence (`--save ""`): a risk to the guarantee.
     let server = RedisServer::start();
     let risky = cli(&server.url(), &["--json", "doctor"]).await;
     assert_eq!(code(&risky), 4, "{}", stdout(&risky));
     let report = json(&risky);
-    let settings = report["checks"].as_array().unwrap().iter().find(|c| c["check"] == "Redis settings").unwrap();
-    assert_eq!(settings["ok"], false);
-    assert!(settings["detail"].as_str().unwrap().contains("save"), "{settings}");
+    assert_eq!(report["ok"], false, "{report}");
+    let check = |name: &str| report["checks"].as_array().unwrap().iter().find(|c| c["check"] == name).unwrap().clone();
+    let persistence = check("Redis persistence");
+    assert_eq!(persistence["ok"], false);
+    assert!(persistence["found"].as_str().unwrap().contains("save"), "{persistence}");
+    assert!(persistence["fix"].as_str().unwrap().contains("appendonly yes"), "{persistence}");
+    assert_eq!(check("Redis eviction")["ok"], true, "the harness's Redis does not evict: {report}");
+    let risky_text = stdout(&cli(&server.url(), &["doctor"]).await);
+    assert!(risky_text.contains("FAILED  Redis persistence: persistence is off"), "{risky_text}");
+    assert!(risky_text.contains("        to fix it: run `CONFIG SET appendonly yes`"), "{risky_text}");
+    assert!(risky_text.contains("1 of 6 checks failed"), "{risky_text}");
+    assert!(!risky_text.contains("Ok(") && !risky_text.contains("Err("), "{risky_text}");
 
     let pg = PgServer::start();
     let on_postgres = cli(&pg.url(), &["doctor"]).await;
     assert_eq!(code(&on_postgres), 0, "{}{}", stdout(&on_postgres), stderr(&on_postgres));
 
     let unreachable = cli("redis://127.0.0.1:1", &["doctor"]).await;
-    assert_ne!(code(&unreachable), 0);
+    assert_eq!(code(&unreachable), 1, "the store could not be reached: {}", stdout(&unreachable));
+    let err = stderr(&unreachable);
+    assert!(err.contains("doctor cannot reach redis://127.0.0.1:1") && err.contains("server is running"), "{err}");
+    assert!(!err.contains("fail-open"), "not the library's note for a step's call: {err}");
     let missing = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotent"))
         .arg("stats")
         .env_remove("IDEMPOTENT_STORE")
@@ -278,4 +311,142 @@ async fn doctor_checks_the_store() {
         .unwrap();
     assert_eq!(code(&missing), 2);
     assert!(stderr(&missing).contains("--store"), "{}", stderr(&missing));
+}
+
+/// A SQLite path that does not exist is refused (it would otherwise be created, and a typo would
+/// look like an empty store), and nothing is created; `?mode=rwc` creates it, as in sqlx.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_sqlite_file_is_refused_and_nothing_is_created() {
+    let dir = tempfile::TempDir::new().unwrap();
+    let files = || std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect::<Vec<_>>();
+    for args in [&["stats"][..], &["list"], &["doctor"], &["--json", "stats"]] {
+        let out = cli_in(dir.path(), "sqlite://nonexistent.db", args).await;
+        assert_eq!(code(&out), 1, "{args:?}: {}{}", stdout(&out), stderr(&out));
+        let err = stderr(&out);
+        assert!(err.contains("no SQLite database at `nonexistent.db`"), "{err}");
+        assert!(err.contains("check the path") && err.contains("--store 'sqlite://nonexistent.db?mode=rwc'"), "{err}");
+        assert!(files().is_empty(), "{args:?} created {:?}", files());
+    }
+    let absolute = format!("sqlite://{}", dir.path().join("missing.db").display());
+    assert_eq!(code(&cli(&absolute, &["stats"]).await), 1);
+    assert!(files().is_empty(), "created {:?}", files());
+
+    let directory = cli(&format!("sqlite://{}", dir.path().display()), &["stats"]).await;
+    assert_eq!(code(&directory), 1);
+    assert!(stderr(&directory).contains("is a directory"), "{}", stderr(&directory));
+    let unknown = cli_in(dir.path(), "sqlite://nonexistent.db?mode=ro", &["stats"]).await;
+    assert_eq!(code(&unknown), 2, "{}", stderr(&unknown));
+    assert!(stderr(&unknown).contains("`mode=ro`"), "{}", stderr(&unknown));
+    assert!(files().is_empty(), "created {:?}", files());
+
+    let created = cli_in(dir.path(), "sqlite://nonexistent.db?mode=rwc", &["--json", "stats"]).await;
+    assert_eq!(code(&created), 0, "{}", stderr(&created));
+    assert_eq!(json(&created)["total"].as_u64(), Some(0));
+    assert!(dir.path().join("nonexistent.db").is_file(), "created: {:?}", files());
+    let reopened = cli_in(dir.path(), "sqlite:nonexistent.db", &["--json", "stats"]).await;
+    assert_eq!(code(&reopened), 0, "an existing file opens without ?mode=rwc: {}", stderr(&reopened));
+}
+
+/// The 12 hex digits `list` prints name the record in `inspect`, `release` and `resolve`, as
+/// does any unambiguous start of the key, in either case, and the whole key; a start several
+/// keys share is refused with their count, and one no key has is "no such record".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_key_as_list_prints_it_names_the_record() {
+    let (_dir, store, url) = sqlite().await;
+    let run = unique("prefix");
+    let (key, fence) = held(&store, &run, "charge", 1).await;
+    let hex = key.to_hex();
+
+    let listed = cli(&url, &["list", "--run", &run]).await;
+    assert_eq!(code(&listed), 0, "{}", stderr(&listed));
+    let text = stdout(&listed);
+    let printed = text.lines().nth(1).and_then(|row| row.split_whitespace().next()).unwrap().to_owned();
+    assert_eq!(printed, hex[..12], "list prints the key's first 12 hex digits:\n{text}");
+
+    for name in [printed.clone(), printed.to_uppercase(), hex[..6].to_owned(), hex.clone()] {
+        let inspected = cli(&url, &["--json", "inspect", &name]).await;
+        assert_eq!(code(&inspected), 0, "inspect {name}: {}", stderr(&inspected));
+        assert_eq!(json(&inspected)["key"].as_str(), Some(hex.as_str()), "inspect {name}");
+    }
+    let dry = cli(&url, &["release", &printed, "--fence", &fence.to_string()]).await;
+    assert_eq!(code(&dry), 5, "{}", stderr(&dry));
+    assert!(stdout(&dry).contains(&format!("Would release record {printed}")), "{}", stdout(&dry));
+    let released = cli(&url, &["release", &printed, "--fence", &fence.to_string(), "--yes"]).await;
+    assert_eq!(code(&released), 0, "{}", stderr(&released));
+    assert_eq!(store.inspect(&key).await.unwrap().unwrap().state, RecordState::Stuck);
+    let not_attention = cli(&url, &["resolve", &printed, "--not-done", "--yes"]).await;
+    assert_eq!(code(&not_attention), 4, "found, and refused as stuck: {}", stderr(&not_attention));
+
+    // Two records whose keys start with the same 4 hex digits.
+    let mut first_seen = std::collections::HashMap::new();
+    let (a, b) = (0u32..)
+        .map(|i| Key::from_client_key(None, "http", &format!("{run}-{i}")))
+        .find_map(|k| first_seen.insert(k.to_hex()[..4].to_owned(), k).map(|other| (other, k)))
+        .unwrap();
+    let fp = idempotent_core::Fingerprint::from_bytes([2; 32]);
+    for k in [a, b] {
+        assert!(matches!(
+            store.acquire_labeled(&k, &fp, HOUR, HOUR, Labels::step("http")).await.unwrap(),
+            Acquire::Acquired(_)
+        ));
+    }
+    let shared = &a.to_hex()[..4];
+    let ambiguous = cli(&url, &["inspect", shared]).await;
+    assert_eq!(code(&ambiguous), 2, "{}", stderr(&ambiguous));
+    let err = stderr(&ambiguous);
+    assert!(err.contains(&format!("{shared} is the start of 2 records' keys")), "{err}");
+    assert!(err.contains(&a.to_hex()) && err.contains(&b.to_hex()) && err.contains("give more of the key"), "{err}");
+    let longer = cli(&url, &["--json", "inspect", &a.to_hex()[..20]]).await;
+    assert_eq!(json(&longer)["key"].as_str(), Some(a.to_hex().as_str()), "more digits tell them apart");
+
+    let absent = (0u32..)
+        .map(|i| format!("{i:012x}"))
+        .find(|p| ![key, a, b].iter().any(|k| k.to_hex().starts_with(p.as_str())))
+        .unwrap();
+    let missing = cli(&url, &["inspect", &absent]).await;
+    assert_eq!(code(&missing), 3, "{}", stderr(&missing));
+    assert!(stderr(&missing).contains(&format!("no record's key starts with {absent}")), "{}", stderr(&missing));
+    let short = cli(&url, &["inspect", &hex[..3]]).await;
+    assert_eq!(code(&short), 2, "too short to be a key's start");
+    assert!(stderr(&short).contains("at least 4"), "{}", stderr(&short));
+}
+
+/// Counts of records read "1 record", "2 records" everywhere the CLI counts them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counts_of_one_record_are_singular() {
+    let (_dir, store, url) = sqlite().await;
+    let run = unique("one");
+    done(&store, &run, "charge", 1).await;
+    let (_, _) = held(&store, &run, "email", 1).await;
+
+    let dry = cli(&url, &["purge", "--run", &run]).await;
+    assert_eq!(code(&dry), 5);
+    assert!(
+        stdout(&dry).starts_with("Would remove 1 record (1 done, 1 running); 1 running record left alone."),
+        "{}",
+        stdout(&dry)
+    );
+    let purged = cli(&url, &["purge", "--run", &run, "--yes"]).await;
+    assert_eq!(code(&purged), 0, "{}", stderr(&purged));
+    assert_eq!(stdout(&purged), "Removed 1 record; 1 running record left alone.\n");
+
+    let two = unique("two");
+    done(&store, &two, "charge", 1).await;
+    done(&store, &two, "charge", 2).await;
+    let purged = cli(&url, &["purge", "--run", &two, "--yes"]).await;
+    assert_eq!(stdout(&purged), "Removed 2 records; 0 running records left alone.\n");
+
+    let stuck = unique("stuck");
+    let (key, fingerprint) = RunContext::new(store.clone(), &stuck).step("charge").key_for(&1u32).unwrap();
+    let Acquire::Acquired(grant) =
+        store.acquire_labeled(&key, &fingerprint, HOUR, HOUR, Labels::step("charge").run(&stuck)).await.unwrap()
+    else {
+        panic!("a fresh key")
+    };
+    store.abandon(&key, &grant.token, Abandon::Uncertain).await.unwrap();
+    let reported = cli(&url, &["reconcile", "--run", &stuck]).await;
+    assert_eq!(code(&reported), 0, "{}", stderr(&reported));
+    assert!(stdout(&reported).contains("\n1 stuck record. Run a Reconciler"), "{}", stdout(&reported));
+    let none = cli(&url, &["reconcile", "--run", &run]).await;
+    assert!(stdout(&none).contains("0 stuck records."), "{}", stdout(&none));
 }
