@@ -197,6 +197,10 @@ impl PgServer {
             .arg(self.dir.path())
             .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=on", "-c", "synchronous_commit=on"])
             .args(["-c", "max_connections=200", "-c", "shared_buffers=16MB", "-c", "logging_collector=off"])
+            // Dynamic shared memory as files in the data directory, which goes with the server's
+            // temporary directory: POSIX segments (the default) stay in /dev/shm after a server
+            // killed with SIGKILL, hundreds per test run.
+            .args(["-c", "dynamic_shared_memory_type=mmap"])
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("clone the log handle"))
             .stderr(log);
