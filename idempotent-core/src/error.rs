@@ -317,6 +317,9 @@ pub enum Error {
     /// (a transactional step's writes roll back), and the next call runs the action again. It is
     /// not [transient](Self::is_transient) (retrying is the application's decision: look at the
     /// source), and [`action_may_have_run`](Self::action_may_have_run) is true, as the action did.
+    ///
+    /// As `Error` converts from more than itself, an action whose error type nothing names needs
+    /// it written: `Ok::<_, Error>(value)`, as the examples do.
     #[error("the action failed: {0}")]
     Action(#[source] BoxError),
 }

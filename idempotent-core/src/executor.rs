@@ -151,7 +151,10 @@ impl Default for StepOptions {
 ///     })
 ///     .await?;
 /// // The same call again replays the stored result; the action does not run.
-/// let again: String = ctx.step("refund").run(&("order-7", 1500), |_| async { unreachable!() }).await?;
+/// let again: String = ctx
+///     .step("refund")
+///     .run(&("order-7", 1500), |_| async { Err::<String, _>(idempotent_core::Error::action("ran again")) })
+///     .await?;
 /// assert_eq!(refund, again);
 /// # Ok(()) }
 /// ```
