@@ -14,8 +14,8 @@
 //!    attempt since, still stores its outcome; one that another attempt took over stores
 //!    nothing ([`Transition::LeaseLost`]).
 //!
-//! The bounds on a lease and on retention are defined here, and [`Terms::check`] is the one
-//! place that enforces them.
+//! The bounds on a lease and on retention are defined in `lease/terms.rs`, and [`Terms::check`]
+//! is the one place that enforces them.
 //!
 //! [`RunContext::step`]: crate::RunContext::step
 

@@ -136,10 +136,10 @@ where
     V: FnOnce(Attempt) -> VFut,
     VFut: Future<Output = Result<Verdict<T>, E>>,
 {
-    let attempt = lease.attempt().clone();
-    if !attempt.recovered() {
+    if !lease.attempt().recovered() {
         return Decision::Run;
     }
+    let attempt = lease.attempt().clone();
     let short = lease.key().short();
     let fence = attempt.fence();
     let Some(verify) = verifier else {

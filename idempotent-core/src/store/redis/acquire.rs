@@ -44,13 +44,13 @@ impl RedisStore {
                 };
                 match released {
                     Ok(Transition::Ok) => {
-                        tracing::debug!(key = %key.short().to_string(), "idempotent.redis: released the key a failed acquire may have taken");
+                        tracing::debug!(key = %key.short(), "idempotent.redis: released the key a failed acquire may have taken");
                         return;
                     }
                     // Not taken by this token (yet): look again once a late acquire would have
                     // landed.
                     Ok(Transition::LeaseLost) => {}
-                    Err(e) => tracing::debug!(key = %key.short().to_string(), error = %e, "idempotent.redis: could not release after a failed acquire; the lease runs out on its own"),
+                    Err(e) => tracing::debug!(key = %key.short(), error = %e, "idempotent.redis: could not release after a failed acquire; the lease runs out on its own"),
                 }
             }
         });

@@ -273,7 +273,7 @@ impl RedisStore {
                 Ok(Some((info, now))) if filter.matches(&info, now) => matched.push(info),
                 Ok(_) => {}
                 Err(e @ Error::Corrupt { .. }) => {
-                    tracing::warn!(key = %key.short().to_string(), error = %e, "idempotent.redis: scan left out a key that holds no record");
+                    tracing::warn!(key = %key.short(), error = %e, "idempotent.redis: scan left out a key that holds no record");
                 }
                 Err(e) => return Err(e),
             }

@@ -192,7 +192,7 @@ impl<B: Backend> SqlStore<B> {
                 let started = Instant::now();
                 match store.transition("release", &store.inner.sql.release_orphan, &key, &token, None).await {
                     Ok(Transition::Ok) => {
-                        tracing::debug!(key = %key.short().to_string(), store = B::KIND, "idempotent.sql: released the key a failed or dropped acquire took");
+                        tracing::debug!(key = %key.short(), store = B::KIND, "idempotent.sql: released the key a failed or dropped acquire took");
                         return;
                     }
                     Ok(Transition::LeaseLost) if answered || !store_failure => return,
@@ -204,7 +204,7 @@ impl<B: Backend> SqlStore<B> {
                         if store.inner.pool.is_closed() {
                             return;
                         }
-                        tracing::debug!(key = %key.short().to_string(), store = B::KIND, error = %e, "idempotent.sql: could not release after a failed or dropped acquire; trying again");
+                        tracing::debug!(key = %key.short(), store = B::KIND, error = %e, "idempotent.sql: could not release after a failed or dropped acquire; trying again");
                         tokio::time::sleep_until(started + timeout).await;
                     }
                 }
