@@ -158,7 +158,7 @@ fn replay(c: &mut Criterion) {
         })
     });
 
-    let store = ctx.store().clone();
+    let store = ctx.shared_store().clone();
     let scope = KeyScope::new("run-bench", "issue_refund");
     let keys: Vec<(Key, Fingerprint)> = payloads
         .iter()

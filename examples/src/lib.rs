@@ -37,7 +37,7 @@ pub struct Stores {
 ///   the same run id and the second run replays.
 pub async fn stores_from_env() -> Result<Stores, Error> {
     if let Some(url) = var("REDIS_URL") {
-        let store = RedisStore::connect(&url)?;
+        let store = RedisStore::connect(&url).await?;
         let describe = format!("RedisStore at {}", store.describe());
         return Ok(Stores { records: Arc::new(store.clone()), state: Arc::new(store), describe });
     }
@@ -58,7 +58,7 @@ pub async fn stores_from_env() -> Result<Stores, Error> {
         },
         None => std::env::temp_dir().join("idempotent-examples.db"),
     };
-    let store = SqliteStore::open(&path).await?;
+    let store = SqliteStore::connect(&path).await?;
     let describe =
         format!("SqliteStore at {} (set DATABASE_URL or REDIS_URL to use another database)", store.describe());
     Ok(Stores { records: Arc::new(store.clone()), state: Arc::new(store), describe })
@@ -71,11 +71,19 @@ pub fn fresh_id(prefix: &str) -> String {
     format!("{prefix}-{}-{}", now.as_millis(), std::process::id())
 }
 
-/// The filter of the examples' logs: `RUST_LOG` when set, else INFO (sqlx at WARN: at INFO it
-/// passes on PostgreSQL's notices, such as "relation … already exists, skipping" on every start).
-pub fn log_filter() -> tracing_subscriber::EnvFilter {
-    tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"))
+/// The examples' logs: `RUST_LOG` when set, else INFO (sqlx at WARN: at INFO it passes on
+/// PostgreSQL's notices, such as "relation … already exists, skipping" on every start), in
+/// colour only when standard output is a terminal (piped into a file or another program, the
+/// lines carry no escape codes). Finish with `.init()`, or adjust it first.
+pub fn logs() -> tracing_subscriber::fmt::SubscriberBuilder<
+    tracing_subscriber::fmt::format::DefaultFields,
+    tracing_subscriber::fmt::format::Format,
+    tracing_subscriber::EnvFilter,
+> {
+    use std::io::IsTerminal;
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,sqlx=warn"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_ansi(std::io::stdout().is_terminal())
 }
 
 /// An environment variable, when set and not empty.

@@ -1,4 +1,4 @@
-//! Opening the store `--store` names. Every URL goes to the library's `store::open` but
+//! Opening the store `--store` names. Every URL goes to the library's `store::connect` but
 //! `sqlite:` ones: a SQLite file that does not exist is refused (a mistyped path would otherwise
 //! become a new, empty store that answers "no records"), unless the URL asks to create it with
 //! sqlx's `?mode=rwc`.
@@ -14,13 +14,13 @@ use crate::exit::{Code, Failure};
 /// The store at `url`.
 pub(crate) async fn open(url: &str) -> Result<SharedStore, Failure> {
     let Some(rest) = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")) else {
-        return Ok(idempotent_core::store::open(url).await?);
+        return Ok(idempotent_core::store::connect(url).await?);
     };
     let (path, create) = sqlite_target(url, rest)?;
     if !create {
         must_exist(path)?;
     }
-    Ok(Arc::new(SqliteStore::open(path).await?))
+    Ok(Arc::new(SqliteStore::connect(path).await?))
 }
 
 /// The file a `sqlite:` URL names (`rest` is what follows the scheme), and whether the URL asks

@@ -53,7 +53,7 @@ fn json(out: &Output) -> Value {
 async fn sqlite() -> (tempfile::TempDir, SharedStore, String) {
     let dir = tempfile::TempDir::new().unwrap();
     let path = dir.path().join("records.db");
-    let store: SharedStore = Arc::new(SqliteStore::open(&path).await.unwrap());
+    let store: SharedStore = Arc::new(SqliteStore::connect(&path).await.unwrap());
     (dir, store, format!("sqlite://{}", path.display()))
 }
 
@@ -239,7 +239,7 @@ async fn seed_done(store: &SharedStore, run: &str) -> Vec<Key> {
 async fn a_cluster_scan_finds_records_on_every_master() {
     let cluster = RedisCluster::start();
     let url = cluster.urls().join(",");
-    let store = idempotent_core::store::open(&url).await.unwrap();
+    let store = idempotent_core::store::connect(&url).await.unwrap();
     let run = unique("cluster");
     let mut keys = BTreeSet::new();
     for i in 0..30 {

@@ -143,7 +143,7 @@ impl Default for StepOptions {
 /// use idempotent_core::{MemoryStore, RunContext};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idempotent_core::Error> {
-/// let ctx = RunContext::new(MemoryStore::new(), "order-7").with_tenant("acme");
+/// let ctx = RunContext::new(MemoryStore::new(), "order-7").tenant("acme");
 /// let refund: String = ctx
 ///     .step("refund")
 ///     .run(&("order-7", 1500), |attempt| async move {
@@ -187,14 +187,15 @@ impl RunContext {
         }
     }
 
-    /// Sets the tenant, so two tenants' equal run ids never share a record.
-    pub fn with_tenant(mut self, tenant: impl AsRef<str>) -> Self {
+    /// Sets the tenant, so two tenants' equal run ids never share a record (read back with
+    /// [`tenant_name`](Self::tenant_name)).
+    pub fn tenant(mut self, tenant: impl AsRef<str>) -> Self {
         self.tenant = Some(Arc::from(tenant.as_ref()));
         self
     }
 
     /// Sets the options every step of this context starts from.
-    pub fn with_defaults(mut self, defaults: StepOptions) -> Self {
+    pub fn defaults(mut self, defaults: StepOptions) -> Self {
         self.defaults = defaults;
         self
     }
@@ -206,7 +207,7 @@ impl RunContext {
     /// store, to run a step whose record commits with its writes
     /// ([`Step::run_in_transaction`]) on the SQL store of the database it writes to, under the
     /// request's identity.
-    pub fn with_store(mut self, store: impl IntoSharedStore) -> Self {
+    pub fn store(mut self, store: impl IntoSharedStore) -> Self {
         self.store = store.into_shared();
         self
     }
@@ -217,12 +218,12 @@ impl RunContext {
     }
 
     /// The tenant, if any.
-    pub fn tenant(&self) -> Option<&str> {
+    pub fn tenant_name(&self) -> Option<&str> {
         self.tenant.as_deref()
     }
 
-    /// The store handle.
-    pub fn store(&self) -> &SharedStore {
+    /// The handle of the store the context's steps keep their records in.
+    pub fn shared_store(&self) -> &SharedStore {
         &self.store
     }
 

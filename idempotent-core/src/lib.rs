@@ -45,7 +45,7 @@
 //!   ([`Verdict`]), [`OnRecovered::NeedsAttention`] stops for a person; a record that needs
 //!   attention answers [`Error::NeedsAttention`] until [`Step::resolve_done`] or
 //!   [`Step::resolve_not_done`] settles it.
-//! - [`store::open`]: a store from a URL (`redis://`, `postgres://`, `sqlite://`, `memory:`).
+//! - [`store::connect`]: a store from a URL (`redis://`, `postgres://`, `sqlite://`, `memory:`).
 //! - [`lease`]: the lease lifecycle both the executor and `idempotent-tower`'s layer drive
 //!   (acquire and wait, heartbeat, complete or release outliving the caller), and the bounds on
 //!   lease and retention ([`Terms`]).

@@ -298,7 +298,7 @@ struct ReadmeDoctest;
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() -> Result<(), Error> {
 /// # let path = std::env::temp_dir().join(format!("idempotent-macro-doc-tx-{}.db", std::process::id()));
-/// let store = SqliteStore::open(&path).await?;
+/// let store = SqliteStore::connect(&path).await?;
 /// sqlx::query("CREATE TABLE IF NOT EXISTS invoices (order_id TEXT, cents INTEGER)")
 ///     .execute(store.pool())
 ///     .await?;

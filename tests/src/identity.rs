@@ -231,7 +231,7 @@ pub async fn open(url: Option<&str>, memory: SharedStore) -> (SharedStore, Share
         return (memory, Arc::new(MemoryStateStore::new()), Database::None);
     };
     if let Some(path) = url.strip_prefix("sqlite://") {
-        let store = SqliteStore::open(path).await.expect("open the SQLite store");
+        let store = SqliteStore::connect(path).await.expect("open the SQLite store");
         sqlx::query("CREATE TABLE IF NOT EXISTS invoices (id INTEGER PRIMARY KEY, tenant TEXT, order_id TEXT)")
             .execute(store.pool())
             .await
@@ -245,7 +245,7 @@ pub async fn open(url: Option<&str>, memory: SharedStore) -> (SharedStore, Share
             .unwrap();
         (Arc::new(store.clone()), Arc::new(store.clone()), Database::Postgres(store))
     } else {
-        let store = RedisStore::connect(url).expect("connect to the Redis store");
+        let store = RedisStore::connect_lazy(url).expect("connect to the Redis store");
         (Arc::new(store.clone()), Arc::new(store), Database::None)
     }
 }

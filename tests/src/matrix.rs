@@ -6,7 +6,7 @@
 //! | store | made as |
 //! |---|---|
 //! | `memory` | a new `MemoryStore` |
-//! | `sqlite` | `SqliteStore::open` on a new file in the test's temporary directory |
+//! | `sqlite` | `SqliteStore::connect` on a new file in the test's temporary directory |
 //! | `postgres` | `PostgresStore::connect` on a schema of its own (`CREATE SCHEMA`, then `search_path` in the URL) on a server shared by the tests of the process |
 //! | `redis` | `RedisStore::connect` on a throwaway `redis-server` of its own |
 //!
@@ -85,7 +85,7 @@ pub enum Kind {
 pub struct Backend {
     /// The store.
     pub store: SharedStore,
-    /// Its URL, for [`idempotent_core::store::open`] in another process (none for memory).
+    /// Its URL, for [`idempotent_core::store::connect`] in another process (none for memory).
     pub url: Option<String>,
     /// A temporary directory for files of the test (the SQLite file, a ledger).
     pub dir: tempfile::TempDir,
@@ -100,7 +100,7 @@ impl Backend {
             Kind::Memory => (Arc::new(MemoryStore::new()), None, None),
             Kind::Sqlite => {
                 let (url, server) = sql_database(kind, &dir).await;
-                let store = SqliteStore::open(dir.path().join(SQLITE_FILE)).await.expect("open the SQLite store");
+                let store = SqliteStore::connect(dir.path().join(SQLITE_FILE)).await.expect("open the SQLite store");
                 (Arc::new(store), Some(url), server)
             }
             Kind::Postgres => {
@@ -112,7 +112,7 @@ impl Backend {
             }
             Kind::Redis => {
                 let server = RedisServer::start();
-                let store = RedisStore::connect(server.url()).expect("connect to the test server");
+                let store = RedisStore::connect_lazy(server.url()).expect("connect to the test server");
                 (Arc::new(store), Some(server.url()), Some(Box::new(server)))
             }
         };

@@ -207,15 +207,15 @@ impl SqlDb for SqliteBackend {
     const TABLES: &'static str = "SELECT name FROM sqlite_schema WHERE type = 'table' ORDER BY name";
 
     async fn open(url: &str) -> Result<SqliteStore, Error> {
-        SqliteStore::open(sqlite_path(url)).await
+        SqliteStore::connect(sqlite_path(url)).await
     }
 
     async fn open_table(url: &str, table: &str) -> Result<SqliteStore, Error> {
-        SqliteStore::builder(sqlite_path(url)).table(table).open().await
+        SqliteStore::builder(sqlite_path(url)).table(table).connect().await
     }
 
     async fn open_pool(url: &str, connections: u32) -> Result<SqliteStore, Error> {
-        SqliteStore::builder(sqlite_path(url)).max_connections(connections).open().await
+        SqliteStore::builder(sqlite_path(url)).max_connections(connections).connect().await
     }
 
     async fn connect(url: &str) -> sqlx::SqliteConnection {

@@ -114,7 +114,7 @@ pub async fn contention_ends_in_a_clear_error(store: &SharedStateStore) {
     let policy =
         UpdatePolicy::new(Backoff::new(Duration::from_millis(1), Duration::from_millis(2)), Duration::from_secs(30))
             .attempts(3);
-    let victim: State<u64> = State::new(store.clone(), scope.clone()).with_policy(policy);
+    let victim: State<u64> = State::new(store.clone(), scope.clone()).policy(policy);
     let rival: State<u64> = State::new(store.clone(), scope);
     rival.modify(|n| *n += 1).await.unwrap();
     let handle = tokio::runtime::Handle::current();
@@ -209,7 +209,7 @@ pub async fn an_unanswered_update_says_it_may_have_run(store: &SharedStateStore)
     let lossy = Arc::new(LosingReplies { inner: store.clone(), lose: true.into() });
     let scope = fresh_scope("unanswered");
     let quick = UpdatePolicy::default().attempts(3);
-    let counter: State<u64> = State::new(lossy.clone() as SharedStateStore, scope.clone()).with_policy(quick);
+    let counter: State<u64> = State::new(lossy.clone() as SharedStateStore, scope.clone()).policy(quick);
     let plain: State<u64> = State::new(store.clone(), scope);
     let add = |n: Option<u64>| Ok::<_, Error>(n.unwrap_or(0) + 1);
 
@@ -269,7 +269,7 @@ pub async fn counter(store: &SharedStateStore, tasks: usize, updates: usize) -> 
     let scope = fresh_scope("counter");
     let barrier = Arc::new(Barrier::new(tasks));
     let results = join_all((0..tasks).map(|_| {
-        let state: State<u64> = State::new(store.clone(), scope.clone()).with_policy(patient());
+        let state: State<u64> = State::new(store.clone(), scope.clone()).policy(patient());
         let barrier = barrier.clone();
         tokio::spawn(async move {
             barrier.wait().await;

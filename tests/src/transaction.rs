@@ -493,7 +493,7 @@ async fn create_invoice_handler<B: SqlDb>(
 ) -> (StatusCode, String) {
     runs.fetch_add(1, Ordering::SeqCst);
     let invoice = ctx
-        .with_store(db.clone())
+        .store(db.clone())
         .step("create_invoice")
         .run_in_transaction(&order, async |tx: &mut Transaction<'_, B::Db>, attempt| {
             B::insert(tx, &order, attempt.fence()).await?;

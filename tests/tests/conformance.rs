@@ -19,11 +19,11 @@ async fn memory_store_conforms() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_store_conforms() {
     let dir = tempfile::TempDir::new().unwrap();
-    let store = SqliteStore::open(dir.path().join("records.db")).await.unwrap();
+    let store = SqliteStore::connect(dir.path().join("records.db")).await.unwrap();
     conformance::run_all(Arc::new(store.clone())).await;
     conformance::run_admin(&(Arc::new(store.clone()) as SharedStore)).await;
     // A second store on the same file takes over and replays the first one's records.
-    let other = SqliteStore::open(dir.path().join("records.db")).await.unwrap();
+    let other = SqliteStore::connect(dir.path().join("records.db")).await.unwrap();
     conformance::run_mixed(Arc::new(store), Arc::new(other)).await;
 }
 
@@ -41,7 +41,7 @@ async fn postgres_store_conforms() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_store_conforms() {
     let server = RedisServer::start();
-    let store = RedisStore::connect(server.url()).unwrap();
+    let store = RedisStore::connect_lazy(server.url()).unwrap();
     store.warm_up().await.unwrap();
     let store: SharedStore = Arc::new(store);
     conformance::run_all(store.clone()).await;
@@ -53,20 +53,20 @@ async fn redis_store_conforms() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_store_conforms_with_scripts_only() {
     let server = RedisServer::start();
-    let store: SharedStore = Arc::new(RedisStore::builder(server.url()).set_get_acquire(false).build().unwrap());
+    let store: SharedStore = Arc::new(RedisStore::builder(server.url()).set_get_acquire(false).connect_lazy().unwrap());
     conformance::run_all(store.clone()).await;
     conformance::run_admin(&store).await;
-    let plain = RedisStore::connect(server.url()).unwrap();
+    let plain = RedisStore::connect_lazy(server.url()).unwrap();
     // Measured first, so that the plain store takes keys with SET NX from the start.
     plain.warm_up().await.unwrap();
-    let scripts = RedisStore::builder(server.url()).set_get_acquire(false).build().unwrap();
+    let scripts = RedisStore::builder(server.url()).set_get_acquire(false).connect_lazy().unwrap();
     conformance::run_mixed(Arc::new(plain), Arc::new(scripts)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_cluster_store_conforms() {
     let cluster = RedisCluster::start();
-    let store: SharedStore = Arc::new(RedisStore::cluster_builder(cluster.urls()).build().unwrap());
+    let store: SharedStore = Arc::new(RedisStore::cluster_builder(cluster.urls()).connect_lazy().unwrap());
     conformance::run_all(store.clone()).await;
     conformance::run_admin(&store).await;
     // The records really are spread over the masters (one key per operation, any slot).

@@ -331,7 +331,7 @@ async fn fail_open_runs_unprotected_and_fail_closed_does_not() {
     let port = idempotent_tests::free_port(false);
     let store = RedisStore::builder(format!("redis://127.0.0.1:{port}"))
         .command_timeout(Duration::from_millis(300))
-        .build()
+        .connect_lazy()
         .unwrap();
     let ctx = RunContext::new(store, unique("run"));
     let runs = &AtomicU32::new(0);
@@ -362,7 +362,7 @@ async fn fail_open_runs_unprotected_and_fail_closed_does_not() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_runs_each_of_many_keys_once() {
     let cluster = RedisCluster::start();
-    let store: SharedStore = Arc::new(RedisStore::cluster_builder(cluster.urls()).build().unwrap());
+    let store: SharedStore = Arc::new(RedisStore::cluster_builder(cluster.urls()).connect_lazy().unwrap());
     concurrent_keys(store, 50, 4).await;
 }
 
@@ -405,7 +405,7 @@ async fn concurrent_keys(store: SharedStore, keys: usize, callers: usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn heartbeat_tells_the_action_when_its_lease_was_taken_over() {
     let server = RedisServer::start();
-    let store = RedisStore::connect(server.url()).unwrap();
+    let store = RedisStore::connect_lazy(server.url()).unwrap();
     let ctx = RunContext::new(store.clone(), unique("run"));
     let lease = Duration::from_millis(600);
     let (started_tx, started_rx) = oneshot::channel();

@@ -197,7 +197,7 @@ async fn every_executor_outcome_is_counted_in_its_situation() {
     let (store, hooked) = faulty_store();
     let faults = hooked.state();
     let (run, tenant) = (unique("secret-run"), "secret-tenant");
-    let ctx = RunContext::new(store, &run).with_tenant(tenant);
+    let ctx = RunContext::new(store, &run).tenant(tenant);
     let key = ctx.step("refund").key_for(&("order-1", 1500)).unwrap().0;
     let (hex, short) = (key.to_hex(), key.short().to_string());
     let secrets = [run.as_str(), tenant, &hex, &short, "order-1", "order-2"];

@@ -25,7 +25,7 @@ const WAIT: Duration = Duration::from_millis(100);
 fn cluster_store(cluster: &RedisCluster, wait: bool) -> RedisStore {
     let builder = RedisStore::cluster_builder(cluster.urls()).command_timeout(TIMEOUT);
     let builder = if wait { builder.wait_for_replicas(1, WAIT) } else { builder };
-    builder.build().unwrap()
+    builder.connect_lazy().unwrap()
 }
 
 /// One call, timed, and whether its action ran.
@@ -188,7 +188,7 @@ async fn wait_mode_fails_closed_when_the_replica_does_not_acknowledge() {
     let store = RedisStore::builder(master.url())
         .command_timeout(timeout)
         .wait_for_replicas(1, Duration::from_millis(500))
-        .build()
+        .connect_lazy()
         .unwrap();
     store.warm_up().await.unwrap();
     let ctx = RunContext::new(store.clone(), unique("wait"));
@@ -260,7 +260,7 @@ async fn standalone_store_does_not_follow_a_promoted_replica_and_fails_closed() 
     let old = RedisServer::start();
     let new = RedisServer::replica_of(&old);
     let run = unique("sentinel");
-    let ctx = RunContext::new(RedisStore::builder(old.url()).command_timeout(TIMEOUT).build().unwrap(), &run);
+    let ctx = RunContext::new(RedisStore::builder(old.url()).command_timeout(TIMEOUT).connect_lazy().unwrap(), &run);
     let hist = History::new();
     let mut before = Vec::new();
     for i in 0..10 {
@@ -280,7 +280,7 @@ async fn standalone_store_does_not_follow_a_promoted_replica_and_fails_closed() 
         assert!(p.elapsed < TIMEOUT * 3, "took {:?}", p.elapsed);
     }
     // A store on the new master's URL: the records are there, and new keys work.
-    let ctx = RunContext::new(RedisStore::builder(new.url()).command_timeout(TIMEOUT).build().unwrap(), &run);
+    let ctx = RunContext::new(RedisStore::builder(new.url()).command_timeout(TIMEOUT).connect_lazy().unwrap(), &run);
     for (key, value) in &before {
         let p = probe(&ctx, &hist, key).await;
         assert_eq!(p.outcome, Completion::Ok(value.clone()), "{key} on the new master");

@@ -36,8 +36,8 @@ async fn setup(options: RedisOptions) -> Setup {
     let proxy = FaultProxy::start(([127, 0, 0, 1], server.port()).into()).await;
     let run = unique("rel");
     // One connection, so a fault set mid-call hits the connection the call uses, not a new one.
-    let via_proxy = RedisStore::builder(proxy.url()).pool_size(1).command_timeout(TIMEOUT).build().unwrap();
-    let direct = RedisStore::builder(server.url()).command_timeout(TIMEOUT).build().unwrap();
+    let via_proxy = RedisStore::builder(proxy.url()).pool_size(1).command_timeout(TIMEOUT).connect_lazy().unwrap();
+    let direct = RedisStore::builder(server.url()).command_timeout(TIMEOUT).connect_lazy().unwrap();
     Setup {
         ctx: RunContext::new(via_proxy, &run),
         direct: RunContext::new(direct, &run),
@@ -290,7 +290,7 @@ async fn redis_killed_and_restarted_mid_run_with_aof() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_without_persistence_is_caught_by_the_checker_and_the_preflight() {
     let mut server = RedisServer::start();
-    let store = RedisStore::builder(server.url()).command_timeout(TIMEOUT).build().unwrap();
+    let store = RedisStore::builder(server.url()).command_timeout(TIMEOUT).connect_lazy().unwrap();
     let preflight = store.preflight().await.unwrap();
     assert!(preflight.problems.iter().any(|p| p.to_string().contains("persistence is off")), "{preflight}");
     let ctx = RunContext::new(store, unique("rel"));
@@ -333,7 +333,7 @@ async fn noscript_after_script_flush_mid_run() {
 async fn latency_jitter_with_32_workers() {
     let s = setup(RedisOptions::default()).await;
     s.proxy.set(Fault::Latency { min: Duration::from_millis(50), max: Duration::from_millis(300) });
-    let store = RedisStore::builder(s.proxy.url()).command_timeout(Duration::from_secs(3)).build().unwrap();
+    let store = RedisStore::builder(s.proxy.url()).command_timeout(Duration::from_secs(3)).connect_lazy().unwrap();
     let ctx = RunContext::new(store, unique("jitter"));
     let keys: Vec<String> = (0..16).map(|i| format!("k{i}")).collect();
     let mut workers = Vec::new();
@@ -365,7 +365,7 @@ async fn latency_jitter_with_32_workers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_actions_do_not_exhaust_the_pool() {
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url()).pool_size(1).command_timeout(TIMEOUT).build().unwrap();
+    let store = RedisStore::builder(server.url()).pool_size(1).command_timeout(TIMEOUT).connect_lazy().unwrap();
     let ctx = RunContext::new(store, unique("pool"));
     let hist = History::new();
     let running = Arc::new(AtomicUsize::new(0));
@@ -408,7 +408,7 @@ async fn out_of_memory_under_noeviction_fails_closed() {
         extra: vec![("maxmemory".into(), "3mb".into()), ("maxmemory-policy".into(), "noeviction".into())],
         ..Default::default()
     });
-    let store = RedisStore::builder(server.url()).command_timeout(TIMEOUT).build().unwrap();
+    let store = RedisStore::builder(server.url()).command_timeout(TIMEOUT).connect_lazy().unwrap();
     store.warm_up().await.unwrap();
     let ctx = RunContext::new(store.clone(), unique("oom"));
     // A done record, for the operator's calls below.
@@ -455,7 +455,7 @@ async fn out_of_memory_under_noeviction_fails_closed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_results_are_capped_and_do_not_starve_heartbeats() {
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url()).command_timeout(Duration::from_secs(2)).build().unwrap();
+    let store = RedisStore::builder(server.url()).command_timeout(Duration::from_secs(2)).connect_lazy().unwrap();
     let ctx = RunContext::new(store, unique("big"));
     let lease = Duration::from_secs(1);
     let release = Arc::new(Notify::new());

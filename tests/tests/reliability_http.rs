@@ -72,8 +72,11 @@ async fn http_layer_under_store_faults_commits_each_request_once() {
     let secs: u64 = std::env::var("IDEMPOTENT_HTTP_NEMESIS_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(20);
     let server = RedisServer::start_with(RedisOptions { aof: true, ..Default::default() });
     let proxy = Arc::new(FaultProxy::start(([127, 0, 0, 1], server.port()).into()).await);
-    let store =
-        RedisStore::builder(proxy.url()).pool_size(2).command_timeout(Duration::from_millis(400)).build().unwrap();
+    let store = RedisStore::builder(proxy.url())
+        .pool_size(2)
+        .command_timeout(Duration::from_millis(400))
+        .connect_lazy()
+        .unwrap();
     let hist = History::new();
     let app = Router::new()
         .route("/refunds", post(effect))

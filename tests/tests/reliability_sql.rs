@@ -26,7 +26,7 @@ fn nemesis_secs(default: u64) -> u64 {
 }
 
 async fn sqlite(path: &Path) -> SqliteStore {
-    SqliteStore::builder(path).busy_timeout(BUSY).max_connections(4).open().await.unwrap()
+    SqliteStore::builder(path).busy_timeout(BUSY).max_connections(4).connect().await.unwrap()
 }
 
 /// 8 workers on 40 keys through two stores on one file, while the nemesis holds the write lock

@@ -79,20 +79,22 @@ async fn memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn redis() {
     let server = RedisServer::start();
-    workers_killed_mid_action_leave_every_effect_once(idempotent_core::store::open(&server.url()).await.unwrap()).await;
+    workers_killed_mid_action_leave_every_effect_once(idempotent_core::store::connect(&server.url()).await.unwrap())
+        .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn sqlite() {
     let dir = tempfile::TempDir::new().unwrap();
     let url = format!("sqlite://{}", dir.path().join("records.db").display());
-    workers_killed_mid_action_leave_every_effect_once(idempotent_core::store::open(&url).await.unwrap()).await;
+    workers_killed_mid_action_leave_every_effect_once(idempotent_core::store::connect(&url).await.unwrap()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgres() {
     let server = PgServer::start();
-    workers_killed_mid_action_leave_every_effect_once(idempotent_core::store::open(&server.url()).await.unwrap()).await;
+    workers_killed_mid_action_leave_every_effect_once(idempotent_core::store::connect(&server.url()).await.unwrap())
+        .await;
 }
 
 /// The negative control: the same schedule without the verifier re-runs the killed effects, and

@@ -111,7 +111,7 @@ async fn memory_key_middleware_before_retry_refunds_each_order_once_despite_lost
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_key_middleware_before_retry_refunds_each_order_once_despite_lost_replies() {
     let redis = RedisServer::start();
-    key_before_retry_refunds_each_order_once(Arc::new(RedisStore::connect(redis.url()).unwrap())).await;
+    key_before_retry_refunds_each_order_once(Arc::new(RedisStore::connect_lazy(redis.url()).unwrap())).await;
     drop(redis);
 }
 

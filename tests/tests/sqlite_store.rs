@@ -46,8 +46,8 @@ async fn two_stores_on_one_file_acquire_each_key_exactly_once() {
     let dir = TempDir::new().unwrap();
     let path = dir.path().join("race.db");
     let stores = [
-        SqliteStore::builder(&path).max_connections(4).open().await.unwrap(),
-        SqliteStore::builder(&path).max_connections(4).open().await.unwrap(),
+        SqliteStore::builder(&path).max_connections(4).connect().await.unwrap(),
+        SqliteStore::builder(&path).max_connections(4).connect().await.unwrap(),
     ];
     let mut tasks = Vec::new();
     for task in 0..16usize {
@@ -81,7 +81,7 @@ async fn two_stores_on_one_file_acquire_each_key_exactly_once() {
 async fn a_second_process_sees_in_flight_keys_and_replays_done_ones() {
     let dir = TempDir::new().unwrap();
     let path = dir.path().join("processes.db");
-    let store = SqliteStore::open(&path).await.unwrap();
+    let store = SqliteStore::connect(&path).await.unwrap();
     for n in [1, 2, 3] {
         assert!(matches!(store.acquire(&key(n), &FP, LEASE, KEEP).await.unwrap(), Acquire::Acquired(_)));
     }
@@ -107,7 +107,7 @@ async fn the_executor_runs_an_action_once_across_a_reopen() {
     let path = dir.path().join("durable.db");
     let runs = Arc::new(AtomicU32::new(0));
     for _reopen in 0..2 {
-        let store = SqliteStore::open(&path).await.unwrap();
+        let store = SqliteStore::connect(&path).await.unwrap();
         let ctx = RunContext::new(store.clone(), "order-7");
         let runs = runs.clone();
         let id: String = ctx
@@ -129,7 +129,7 @@ async fn the_executor_runs_an_action_once_across_a_reopen() {
 async fn expired_records_are_purged_in_bounded_batches() {
     let dir = TempDir::new().unwrap();
     let path = dir.path().join("purge.db");
-    let store = SqliteStore::open(&path).await.unwrap();
+    let store = SqliteStore::connect(&path).await.unwrap();
     for n in 0..700u32 {
         let Acquire::Acquired(g) = store.acquire(&wide_key(n), &FP, LEASE, KEEP).await.unwrap() else { panic!() };
         if n % 2 == 0 {
@@ -172,7 +172,7 @@ async fn expired_records_are_purged_in_bounded_batches() {
 async fn a_first_execution_is_two_statements_a_replay_one_and_replays_in_a_row_take_no_write_lock() {
     let dir = TempDir::new().unwrap();
     let path = dir.path().join("count.db");
-    let store = SqliteStore::open(&path).await.unwrap();
+    let store = SqliteStore::connect(&path).await.unwrap();
     let ctx = RunContext::new(store.clone(), "run-1");
     first_execution_is_two_statements(&ctx, &store).await;
 
@@ -199,13 +199,13 @@ async fn a_first_execution_is_two_statements_a_replay_one_and_replays_in_a_row_t
 async fn an_unopenable_or_locked_file_fails_closed_naming_the_path() {
     let dir = TempDir::new().unwrap();
     let missing = dir.path().join("no-such-dir").join("x.db");
-    let err = SqliteStore::open(&missing).await.unwrap_err();
+    let err = SqliteStore::connect(&missing).await.unwrap_err();
     assert!(err.is_store_failure(), "{err:?}");
     assert!(matches!(err, Error::Unavailable { op: "open", .. }), "{err:?}");
     assert!(err.to_string().contains(&missing.display().to_string()), "{err}");
 
     let path = dir.path().join("locked.db");
-    let store = SqliteStore::builder(&path).busy_timeout(Duration::from_millis(200)).open().await.unwrap();
+    let store = SqliteStore::builder(&path).busy_timeout(Duration::from_millis(200)).connect().await.unwrap();
     let mut holder = raw(&path).await;
     sqlx::raw_sql("BEGIN EXCLUSIVE").execute(&mut holder).await.unwrap();
     let started = std::time::Instant::now();
@@ -221,7 +221,7 @@ async fn an_unopenable_or_locked_file_fails_closed_naming_the_path() {
 async fn a_dropped_acquire_gives_back_the_key_it_took() {
     let dir = TempDir::new().unwrap();
     let path = dir.path().join("dropped.db");
-    let store = SqliteStore::open(&path).await.unwrap();
+    let store = SqliteStore::connect(&path).await.unwrap();
     // The write lock is held elsewhere, so the acquire's statement waits in SQLite's busy
     // handler when its caller gives up.
     let mut holder = raw(&path).await;
@@ -251,7 +251,7 @@ async fn two_processes_of_32_tasks_run_each_action_once() {
     let (db, ledger) = (dir.path().join("multi.db"), dir.path().join("ledger"));
     // The schema exists before the race (as after a deploy); creating it concurrently is covered
     // by the child-process test above.
-    SqliteStore::open(&db).await.unwrap().close().await;
+    SqliteStore::connect(&db).await.unwrap().close().await;
     let spawn = || {
         tokio::process::Command::new(env!("CARGO_BIN_EXE_step_worker"))
             .arg(format!("sqlite://{}", db.display()))

@@ -13,6 +13,40 @@ use idempotent_tests::proxy::{Fault, FaultProxy};
 use idempotent_tests::state::{counter, fresh_scope, patient, run_all};
 use idempotent_tests::{HookedStore, PgServer, RedisCluster, RedisServer};
 
+idempotent_tests::on_every_store!(one_handle_serves_steps_and_state);
+
+/// The handle a `RunContext` is given (a `SharedStore`) serves `State::new` as well: the crate's
+/// stores keep versioned states too, so an application holds one handle to one store.
+async fn one_handle_serves_steps_and_state(store: SharedStore) {
+    let scope = fresh_scope("one-handle");
+    let ctx = RunContext::new(store.clone(), idempotent_tests::unique("run"));
+    let counter: State<u64> = State::new(store.clone(), scope.clone());
+    for _ in 0..2 {
+        let value: u64 = ctx
+            .step("count")
+            .run(&1, |_| {
+                let counter = counter.clone();
+                async move { counter.update(|n| Ok::<_, Error>(n.unwrap_or(0) + 1)).await.map(|updated| updated.value) }
+            })
+            .await
+            .unwrap();
+        assert_eq!(value, 1, "the step replays, and the state was bumped once");
+    }
+    let again: State<u64> = State::new(store, scope);
+    assert_eq!(again.load().await.unwrap().value, Some(1), "a second handle on the same store sees the state");
+}
+
+/// A store of another type behind a `SharedStore` keeps no states: `State` says so, at its first
+/// use, instead of losing or inventing them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_keeps_no_states_says_so() {
+    let custom: SharedStore = Arc::new(HookedStore::new(Arc::new(MemoryStore::new())));
+    let state: State<u64> = State::new(custom, fresh_scope("none"));
+    let err = state.load().await.unwrap_err();
+    assert!(matches!(err, Error::Config(_)), "{err}");
+    assert!(err.to_string().contains("keeps no versioned states"), "{err}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_state_conforms() {
     run_all(Arc::new(MemoryStateStore::new())).await;
@@ -21,21 +55,21 @@ async fn memory_state_conforms() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_state_conforms() {
     let server = RedisServer::start();
-    let store = RedisStore::connect(server.url()).unwrap();
+    let store = RedisStore::connect_lazy(server.url()).unwrap();
     run_all(Arc::new(store)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_cluster_state_conforms() {
     let cluster = RedisCluster::start();
-    let store = RedisStore::cluster_builder(cluster.urls()).build().unwrap();
+    let store = RedisStore::cluster_builder(cluster.urls()).connect_lazy().unwrap();
     run_all(Arc::new(store)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_state_conforms() {
     let dir = tempfile::TempDir::new().unwrap();
-    let store = SqliteStore::open(dir.path().join("state.db")).await.unwrap();
+    let store = SqliteStore::connect(dir.path().join("state.db")).await.unwrap();
     run_all(Arc::new(store.clone())).await;
     // Created once, registered, and left alone by a second migration.
     store.migrate_state().await.unwrap();
@@ -59,7 +93,7 @@ async fn postgres_state_conforms() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_foreign_state_table_is_refused() {
     let dir = tempfile::TempDir::new().unwrap();
-    let store = SqliteStore::open(dir.path().join("state.db")).await.unwrap();
+    let store = SqliteStore::connect(dir.path().join("state.db")).await.unwrap();
     sqlx::query("CREATE TABLE idempotent_records_state (x INTEGER)").execute(store.pool()).await.unwrap();
     let state: State<u64> = State::new(store.clone(), fresh_scope("foreign"));
     let err = state.load().await.unwrap_err();
@@ -73,7 +107,7 @@ async fn a_foreign_state_table_is_refused() {
 async fn redis_counter_is_exact_when_replies_are_lost() {
     let server = RedisServer::start();
     let proxy = FaultProxy::start(format!("127.0.0.1:{}", server.port()).parse().unwrap()).await;
-    let store = RedisStore::connect(proxy.url()).unwrap();
+    let store = RedisStore::connect_lazy(proxy.url()).unwrap();
     proxy.set(Fault::DropSomeReplies { percent: 20 });
     let store: SharedStateStore = Arc::new(store);
     assert_eq!(counter(&store, 64, 100).await, 6400);
@@ -148,14 +182,14 @@ async fn parallel_branches_append_each_finding_once() {
     const LEASE: Duration = Duration::from_secs(6);
     let server = RedisServer::start();
     let proxy = FaultProxy::start(format!("127.0.0.1:{}", server.port()).parse().unwrap()).await;
-    let store = RedisStore::connect(proxy.url()).unwrap();
+    let store = RedisStore::connect_lazy(proxy.url()).unwrap();
     proxy.set(Fault::DropSomeReplies { percent: 20 });
     let scope = fresh_scope("findings");
     let (branches, per_branch) = (4, 25);
     let failures = Arc::new(AtomicU32::new(0));
     let tasks = (0..branches).map(|b| {
         let ctx = RunContext::new(store.clone(), "agent-run-7");
-        let findings: State<Vec<String>> = State::new(store.clone(), scope.clone()).with_policy(patient());
+        let findings: State<Vec<String>> = State::new(store.clone(), scope.clone()).policy(patient());
         let failures = failures.clone();
         tokio::spawn(async move {
             for i in 0..per_branch {

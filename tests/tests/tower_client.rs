@@ -136,7 +136,7 @@ async fn memory_key_layer_outside_retry_refunds_each_order_once_despite_lost_rep
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_key_layer_outside_retry_refunds_each_order_once_despite_lost_replies() {
     let redis = RedisServer::start();
-    key_layer_outside_retry_refunds_each_order_once(Arc::new(RedisStore::connect(redis.url()).unwrap())).await;
+    key_layer_outside_retry_refunds_each_order_once(Arc::new(RedisStore::connect_lazy(redis.url()).unwrap())).await;
     drop(redis);
 }
 

@@ -140,7 +140,7 @@ impl tonic::server::UnaryService<RefundRequest> for Refund {
                         return Ok(tonic::Response::new(RefundReply { refund_id, call }));
                     };
                     let steps = ledger.steps.clone();
-                    let tenant = ctx.tenant().unwrap_or("-").to_owned();
+                    let tenant = ctx.tenant_name().unwrap_or("-").to_owned();
                     let refund_id: String = ctx
                         .step("refund")
                         .run(&msg.order_id, |_| async move {
@@ -524,7 +524,7 @@ async fn nested_steps_run_under_the_calls_identity(store: SharedStore) {
 async fn an_unreachable_store_is_unavailable() {
     let mut server = RedisServer::start();
     let store: SharedStore =
-        Arc::new(RedisStore::builder(server.url()).command_timeout(Duration::from_millis(500)).build().unwrap());
+        Arc::new(RedisStore::builder(server.url()).command_timeout(Duration::from_millis(500)).connect_lazy().unwrap());
     let app = App::start(&store, |l| l).await;
     app.refund(Some("before"), order("o-1", 1)).await.unwrap();
     server.kill();

@@ -202,7 +202,7 @@ where
 async fn a_hedge_of_a_slow_handler_waits_for_it_and_returns_its_response() {
     let (server, recorder) = start_server(wait()).await;
     let hedge = hedge_now();
-    let policy = hedge.policy().clone();
+    let policy = hedge.shared_policy().clone();
     let mut client = ServiceBuilder::new().layer(IdempotencyKeyLayer::new()).layer(hedge).service(http_client());
 
     let (status, _, body) = send(&mut client, refund_request(server, r#"{"hold":"hedge"}"#)).await;
@@ -244,7 +244,7 @@ async fn a_hedge_that_overtakes_a_late_first_copy_runs_the_effect_and_the_late_c
 async fn a_post_without_a_key_is_never_hedged_and_a_get_is() {
     let (server, recorder) = start_server(wait()).await;
     let hedge = hedge_now();
-    let policy = hedge.policy().clone();
+    let policy = hedge.shared_policy().clone();
     // No key layer at all: the POST goes out without a key.
     let mut client = ServiceBuilder::new().layer(hedge).service(http_client());
 
@@ -265,7 +265,7 @@ async fn a_post_without_a_key_is_never_hedged_and_a_get_is() {
 async fn a_hedge_outside_the_key_layer_sees_no_key_and_hedges_nothing() {
     let (server, recorder) = start_server(wait()).await;
     let hedge = hedge_now();
-    let policy = hedge.policy().clone();
+    let policy = hedge.shared_policy().clone();
     let mut client = ServiceBuilder::new().layer(hedge).layer(IdempotencyKeyLayer::new()).service(http_client());
 
     let (status, _, _) = send(&mut client, refund_request(server, r#"{"hold":"ms"}"#)).await;

@@ -87,7 +87,7 @@ async fn a_key_taken_over_before_the_commit_rolls_the_loser_back() {
         )
         .await
         .unwrap();
-    let loser_store = SqliteStore::from_pool(pool, "idempotent_records").await.unwrap();
+    let loser_store = SqliteStore::from_pool(pool).await.unwrap();
 
     // The loser's acquire (its upsert, as a new store writes first: one hand-out) passes the
     // gate; its `begin` is held there.

@@ -342,7 +342,7 @@ async fn a_failed_acquire_that_took_over_an_uncertain_record_leaves_it_uncertain
     use idempotent_tests::proxy::{Fault, FaultProxy};
 
     let server = RedisServer::start();
-    let direct = RedisStore::connect(server.url()).unwrap();
+    let direct = RedisStore::connect_lazy(server.url()).unwrap();
     direct.warm_up().await.unwrap();
     let proxy = FaultProxy::start(([127, 0, 0, 1], server.port()).into()).await;
     // Script-only, so that the acquire itself takes the record over (a plain `SET NX GET` of an
@@ -351,7 +351,7 @@ async fn a_failed_acquire_that_took_over_an_uncertain_record_leaves_it_uncertain
         .pool_size(1)
         .set_get_acquire(false)
         .command_timeout(Duration::from_millis(400))
-        .build()
+        .connect_lazy()
         .unwrap();
     lossy.warm_up().await.unwrap();
     let (key, fp) = (Key::from_bytes([9; 32]), Fingerprint::from_bytes([1; 32]));

@@ -149,7 +149,7 @@ async fn run(
     let http = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let policy = HedgePolicy::new();
     let client: HttpService = if hedged {
-        let hedge = HedgeLayer::new().percentile(0.9).min_data_points(20).period(PERIOD).with_policy(policy.clone());
+        let hedge = HedgeLayer::new().percentile(0.9).min_data_points(20).period(PERIOD).policy(policy.clone());
         let stack = ServiceBuilder::new().layer(IdempotencyKeyLayer::new()).layer(hedge).service(http);
         BoxCloneSyncService::new(Buffer::new(stack, 1024))
     } else {

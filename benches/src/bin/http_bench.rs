@@ -261,7 +261,8 @@ fn main() {
     let server = RedisServer::start();
     let body = Bytes::from(serde_json::to_vec(&Refund::new(7)).unwrap());
     let servers = rt.block_on(async {
-        let store = RedisStore::builder(server.url()).pool_size(pool).command_timeout(REDIS_TIMEOUT).build().unwrap();
+        let store =
+            RedisStore::builder(server.url()).pool_size(pool).command_timeout(REDIS_TIMEOUT).connect_lazy().unwrap();
         store.warm_up().await.expect("warm up the store");
         let raw = Arc::new(RawRedis::connect(&server.url(), pool).await);
         let _: () = redis::cmd("SET").arg("floor:response").arg(RESPONSE).query_async(&mut raw.conn()).await.unwrap();

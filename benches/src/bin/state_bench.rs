@@ -154,13 +154,13 @@ async fn main() {
     report("memory", Arc::new(MemoryStateStore::new()), None, window).await;
 
     let server = RedisServer::start();
-    let store = RedisStore::connect(server.url()).unwrap();
+    let store = RedisStore::connect_lazy(server.url()).unwrap();
     store.warm_up().await.unwrap();
     let floor = redis_floor(&server.url(), window).await;
     report("redis", Arc::new(store), Some(floor), window).await;
 
     let dir = tempfile::TempDir::new().unwrap();
-    let store = SqliteStore::open(dir.path().join("state.db")).await.unwrap();
+    let store = SqliteStore::connect(dir.path().join("state.db")).await.unwrap();
     store.migrate_state().await.unwrap();
     let floor = sqlite_floor(store.pool(), window).await;
     report("sqlite", Arc::new(store), Some(floor), window).await;

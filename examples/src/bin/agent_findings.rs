@@ -67,7 +67,7 @@ impl StateStore for Flaky {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    tracing_subscriber::fmt().with_env_filter(idempotent_examples::log_filter()).init();
+    idempotent_examples::logs().init();
     let stores = idempotent_examples::stores_from_env().await?;
     let run_id = idempotent_examples::fresh_id("run");
     println!("records and findings in {}; run {run_id}; 1 in 5 commit replies lost on the way back", stores.describe);
@@ -80,7 +80,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let branches = (0..4).map(|b| {
         let ctx = RunContext::new(records.clone(), &run_id);
         let findings: State<Vec<String>> =
-            State::new(flaky.clone() as Arc<dyn StateStore>, scope.clone()).with_policy(policy);
+            State::new(flaky.clone() as Arc<dyn StateStore>, scope.clone()).policy(policy);
         let retried = retried.clone();
         tokio::spawn(async move {
             for lead in 0..25 {

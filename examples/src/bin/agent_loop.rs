@@ -193,9 +193,8 @@ where
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    tracing_subscriber::fmt()
+    idempotent_examples::logs()
         // The client side's retry and hedge events are DEBUG: `RUST_LOG` in the module docs.
-        .with_env_filter(idempotent_examples::log_filter())
         .with_target(false)
         .without_time()
         .init();
@@ -211,11 +210,8 @@ async fn main() -> Result<(), BoxError> {
 
     // The model client: key outside retry, retry outside the hedge (each attempt may be hedged).
     let hedges = HedgePolicy::new();
-    let hedge = HedgeLayer::new()
-        .percentile(0.9)
-        .min_data_points(10)
-        .period(Duration::from_secs(1))
-        .with_policy(hedges.clone());
+    let hedge =
+        HedgeLayer::new().percentile(0.9).min_data_points(10).period(Duration::from_secs(1)).policy(hedges.clone());
     let http = Client::builder(TokioExecutor::new()).build_http::<Body>();
     let retry =
         HttpRetryPolicy::new().backoff(Backoff::new(Duration::from_millis(50), Duration::from_secs(1)).max_attempts(4));

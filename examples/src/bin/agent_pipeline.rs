@@ -195,14 +195,14 @@ const MAX_ATTEMPTS: u32 = 5;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt().with_env_filter(idempotent_examples::log_filter()).init();
+    idempotent_examples::logs().init();
 
     let (store, store_name) = idempotent_examples::store_from_env().await?;
     let run_id = std::env::var("RUN_ID").unwrap_or_else(|_| {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
         format!("support-4711/turn-{}", now.as_millis())
     });
-    let ctx = RunContext::new(store, &run_id).with_tenant("acme");
+    let ctx = RunContext::new(store, &run_id).tenant("acme");
     println!("store: {store_name}\nrun:   {run_id}\n");
 
     let message = "Order 1042 was charged twice. Please refund the duplicate $15.00, confirm by email, \

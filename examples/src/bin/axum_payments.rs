@@ -49,7 +49,7 @@ use metrics_exporter_prometheus::PrometheusBuilder;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    tracing_subscriber::fmt().with_env_filter(idempotent_examples::log_filter()).init();
+    idempotent_examples::logs().init();
     let demo = std::env::args().nth(1).as_deref() == Some("demo");
     let (store, describe) = idempotent_examples::store_from_env().await?;
     let bind = if demo { "127.0.0.1:0".to_owned() } else { std::env::var("ADDR").unwrap_or("127.0.0.1:3000".into()) };

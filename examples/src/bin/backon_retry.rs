@@ -108,11 +108,7 @@ async fn complete(client: &reqwest::Client, url: &str, key: &http::HeaderValue) 
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(idempotent_examples::log_filter())
-        .with_target(false)
-        .without_time()
-        .init();
+    idempotent_examples::logs().with_target(false).without_time().init();
     let (store, describe) = idempotent_examples::store_from_env().await?;
     let run_id = idempotent_examples::fresh_id("order-flow-42");
     println!("records in {describe}; run {run_id}");

@@ -48,7 +48,7 @@ struct Bank {
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    tracing_subscriber::fmt().with_env_filter(idempotent_examples::log_filter()).init();
+    idempotent_examples::logs().init();
     let (store, describe) = idempotent_examples::store_from_env().await?;
     let run_id = idempotent_examples::fresh_id("run-7");
     println!("records in {describe}; job run {run_id}");

@@ -319,13 +319,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         && flag == "--refund-then-hang"
     {
         // The parent reads this worker's first line of stdout: its logs go to stderr.
-        tracing_subscriber::fmt()
-            .with_env_filter(idempotent_examples::log_filter())
+        idempotent_examples::logs()
             .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .init();
         return refund_then_hang(run_id, PathBuf::from(ledger)).await;
     }
-    tracing_subscriber::fmt().with_env_filter(idempotent_examples::log_filter()).init();
+    idempotent_examples::logs().init();
     let (store, describe) = idempotent_examples::store_from_env().await?;
     // The run id names this logical job; every retry of the job, and every later run of the
     // program on the same SQLite file, uses the same one. On a server (Redis, PostgreSQL), which

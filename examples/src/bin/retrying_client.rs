@@ -118,7 +118,7 @@ async fn relay(mut client: TcpStream, upstream: SocketAddr, seen: &Mutex<HashSet
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    tracing_subscriber::fmt().with_env_filter(idempotent_examples::log_filter()).init();
+    idempotent_examples::logs().init();
     let (store, describe) = idempotent_examples::store_from_env().await?;
     println!("server: records in {describe}");
 

@@ -28,7 +28,7 @@ use idempotent_core::state::{Scope, State};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    tracing_subscriber::fmt().with_env_filter(idempotent_examples::log_filter()).init();
+    idempotent_examples::logs().init();
     let stores = idempotent_examples::stores_from_env().await?;
     let scope = Scope::new(idempotent_examples::fresh_id("cart")).tenant("shop");
     println!("cart state in {}; cart {}", stores.describe, scope.name());

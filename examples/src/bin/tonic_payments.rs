@@ -181,7 +181,7 @@ async fn client(addr: SocketAddr, key: &str) -> Result<(), BoxError> {
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    tracing_subscriber::fmt().with_env_filter(idempotent_examples::log_filter()).init();
+    idempotent_examples::logs().init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let addr_env = std::env::var("ADDR").unwrap_or("127.0.0.1:50051".into());
     match args.first().map(String::as_str) {

@@ -7,8 +7,8 @@ use std::pin::pin;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::Step;
 use super::run::{Begun, Keep};
+use super::{Provenance, Step};
 use crate::attempt::{Attempt, CURRENT_ATTEMPT};
 use crate::error::Error;
 use crate::key::Key;
@@ -43,7 +43,7 @@ impl Step<'_> {
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
     /// # let path = std::env::temp_dir().join(format!("idempotent-doc-tx-{}.db", std::process::id()));
-    /// let store = SqliteStore::open(&path).await?;
+    /// let store = SqliteStore::connect(&path).await?;
     /// sqlx::query("CREATE TABLE IF NOT EXISTS invoices (order_id TEXT, amount INTEGER, fence INTEGER)")
     ///     .execute(store.pool()).await?;
     /// let ctx = RunContext::new(store.clone(), "order-7");
@@ -174,6 +174,40 @@ impl Step<'_> {
         DB: CommitsWith,
         F: for<'t> AsyncFnOnce(&mut sqlx::Transaction<'t, DB>, Attempt) -> Result<T, E>,
     {
+        self.run_in_transaction_traced(payload, action).await.map(|(value, _)| value)
+    }
+
+    /// Like [`run_in_transaction`](Self::run_in_transaction), and says where the value came
+    /// from, as [`run_traced`](Self::run_traced) does: [`Provenance::Executed`] when this call's
+    /// transaction committed it, [`Provenance::Replayed`] when it was stored earlier (nothing ran),
+    /// [`Provenance::Unprotected`] when the store failed and the step fails open.
+    ///
+    /// ```
+    /// use idempotent_core::{Error, Provenance, RunContext, SqliteStore, sqlx};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Error> {
+    /// # let path = std::env::temp_dir().join(format!("idempotent-doc-traced-{}.db", std::process::id()));
+    /// let store = SqliteStore::connect(&path).await?;
+    /// let ctx = RunContext::new(store, "order-7");
+    /// let note = async |tx: &mut sqlx::SqliteTransaction<'_>, attempt: idempotent_core::Attempt| {
+    ///     sqlx::query("SELECT 1").execute(&mut **tx).await?;
+    ///     Ok::<_, Error>(attempt.number())
+    /// };
+    /// let (n, how) = ctx.step("note").run_in_transaction_traced(&7, note).await?;
+    /// assert_eq!((n, how), (1, Provenance::Executed { attempt: 1 }));
+    /// let (n, how) = ctx.step("note").run_in_transaction_traced(&7, note).await?;
+    /// assert_eq!((n, how), (1, Provenance::Replayed { attempt: Some(1) }));
+    /// # for suffix in ["", "-wal", "-shm"] { let _ = std::fs::remove_file(format!("{}{suffix}", path.display())); }
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_in_transaction_traced<P, T, E, DB, F>(self, payload: &P, action: F) -> Result<(T, Provenance), E>
+    where
+        P: Serialize + ?Sized,
+        T: Serialize + DeserializeOwned,
+        E: From<Error>,
+        DB: CommitsWith,
+        F: for<'t> AsyncFnOnce(&mut sqlx::Transaction<'t, DB>, Attempt) -> Result<T, E>,
+    {
         let Some(store) = sql::store_of::<DB>(&self.ctx.store) else {
             return Err(sql::wrong_store::<DB>(&self.ctx.store, &format!("step `{}`", self.name)).into());
         };
@@ -182,8 +216,12 @@ impl Step<'_> {
         let terms = opts.terms().heartbeat(opts.heartbeat && store.renews_during_transaction());
         let lease = match self.begin(&key, &fingerprint, &terms, |_| Err(())).await {
             Begun::Run(lease) => lease,
-            Begun::Answered(answer) => return answer.map(|(value, _)| value),
-            Begun::FailOpen => return unprotected_in_transaction(store, key, action).await,
+            Begun::Answered(answer) => return answer,
+            Begun::FailOpen => {
+                return unprotected_in_transaction(store, key, action)
+                    .await
+                    .map(|value| (value, Provenance::Unprotected));
+            }
         };
         // From here until the outcome is settled, a drop releases the key: the transaction,
         // dropped with this future, is rolled back.
@@ -205,6 +243,7 @@ impl Step<'_> {
             result
         };
         let fence = lease.attempt().fence();
+        let number = lease.attempt().number();
         let failed = match self.outcome(&key, lease.attempt().number(), &result, |_: &E| None) {
             Keep::Store(bytes) => match lease.complete_in(&mut tx, bytes).await {
                 Ok(Transition::Ok) => match commit(store, tx).await {
@@ -213,7 +252,7 @@ impl Step<'_> {
                         // Done: nothing to release.
                         drop(lease.disarm());
                         self.count(CallEnd::Executed);
-                        return result;
+                        return result.map(|value| (value, Provenance::Executed { attempt: number }));
                     }
                     Err(e) => {
                         let _ = lease.disarm().release().await;
@@ -240,7 +279,7 @@ impl Step<'_> {
         self.count(failed.as_ref().map_or_else(|(counted, _)| *counted, |()| CallEnd::Executed));
         let failed = failed.map_err(|(_, e)| e);
         match failed {
-            Ok(()) => result,
+            Ok(()) => result.map(|value| (value, Provenance::Executed { attempt: number })),
             Err(e) => Err(e.into()),
         }
     }

@@ -131,6 +131,74 @@ impl IntoSharedStateStore for SharedStateStore {
     }
 }
 
+/// The state store behind a record store's handle, so one handle serves both
+/// [`RunContext`](crate::RunContext) and [`State`](super::State): the crate's stores
+/// ([`MemoryStore`](crate::MemoryStore), `RedisStore`, `SqliteStore`, `PostgresStore`) keep
+/// versioned states as well as records. A store of another type behind the handle keeps none:
+/// every load and commit through it then fails with [`Error::Config`] saying so (hand such a
+/// store's own [`StateStore`] to `State::new` instead).
+impl IntoSharedStateStore for crate::store::SharedStore {
+    fn into_shared_state(self) -> SharedStateStore {
+        let any: Arc<dyn std::any::Any + Send + Sync> = self.clone();
+        let any = match any.downcast::<crate::MemoryStore>() {
+            Ok(store) => return store,
+            Err(any) => any,
+        };
+        #[cfg(feature = "redis")]
+        let any = match any.downcast::<crate::RedisStore>() {
+            Ok(store) => return store,
+            Err(any) => any,
+        };
+        #[cfg(feature = "sqlite")]
+        let any = match any.downcast::<crate::SqliteStore>() {
+            Ok(store) => return store,
+            Err(any) => any,
+        };
+        #[cfg(feature = "postgres")]
+        let any = match any.downcast::<crate::PostgresStore>() {
+            Ok(store) => return store,
+            Err(any) => any,
+        };
+        drop(any);
+        Arc::new(NoStates { describe: self.describe() })
+    }
+}
+
+/// What a record store that keeps no states answers as a state store.
+struct NoStates {
+    describe: String,
+}
+
+impl NoStates {
+    fn refused(&self) -> Error {
+        Error::Config(format!(
+            "the store {} keeps no versioned states: give State::new a StateStore (such as MemoryStateStore, or \
+             one of the crate's stores) rather than this store's SharedStore",
+            self.describe
+        ))
+    }
+}
+
+impl StateStore for NoStates {
+    fn load<'a>(&'a self, _scope: &'a Scope) -> BoxFuture<'a, Result<Loaded<Bytes>, Error>> {
+        Box::pin(std::future::ready(Err(self.refused())))
+    }
+
+    fn commit<'a>(
+        &'a self,
+        _scope: &'a Scope,
+        _expected: Version,
+        _value: Bytes,
+        _token: &'a CommitToken,
+    ) -> BoxFuture<'a, Result<Commit<Bytes>, Error>> {
+        Box::pin(std::future::ready(Err(self.refused())))
+    }
+
+    fn describe(&self) -> String {
+        self.describe.clone()
+    }
+}
+
 /// The tokens a store keeps per scope, newest last, each 16 bytes: the one at index `i` of `n`
 /// produced version `current - (n - 1 - i)`. Shared by the stores that keep them in one value
 /// (memory, SQL).

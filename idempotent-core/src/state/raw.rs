@@ -100,7 +100,7 @@ impl RawState {
     }
 
     /// The same handle with `policy` for its updates.
-    pub fn with_policy(mut self, policy: UpdatePolicy) -> RawState {
+    pub fn policy(mut self, policy: UpdatePolicy) -> RawState {
         self.policy = policy;
         self
     }

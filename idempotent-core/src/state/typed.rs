@@ -36,8 +36,8 @@ impl<T: Serialize + DeserializeOwned> State<T> {
     }
 
     /// The same handle with `policy` for its updates.
-    pub fn with_policy(self, policy: UpdatePolicy) -> State<T> {
-        State { raw: self.raw.with_policy(policy), _type: PhantomData }
+    pub fn policy(self, policy: UpdatePolicy) -> State<T> {
+        State { raw: self.raw.policy(policy), _type: PhantomData }
     }
 
     /// The handle over bytes.

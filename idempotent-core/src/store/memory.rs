@@ -16,6 +16,7 @@ use crate::attempt::Attempt;
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
 use crate::record::{Abandon, Acquire, Grant, KEEP_RESOLVED_RELEASE, Labels, Resolution, Resolved, Token, Transition};
+use crate::state::{Commit, CommitToken, Loaded, MemoryStateStore, Scope, StateStore, Version};
 
 const SHARDS: usize = 32;
 /// A shard drops its expired records after this many writes, or after a quarter of its size in
@@ -55,6 +56,8 @@ struct Inner {
     fence: AtomicU64,
     len: AtomicUsize,
     capacity: Option<usize>,
+    /// The versioned states kept in this store (see the [`StateStore`] impl).
+    states: MemoryStateStore,
 }
 
 impl Default for Inner {
@@ -64,6 +67,7 @@ impl Default for Inner {
             fence: AtomicU64::new(0),
             len: AtomicUsize::new(0),
             capacity: None,
+            states: MemoryStateStore::new(),
         }
     }
 }
@@ -332,7 +336,7 @@ impl MemoryStore {
         self.sweep();
         self.try_acquire(key, fp, lease, retention, labels).unwrap_or_else(|| {
             let capacity = self.inner.capacity.unwrap_or(usize::MAX);
-            Err(Error::Full { store: self.describe(), capacity })
+            Err(Error::Full { store: Store::describe(self), capacity })
         })
     }
 
@@ -603,6 +607,29 @@ impl Store for MemoryStore {
 impl fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MemoryStore").field("len", &self.len()).field("capacity", &self.inner.capacity).finish()
+    }
+}
+
+/// A `MemoryStore` keeps versioned states too, as the Redis and SQL stores do, so one handle
+/// serves [`RunContext`](crate::RunContext) and [`State`](crate::State): its states live in a
+/// [`MemoryStateStore`] of its own, shared by its clones.
+impl StateStore for MemoryStore {
+    fn load<'a>(&'a self, scope: &'a Scope) -> BoxFuture<'a, Result<Loaded<Bytes>, Error>> {
+        self.inner.states.load(scope)
+    }
+
+    fn commit<'a>(
+        &'a self,
+        scope: &'a Scope,
+        expected: Version,
+        value: Bytes,
+        token: &'a CommitToken,
+    ) -> BoxFuture<'a, Result<Commit<Bytes>, Error>> {
+        self.inner.states.commit(scope, expected, value, token)
+    }
+
+    fn describe(&self) -> String {
+        Store::describe(self)
     }
 }
 

@@ -21,8 +21,8 @@ use crate::record::{Abandon, Acquire, Labels, Resolution, Resolved, Token, Trans
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
 mod acquire_order;
 pub mod admin;
+mod connect;
 pub mod memory;
-mod open;
 #[cfg(feature = "redis")]
 pub mod redis;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
@@ -33,8 +33,8 @@ pub use self::redis::{Preflight, Problem, RedisStore, RedisStoreBuilder, Risk};
 #[cfg(any(feature = "sqlite", feature = "postgres", feature = "redis"))]
 pub(crate) use acquire_order::AcquireOrder;
 pub use admin::{Cursor, Deleted, Filter, MAX_PAGE, Page, Purged, RecordInfo, RecordState, delete_all};
+pub use connect::connect;
 pub use memory::MemoryStore;
-pub use open::open;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub use sql::{CommitsWith, SqlStore, TransactionalStore};
 #[cfg(feature = "postgres")]

@@ -141,7 +141,7 @@ impl<B: Clone> tower::hedge::Policy<Request<B>> for HedgePolicy {
 ///
 /// let http_client = service_fn(|_: Request<Full<Bytes>>| async { Ok::<_, std::io::Error>(Response::new(())) });
 /// let hedge = HedgeLayer::new().percentile(0.9).period(Duration::from_secs(30));
-/// let policy = hedge.policy().clone(); // shares the count of hedges sent
+/// let policy = hedge.shared_policy().clone(); // shares the count of hedges sent
 /// let client = ServiceBuilder::new()
 ///     .layer(IdempotencyKeyLayer::new()) // outside: both copies carry one key
 ///     .layer(hedge)
@@ -190,14 +190,14 @@ impl<B> HedgeLayer<B> {
     }
 
     /// The policy (replacing the key header, say); see [`HedgePolicy`].
-    pub fn with_policy(mut self, policy: HedgePolicy) -> Self {
+    pub fn policy(mut self, policy: HedgePolicy) -> Self {
         self.policy = policy;
         self
     }
 
     /// The policy every service this layer makes shares: its [`hedges`](HedgePolicy::hedges)
     /// counts theirs.
-    pub fn policy(&self) -> &HedgePolicy {
+    pub fn shared_policy(&self) -> &HedgePolicy {
         &self.policy
     }
 }

@@ -9,7 +9,7 @@
 //!   two tenants sending the same `Idempotency-Key` never share a step's record, and a retry of
 //!   the request finds the steps of its first attempt. For a step whose writes commit with its
 //!   record on another store (the handler's own database),
-//!   [`RunContext::with_store`] keeps the identity.
+//!   [`RunContext::store`] keeps the identity.
 //! - the request's [`Attempt`](idempotent_core::Attempt): its fence, its
 //!   [`downstream_key`](idempotent_core::Attempt::downstream_key), whether it recovers from an
 //!   attempt that ran out, whether its lease was lost.
@@ -53,7 +53,7 @@ pub enum Unprotected {
 pub(crate) fn run_context(config: &Config, key: &Key, tenant: Option<&str>) -> RunContext {
     let ctx = RunContext::new(config.store.clone(), format!("{}/{}", config.scope, key.to_hex()));
     match tenant {
-        Some(tenant) => ctx.with_tenant(tenant),
+        Some(tenant) => ctx.tenant(tenant),
         None => ctx,
     }
 }

@@ -116,7 +116,7 @@
 //!
 //! - its steps, through the [`RunContext`] in the request's extensions (axum:
 //!   `Extension<RunContext>`; tonic: `request.extensions().get::<RunContext>()`), on the layer's
-//!   store; [`RunContext::with_store`] moves it to another store under the same identity;
+//!   store; [`RunContext::store`] moves it to another store under the same identity;
 //! - its state commits ([`State::update`](idempotent_core::state::State::update)), whose tokens
 //!   derive from the request's key, because the request's [`Attempt`] is
 //!   [`current_attempt`](idempotent_core::current_attempt) for the handler's whole future;
@@ -128,7 +128,7 @@
 //! (one tenant would get another's result), and a header sent once quoted and once bare would
 //! name two operations. (If you must build one by hand, use [`client_key`] and add the tenant the
 //! layer's [`tenant`](IdempotencyLayer::tenant) extractor gives, with
-//! [`RunContext::with_tenant`].)
+//! [`RunContext::tenant`].)
 //!
 //! # Database writes that commit exactly once
 //!
@@ -167,7 +167,7 @@
 //!     order: String,
 //! ) -> (StatusCode, String) {
 //!     let invoice = ctx
-//!         .with_store(db) // the database the writes go to (here the layer's store as well)
+//!         .store(db) // the database the writes go to (here the layer's store as well)
 //!         .step("create_invoice")
 //!         .run_in_transaction(&order, async |tx: &mut SqliteTransaction<'_>, _| {
 //!             let done = sqlx::query("INSERT INTO invoices (order_id) VALUES (?1)")
@@ -187,7 +187,7 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! # let path = std::env::temp_dir().join(format!("idempotent-tower-doc-{}.db", std::process::id()));
-//! let db = SqliteStore::open(&path).await?;
+//! let db = SqliteStore::connect(&path).await?;
 //! sqlx::query("CREATE TABLE IF NOT EXISTS invoices (order_id TEXT)").execute(db.pool()).await?;
 //! let app = Router::new()
 //!     .route("/invoices", post(create_invoice))

@@ -2,7 +2,7 @@
 //! `tests/tests/uncertain.rs`.
 //!
 //! `effect_child <store-url> <ledger-file> <lease ms>` opens the store at `<store-url>` (see
-//! `idempotent_core::store::open`) and runs the staged charge of `idempotent_tests::uncertain`
+//! `idempotent_core::store::connect`) and runs the staged charge of `idempotent_tests::uncertain`
 //! with the given lease: it charges the ledger, prints `charged <downstream key> <fence>` and
 //! waits forever, so that the test can SIGKILL it between the charge and the complete.
 
@@ -20,7 +20,7 @@ async fn main() {
     let url = args.next().expect(USAGE);
     let ledger = Ledger::at(args.next().expect(USAGE));
     let lease = Duration::from_millis(args.next().expect(USAGE).parse().expect(USAGE));
-    let store = idempotent_core::store::open(&url).await.expect("open the store");
+    let store = idempotent_core::store::connect(&url).await.expect("open the store");
     charge_then_hang(store, ledger, lease, |key, fence| {
         println!("charged {key} {fence}");
         std::io::stdout().flush().expect("flush stdout");

@@ -13,7 +13,7 @@ use idempotent_core::{Fingerprint, Key, SqliteStore, Store};
 async fn main() {
     let mut args = std::env::args().skip(1);
     let path = args.next().expect("usage: sqlite_child <path> <n>...");
-    let store = SqliteStore::open(&path).await.expect("open the store");
+    let store = SqliteStore::connect(&path).await.expect("open the store");
     for n in args {
         let n: u8 = n.parse().expect("a key byte");
         let answer = store

@@ -20,7 +20,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err("usage: step_worker <sqlite://path> <ledger> <tasks> <keys>".into());
     };
     let store: SharedStore = match store.strip_prefix("sqlite://") {
-        Some(path) => Arc::new(SqliteStore::builder(path).max_connections(8).open().await?),
+        Some(path) => Arc::new(SqliteStore::builder(path).max_connections(8).connect().await?),
         None => return Err(format!("unknown store {store:?}").into()),
     };
     let (tasks, keys): (u64, u64) = (tasks.parse()?, keys.parse()?);

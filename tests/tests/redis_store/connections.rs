@@ -71,17 +71,41 @@ async fn outage_fails_closed_within_the_timeout_then_recovers() {
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
 
+/// `connect` connects, as sqlx's pools do: a server that is not there, or a password it refuses,
+/// fails it at once; `connect_lazy` makes the store and leaves that to the first call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_connects_and_connect_lazy_does_not() {
+    let nobody = format!("redis://127.0.0.1:{}", idempotent_tests::free_port(false));
+    let started = Instant::now();
+    let err = RedisStore::connect(&nobody).await.unwrap_err();
+    assert!(matches!(err, Error::Unavailable { .. }), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(2), "a refused connection waited for the timeout: {err}");
+    let lazy = RedisStore::connect_lazy(&nobody).expect("a lazy store connects on first use");
+    let err = RunContext::new(lazy, "r").step("s").run(&1, |_| async { Ok::<u8, Error>(1) }).await.unwrap_err();
+    assert!(err.is_store_failure(), "{err}");
+
+    let server = RedisServer::start();
+    server.cmd(&["ACL", "SETUSER", "worker", "on", ">s3cret", "~idem:*", "+@all"]);
+    let refused = format!("redis://worker:wrong@127.0.0.1:{}", server.port());
+    let err = RedisStore::connect(&refused).await.unwrap_err();
+    assert!(err.is_store_failure(), "{err}");
+    assert!(!err.to_string().contains("wrong"), "the password leaked into the error: {err}");
+    let store = RedisStore::connect(server.url()).await.unwrap();
+    let v: u8 = RunContext::new(store, unique("run")).step("s").run(&1, |_| async { Ok::<_, Error>(2) }).await.unwrap();
+    assert_eq!(v, 2);
+}
+
 /// ACL users and passwords in the URL work; a wrong password is a clear store error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acl_credentials_in_the_url() {
     let server = RedisServer::start();
     server.cmd(&["ACL", "SETUSER", "worker", "on", ">s3cret", "~idem:*", "+@all"]);
     let url = format!("redis://worker:s3cret@127.0.0.1:{}", server.port());
-    let ctx = RunContext::new(RedisStore::connect(&url).unwrap(), unique("run"));
+    let ctx = RunContext::new(RedisStore::connect_lazy(&url).unwrap(), unique("run"));
     let v: u8 = ctx.step("acl").run(&1, |_| async { Ok::<_, Error>(5) }).await.unwrap();
     assert_eq!(v, 5);
     let bad = format!("redis://worker:wrong@127.0.0.1:{}", server.port());
-    let store = RedisStore::builder(bad).command_timeout(Duration::from_millis(500)).build().unwrap();
+    let store = RedisStore::builder(bad).command_timeout(Duration::from_millis(500)).connect_lazy().unwrap();
     let err = RunContext::new(store, "r").step("acl").run(&1, |_| async { Ok::<u8, Error>(1) }).await.unwrap_err();
     assert!(err.is_store_failure(), "{err}");
     assert!(!err.to_string().contains("wrong"), "the password leaked into the error: {err}");
@@ -92,7 +116,7 @@ async fn acl_credentials_in_the_url() {
 async fn tls_url_connects_over_tls() {
     let server = RedisServer::start_with(RedisOptions { tls: true, ..Default::default() });
     let url = server.tls_url().unwrap();
-    let store = RedisStore::builder(&url).command_timeout(Duration::from_secs(2)).build().unwrap();
+    let store = RedisStore::builder(&url).command_timeout(Duration::from_secs(2)).connect_lazy().unwrap();
     let ctx = RunContext::new(store, unique("run"));
     let v: u8 = ctx.step("tls").run(&1, |_| async { Ok::<_, Error>(3) }).await.unwrap();
     assert_eq!(v, 3);
@@ -100,7 +124,7 @@ async fn tls_url_connects_over_tls() {
     assert_eq!(again, 3);
     // Plain text to the TLS port is not a Redis conversation: a clear store error, no panic.
     let plain = url.replace("rediss://", "redis://").replace("/#insecure", "");
-    let store = RedisStore::builder(plain).command_timeout(Duration::from_millis(500)).build().unwrap();
+    let store = RedisStore::builder(plain).command_timeout(Duration::from_millis(500)).connect_lazy().unwrap();
     let err = RunContext::new(store, "r").step("tls").run(&1, |_| async { Ok::<u8, Error>(1) }).await.unwrap_err();
     assert!(err.is_store_failure(), "{err}");
 }
@@ -118,7 +142,12 @@ async fn from_pool_shares_the_pool_with_the_application() {
         .runtime(idempotent_core::deadpool_redis::Runtime::Tokio1)
         .build()
         .unwrap();
-    let store = RedisStore::from_pool(pool.clone(), "app:idem:", Duration::from_secs(2));
+    let store = RedisStore::builder_with_pool(pool.clone())
+        .key_prefix("app:idem:")
+        .command_timeout(Duration::from_secs(2))
+        .connect()
+        .await
+        .unwrap();
     let ctx = RunContext::new(store, unique("run"));
     let mut tasks = Vec::new();
     for i in 0..16 {

@@ -61,7 +61,7 @@ async fn garbage_records_are_errors_not_replays() {
         &["SET", &redis_key, &short_done],
     ];
     let scripts =
-        RunContext::new(RedisStore::builder(server.url()).set_get_acquire(false).build().unwrap(), ctx.run_id());
+        RunContext::new(RedisStore::builder(server.url()).set_get_acquire(false).connect_lazy().unwrap(), ctx.run_id());
     for (how, c) in [("SET NX GET", &ctx), ("script", &scripts)] {
         for cmd in garbage {
             server.cmd(&["DEL", &redis_key]);
@@ -94,7 +94,7 @@ async fn corrupt_needs_attention_records_are_errors() {
     let server = RedisServer::start();
     let plain = store(&server);
     plain.warm_up().await.unwrap();
-    let scripts = RedisStore::builder(server.url()).set_get_acquire(false).build().unwrap();
+    let scripts = RedisStore::builder(server.url()).set_get_acquire(false).connect_lazy().unwrap();
     let (key, redis_key) = fresh(&plain);
     let fp = Fingerprint::from_bytes([5; 32]);
     let head = format!("A{}{}", fp.to_hex(), "a".repeat(32));

@@ -35,7 +35,7 @@ fn store(server: &RedisServer) -> RedisStore {
 }
 
 fn store_at(url: String) -> RedisStore {
-    RedisStore::builder(url).command_timeout(Duration::from_millis(500)).build().unwrap()
+    RedisStore::builder(url).command_timeout(Duration::from_millis(500)).connect_lazy().unwrap()
 }
 
 /// A fresh key of its own, and the Redis key `store` keeps its record under.

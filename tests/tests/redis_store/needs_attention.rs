@@ -70,7 +70,7 @@ async fn needs_attention_reads_alike_on_both_acquire_paths() {
     let server = RedisServer::start();
     let plain = store(&server);
     plain.warm_up().await.unwrap();
-    let scripts = RedisStore::builder(server.url()).set_get_acquire(false).build().unwrap();
+    let scripts = RedisStore::builder(server.url()).set_get_acquire(false).connect_lazy().unwrap();
     scripts.warm_up().await.unwrap();
     let (key, redis_key) = fresh(&plain);
     let (fp, other_fp) = (Fingerprint::from_bytes([3; 32]), Fingerprint::from_bytes([4; 32]));

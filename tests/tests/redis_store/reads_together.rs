@@ -50,7 +50,7 @@ async fn replays_while_stopped(
 /// is stopped (`replays_while_stopped`), so that their reads go out under load; each caller must
 /// get its own record. Returns the commands `MONITOR` saw the replays send.
 async fn replayed_together(server: &RedisServer, builder: RedisStoreBuilder, callers: u32) -> Monitored {
-    let s = builder.pool_size(2).build().unwrap();
+    let s = builder.pool_size(2).connect_lazy().unwrap();
     s.warm_up().await.unwrap();
     let ctx = replaying(s, callers).await;
     let monitor = server.monitor();
@@ -101,7 +101,11 @@ async fn waiting_reads_take_a_command_timeout_too_long_for_the_clock() {
 async fn reads_waiting_together_outlive_callers_that_give_up_and_fail_in_time() {
     const CALLERS: u32 = 100;
     let server = RedisServer::start();
-    let s = RedisStore::builder(server.url()).pool_size(2).command_timeout(Duration::from_millis(300)).build().unwrap();
+    let s = RedisStore::builder(server.url())
+        .pool_size(2)
+        .command_timeout(Duration::from_millis(300))
+        .connect_lazy()
+        .unwrap();
     s.warm_up().await.unwrap();
     let ctx = replaying(s, CALLERS).await;
 
@@ -137,7 +141,11 @@ async fn reads_waiting_together_outlive_callers_that_give_up_and_fail_in_time() 
 #[tokio::test(flavor = "current_thread")]
 async fn waiting_reads_go_out_alone_when_the_reads_out_are_never_polled_again() {
     let server = RedisServer::start();
-    let s = RedisStore::builder(server.url()).pool_size(2).command_timeout(Duration::from_millis(400)).build().unwrap();
+    let s = RedisStore::builder(server.url())
+        .pool_size(2)
+        .command_timeout(Duration::from_millis(400))
+        .connect_lazy()
+        .unwrap();
     s.warm_up().await.unwrap();
     let ctx = replaying(s, 24).await;
     let replay = |i: u32| {

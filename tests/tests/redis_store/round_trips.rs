@@ -60,7 +60,7 @@ async fn first_execution_costs_two_commands_and_replay_one() {
         (false, true, &["fcall", "fcall"][..], &["fcall"][..]),
         (true, false, &["set", "evalsha"][..], &["set"][..]),
     ] {
-        let s = RedisStore::builder(server.url()).set_get_acquire(set_get).functions(functions).build().unwrap();
+        let s = RedisStore::builder(server.url()).set_get_acquire(set_get).functions(functions).connect_lazy().unwrap();
         // Open the connections, load the scripts and measure the clock first, so that none counts.
         s.warm_up().await.unwrap();
         let ctx = RunContext::new(s, unique("run"));
@@ -97,7 +97,7 @@ async fn first_execution_costs_two_commands_and_replay_one() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_share_one_connection_and_writes_take_the_others_in_turn() {
     let server = RedisServer::start();
-    let s = RedisStore::builder(server.url()).pool_size(4).build().unwrap();
+    let s = RedisStore::builder(server.url()).pool_size(4).connect_lazy().unwrap();
     s.warm_up().await.unwrap();
     let state: State<Vec<String>> = State::new(s.clone(), Scope::new(unique("thread")));
     let ctx = RunContext::new(s, unique("run"));

@@ -33,7 +33,7 @@ async fn scripts_load_under_the_hash_the_store_sends() {
         Value::Array(vec![Value::Int(0)])
     );
 
-    RedisStore::builder(server.url()).functions(false).build().unwrap().warm_up().await.unwrap();
+    RedisStore::builder(server.url()).functions(false).connect_lazy().unwrap().warm_up().await.unwrap();
     for script in source::ALL {
         let hash = Script::new(script).get_hash().to_owned();
         assert_eq!(server.cmd(&["SCRIPT", "EXISTS", &hash]), Value::Array(vec![Value::Int(1)]));
@@ -143,7 +143,7 @@ async fn functions_lost_under_wait_for_replicas_are_loaded_again() {
     let s = RedisStore::builder(server.url())
         .command_timeout(Duration::from_secs(2))
         .wait_for_replicas(1, Duration::from_millis(500))
-        .build()
+        .connect_lazy()
         .unwrap();
     s.warm_up().await.unwrap();
     let ctx = RunContext::new(s, unique("run"));

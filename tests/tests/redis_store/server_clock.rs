@@ -32,8 +32,10 @@ async fn fences_of_new_keys_follow_the_servers_clock() {
     let s = store(&server);
     s.warm_up().await.unwrap();
     let plain = RunContext::new(s, unique("run"));
-    let scripts =
-        RunContext::new(RedisStore::builder(server.url()).set_get_acquire(false).build().unwrap(), plain.run_id());
+    let scripts = RunContext::new(
+        RedisStore::builder(server.url()).set_get_acquire(false).connect_lazy().unwrap(),
+        plain.run_id(),
+    );
     let fence = |ctx: &RunContext, step: &'static str| {
         let ctx = ctx.clone();
         async move { ctx.step(step).run(&(), |a| async move { Ok::<_, Error>(a.fence()) }).await.unwrap() }
@@ -59,7 +61,7 @@ async fn fences_of_new_keys_follow_the_servers_clock() {
     };
     for (ctx, step) in [(&plain, "a"), (&scripts, "b"), (&plain, "c")] {
         let (key, _) = ctx.step(step).key_for(&()).unwrap();
-        let done = ctx.store().inspect(&key).await.unwrap().unwrap();
+        let done = ctx.shared_store().inspect(&key).await.unwrap().unwrap();
         assert_eq!(done.state, RecordState::Done, "{step}");
         assert!(near(done.updated), "{step}: completed at {:?}, not near the server's clock", done.updated);
         assert!(done.updated >= done.created, "{step}: completed at {:?}, before {:?}", done.updated, done.created);

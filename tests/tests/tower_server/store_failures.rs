@@ -18,7 +18,7 @@ use crate::app::{App, Effects, refund};
 async fn an_unreachable_store_is_503_and_the_handler_is_not_called() {
     let mut server = RedisServer::start();
     let store: SharedStore =
-        Arc::new(RedisStore::builder(server.url()).command_timeout(Duration::from_millis(500)).build().unwrap());
+        Arc::new(RedisStore::builder(server.url()).command_timeout(Duration::from_millis(500)).connect_lazy().unwrap());
     let app = App::start(&store, |l| l).await;
     assert_eq!(app.h1(app.post("/refunds", "before"), "{}").await.status, StatusCode::CREATED);
     server.kill();
@@ -36,7 +36,7 @@ async fn fail_open_calls_the_handler_when_the_store_is_unreachable() {
     // Nothing listens on this port.
     let url = format!("redis://127.0.0.1:{}", free_port(false));
     let store: SharedStore =
-        Arc::new(RedisStore::builder(url).command_timeout(Duration::from_millis(500)).build().unwrap());
+        Arc::new(RedisStore::builder(url).command_timeout(Duration::from_millis(500)).connect_lazy().unwrap());
     let closed = App::start(&store, |l| l).await;
     closed.h2(closed.post("/refunds", "k"), "{}").await.problem(503, "store-unavailable");
     assert_eq!(closed.effects.calls(), 0);

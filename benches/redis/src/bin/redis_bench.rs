@@ -444,20 +444,20 @@ fn main() {
     let server = RedisServer::start();
     // Attached for the whole run, so that every row runs against a master with a replica.
     let replica = wait.then(|| RedisServer::replica_of(&server));
-    let store = RedisStore::builder(server.url()).pool_size(pool).command_timeout(REDIS_TIMEOUT).build().unwrap();
+    let store = RedisStore::builder(server.url()).pool_size(pool).command_timeout(REDIS_TIMEOUT).connect_lazy().unwrap();
     let store_evalsha = RedisStore::builder(server.url())
         .pool_size(pool)
         .command_timeout(REDIS_TIMEOUT)
         .functions(false)
-        .build()
+        .connect_lazy()
         .unwrap();
-    let store_one = RedisStore::builder(server.url()).pool_size(1).command_timeout(REDIS_TIMEOUT).build().unwrap();
+    let store_one = RedisStore::builder(server.url()).pool_size(1).command_timeout(REDIS_TIMEOUT).connect_lazy().unwrap();
     let store_wait = wait.then(|| {
         RedisStore::builder(server.url())
             .pool_size(pool)
             .command_timeout(REDIS_TIMEOUT)
             .wait_for_replicas(1, Duration::from_millis(100))
-            .build()
+            .connect_lazy()
             .unwrap()
     });
     let env = rt.block_on(async {

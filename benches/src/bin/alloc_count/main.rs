@@ -363,7 +363,7 @@ async fn redis_rows(calls: u64, want: &impl Fn(&str) -> bool, url: &str) -> Redi
         floor_set_set = Some(floor);
     }
 
-    let store = RedisStore::builder(url).pool_size(4).build().unwrap();
+    let store = RedisStore::builder(url).pool_size(4).connect_lazy().unwrap();
     store.warm_up().await.expect("warm up the store");
     let ctx = RunContext::new(store.clone(), "alloc-run");
     if want(acquire_name) || want(replay_name) {

@@ -91,7 +91,7 @@ pub(crate) async fn sql_rows(calls: u64, want: &impl Fn(&str) -> bool) {
     let [s_select, s_replay, s_write, s_first, p_select, p_replay, p_write, p_first] = SQL_ROWS;
     if [s_select, s_replay, s_write, s_first].iter().any(|name| want(name)) {
         let dir = tempfile::tempdir().expect("a temporary directory");
-        let store = SqliteStore::open(dir.path().join("alloc.db")).await.expect("open the SQLite store");
+        let store = SqliteStore::connect(dir.path().join("alloc.db")).await.expect("open the SQLite store");
         let pool = store.pool().clone();
         sqlx::query(FLOOR_TABLE).execute(&pool).await.unwrap();
         rows!(calls, want, store, pool, [s_select, s_replay, s_write, s_first]);

@@ -36,7 +36,7 @@ pub(crate) fn with_hooks(options: SqlitePoolOptions, hooks: &Arc<Hooks>) -> Sqli
     })
 }
 
-/// A pool with the connection and pool settings `SqliteStoreBuilder::open` uses (idempotent-core's `store/sql/sqlite/builder.rs`), and
+/// A pool with the connection and pool settings `SqliteStoreBuilder::connect` uses (idempotent-core's `store/sql/sqlite/builder.rs`), and
 /// the hooks: the floor's.
 pub(crate) async fn store_like_pool(path: &FsPath, hooks: &Arc<Hooks>) -> SqlitePool {
     with_hooks(
@@ -87,7 +87,7 @@ impl SqliteTarget {
         let ours = SqliteStore::builder(file(Side::Ours))
             .max_connections(MAX_CONNECTIONS)
             .busy_timeout(BUSY_TIMEOUT)
-            .open()
+            .connect()
             .await
             .expect("open the SqliteStore under test");
 

@@ -15,14 +15,31 @@ const DEFAULT_PREFIX: &str = "idem:";
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(2);
 const DEFAULT_POOL_SIZE: usize = 4;
 
-/// Configures a [`RedisStore`]; made by [`RedisStore::builder`] (or, with the `cluster` feature,
-/// `RedisStore::cluster_builder`).
-#[derive(Debug, Clone)]
-pub struct RedisStoreBuilder {
-    urls: Vec<String>,
+/// Where a [`RedisStore`] gets its connections.
+#[derive(Clone)]
+enum Target {
+    /// Standalone Redis (or a proxy) at the first URL.
+    Url(String),
+    /// The Redis Cluster these seed nodes belong to.
     #[cfg(feature = "cluster")]
-    cluster: bool,
-    pool_size: usize,
+    Cluster(Vec<String>),
+    /// The application's own pool.
+    Pool(deadpool_redis::Pool),
+    /// The application's own cluster pool.
+    #[cfg(feature = "cluster")]
+    ClusterPool(cluster::Pool),
+}
+
+/// Configures a [`RedisStore`]; made by [`RedisStore::builder`] or
+/// [`RedisStore::builder_with_pool`] (with the `cluster` feature, also
+/// `RedisStore::cluster_builder` and `RedisStore::cluster_builder_with_pool`), and finished, as
+/// sqlx's pools are, by [`connect`](Self::connect) (async: connects, and fails on a server it
+/// cannot reach) or [`connect_lazy`](Self::connect_lazy) (connects on first use).
+#[derive(Clone)]
+pub struct RedisStoreBuilder {
+    target: Target,
+    /// `None`: 4 on a URL, half the pool's size (at least 1) on the application's pool.
+    pool_size: Option<usize>,
     timeout: Duration,
     prefix: String,
     set_get: bool,
@@ -30,17 +47,26 @@ pub struct RedisStoreBuilder {
     wait: Option<Wait>,
 }
 
+impl fmt::Debug for RedisStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStoreBuilder")
+            .field("target", &self.describe())
+            .field("pool_size", &self.pool_size)
+            .field("timeout", &self.timeout)
+            .field("prefix", &self.prefix)
+            .field("set_get", &self.set_get)
+            .field("functions", &self.functions)
+            .field("wait", &self.wait)
+            .finish()
+    }
+}
+
 impl RedisStoreBuilder {
-    /// Default settings, for standalone Redis at `urls[0]` or a cluster seeded by `urls`.
-    pub(super) fn new(
-        urls: Vec<String>,
-        #[cfg_attr(not(feature = "cluster"), allow(unused_variables))] cluster: bool,
-    ) -> Self {
+    /// Default settings, for `target`.
+    fn new(target: Target) -> Self {
         RedisStoreBuilder {
-            urls,
-            #[cfg(feature = "cluster")]
-            cluster,
-            pool_size: DEFAULT_POOL_SIZE,
+            target,
+            pool_size: None,
             timeout: DEFAULT_TIMEOUT,
             prefix: DEFAULT_PREFIX.to_owned(),
             set_get: Sending::DEFAULT.set_get,
@@ -49,8 +75,32 @@ impl RedisStoreBuilder {
         }
     }
 
+    /// Standalone Redis (or a proxy) at `url`.
+    pub(super) fn on_url(url: String) -> Self {
+        Self::new(Target::Url(url))
+    }
+
+    /// The Redis Cluster seeded by `urls`.
+    #[cfg(feature = "cluster")]
+    pub(super) fn on_cluster(urls: Vec<String>) -> Self {
+        Self::new(Target::Cluster(urls))
+    }
+
+    /// The application's pool.
+    pub(super) fn on_pool(pool: deadpool_redis::Pool) -> Self {
+        Self::new(Target::Pool(pool))
+    }
+
+    /// The application's cluster pool.
+    #[cfg(feature = "cluster")]
+    pub(super) fn on_cluster_pool(pool: cluster::Pool) -> Self {
+        Self::new(Target::ClusterPool(pool))
+    }
+
     /// How many connections the store keeps checked out for its calls (default 4; the pool may
-    /// hold up to twice as many while a failed one is being replaced). Connections are
+    /// hold up to twice as many while a failed one is being replaced). On the application's pool
+    /// ([`RedisStore::builder_with_pool`]) the default is half of the pool's size (at least 1),
+    /// leaving the rest to the application; the pool's own size is never changed. Connections are
     /// multiplexed: each carries many concurrent calls, so a few serve hundreds of callers.
     ///
     /// Plain reads (acquire's `GET` first, a state load) always go out on the first connection,
@@ -65,7 +115,7 @@ impl RedisStoreBuilder {
     /// (BENCHMARKS.md, "Measurements behind other decisions"). A cluster, or callers spread over
     /// many cores, may want more. Measure your own with `redis_bench --pool <n>`.
     pub fn pool_size(mut self, size: usize) -> Self {
-        self.pool_size = size;
+        self.pool_size = Some(size);
         self
     }
 
@@ -145,12 +195,26 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Builds the store. Connections are opened lazily, on first use.
-    pub fn build(self) -> Result<RedisStore, Error> {
-        if self.urls.is_empty() {
-            return Err(Error::Config("no Redis URL given".into()));
-        }
-        if self.pool_size == 0 {
+    /// Makes the store and connects: opens the connections it keeps, loads its scripts and reads
+    /// the server's clock ([`RedisStore::warm_up`]), so that a wrong URL, a server that is down
+    /// or an ACL that refuses the store fails here, not on the first call.
+    ///
+    /// Fails with [`Error::Config`] for invalid settings or URL, and with
+    /// [`Error::Unavailable`] or [`Error::Timeout`] when the server cannot be reached within the
+    /// command timeout.
+    pub async fn connect(self) -> Result<RedisStore, Error> {
+        let store = self.connect_lazy()?;
+        store.warm_up().await?;
+        Ok(store)
+    }
+
+    /// Makes the store without connecting: connections are opened, and scripts loaded, on first
+    /// use (as sqlx's `connect_lazy`). A server that is down is then an error of the first
+    /// call, not of this one.
+    ///
+    /// Fails with [`Error::Config`] for invalid settings or URL.
+    pub fn connect_lazy(self) -> Result<RedisStore, Error> {
+        if self.pool_size == Some(0) {
             return Err(Error::Config("pool_size must be at least 1".into()));
         }
         if self.timeout.is_zero() {
@@ -160,16 +224,17 @@ impl RedisStoreBuilder {
         if let Some(wait) = &self.wait {
             wait.check(self.timeout)?;
         }
-        let describe = self.urls.iter().map(|u| redact(u)).collect::<Vec<_>>().join(",");
+        let describe = self.describe();
         let config_err = |e: &dyn fmt::Display| {
             Error::Config(format!(
                 "cannot use Redis URL {describe}: {e} (expected redis://[user:password@]host:port[/db] \
                  or rediss:// for TLS)"
             ))
         };
+        let pool_size = self.pool_size.unwrap_or(DEFAULT_POOL_SIZE);
         let pool_config = deadpool_redis::PoolConfig {
             // Headroom for a slot being refilled while its old connection is still returning.
-            max_size: self.pool_size * 2,
+            max_size: pool_size * 2,
             timeouts: deadpool_redis::Timeouts {
                 wait: Some(self.timeout),
                 create: Some(self.timeout),
@@ -177,26 +242,50 @@ impl RedisStoreBuilder {
             },
             ..Default::default()
         };
-        #[cfg(feature = "cluster")]
-        if self.cluster {
-            let mut cfg = cluster::Config::from_urls(self.urls.clone());
-            cfg.pool = Some(pool_config);
-            let pool = Pool::Cluster(cfg.create_pool(Some(Runtime::Tokio1)).map_err(|e| config_err(&e))?);
-            return Ok(RedisStore::from_parts(pool, self.prefix, self.timeout, describe, self.pool_size, sending));
+        // On the application's pool, half of it unless told.
+        let share = |max_size: usize| self.pool_size.unwrap_or((max_size / 2).max(1));
+        let (pool, size) = match &self.target {
+            Target::Url(url) => {
+                // The driver's own response timeout (500 ms by default) would cut calls short of
+                // the command timeout the user chose; ours bounds every call instead.
+                let conn_config = redis::AsyncConnectionConfig::new()
+                    .set_response_timeout(None)
+                    .set_connection_timeout(Some(self.timeout));
+                let manager =
+                    deadpool_redis::Manager::new_with_config(url.as_str(), conn_config).map_err(|e| config_err(&e))?;
+                let pool = deadpool_redis::Pool::builder(manager)
+                    .config(pool_config)
+                    .runtime(Runtime::Tokio1)
+                    .build()
+                    .map_err(|e| config_err(&e))?;
+                (Pool::Single(pool), pool_size)
+            }
+            #[cfg(feature = "cluster")]
+            Target::Cluster(urls) => {
+                if urls.is_empty() {
+                    return Err(Error::Config("no Redis Cluster node URL given".into()));
+                }
+                let mut cfg = cluster::Config::from_urls(urls.clone());
+                cfg.pool = Some(pool_config);
+                (Pool::Cluster(cfg.create_pool(Some(Runtime::Tokio1)).map_err(|e| config_err(&e))?), pool_size)
+            }
+            Target::Pool(pool) => (Pool::Single(pool.clone()), share(pool.status().max_size)),
+            #[cfg(feature = "cluster")]
+            Target::ClusterPool(pool) => (Pool::Cluster(pool.clone()), share(pool.status().max_size)),
+        };
+        Ok(RedisStore::from_parts(pool, self.prefix, self.timeout, describe, size, sending))
+    }
+
+    /// How logs and errors name the target: its URLs without passwords.
+    fn describe(&self) -> String {
+        match &self.target {
+            Target::Url(url) => redact(url),
+            #[cfg(feature = "cluster")]
+            Target::Cluster(urls) => urls.iter().map(|u| redact(u)).collect::<Vec<_>>().join(","),
+            Target::Pool(_) => "redis (pool)".to_owned(),
+            #[cfg(feature = "cluster")]
+            Target::ClusterPool(_) => "redis cluster (pool)".to_owned(),
         }
-        // The driver's own response timeout (500 ms by default) would cut calls short of the
-        // command timeout the user chose; ours bounds every call instead.
-        let conn_config =
-            redis::AsyncConnectionConfig::new().set_response_timeout(None).set_connection_timeout(Some(self.timeout));
-        let manager =
-            deadpool_redis::Manager::new_with_config(self.urls[0].as_str(), conn_config).map_err(|e| config_err(&e))?;
-        let pool = deadpool_redis::Pool::builder(manager)
-            .config(pool_config)
-            .runtime(Runtime::Tokio1)
-            .build()
-            .map_err(|e| config_err(&e))?;
-        let pool = Pool::Single(pool);
-        Ok(RedisStore::from_parts(pool, self.prefix, self.timeout, describe, self.pool_size, sending))
     }
 
     fn sending(&self) -> Sending {
@@ -234,14 +323,14 @@ mod tests {
 
     #[test]
     fn bad_config_is_an_error() {
-        assert!(matches!(RedisStore::builder("redis://h").pool_size(0).build(), Err(Error::Config(_))));
-        assert!(matches!(RedisStore::builder("not a url").build(), Err(Error::Config(_))));
+        assert!(matches!(RedisStore::builder("redis://h").pool_size(0).connect_lazy(), Err(Error::Config(_))));
+        assert!(matches!(RedisStore::builder("not a url").connect_lazy(), Err(Error::Config(_))));
     }
 
     #[test]
     fn bad_wait_settings_are_an_error() {
         let ms = Duration::from_millis;
-        let err = |b: RedisStoreBuilder| match b.build() {
+        let err = |b: RedisStoreBuilder| match b.connect_lazy() {
             Err(Error::Config(msg)) => msg,
             other => panic!("expected a config error, got {other:?}"),
         };
@@ -249,6 +338,6 @@ mod tests {
         assert!(err(b().wait_for_replicas(0, ms(50))).contains("at least 1 replica"));
         assert!(err(b().wait_for_replicas(1, Duration::ZERO)).contains("at least 1 ms"));
         assert!(err(b().wait_for_replicas(1, ms(500))).contains("below the command timeout"));
-        assert!(b().wait_for_replicas(1, ms(100)).build().is_ok());
+        assert!(b().wait_for_replicas(1, ms(100)).connect_lazy().is_ok());
     }
 }

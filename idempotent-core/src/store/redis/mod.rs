@@ -159,12 +159,13 @@ pub mod source {
 /// ```no_run
 /// use idempotent_core::RedisStore;
 ///
-/// # fn main() -> Result<(), idempotent_core::Error> {
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idempotent_core::Error> {
 /// let store = RedisStore::builder("redis://127.0.0.1:6379")
 ///     .pool_size(32)
 ///     .command_timeout(std::time::Duration::from_millis(500))
 ///     .key_prefix("payments:idem:")
-///     .build()?;
+///     .connect()
+///     .await?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
@@ -208,9 +209,40 @@ struct Inner {
 }
 
 impl RedisStore {
+    /// Connects to standalone Redis (or a proxy) at `url` with the default settings: see
+    /// [`RedisStoreBuilder::connect`], and [`RedisStore::builder`] for the settings.
+    pub async fn connect(url: impl Into<String>) -> Result<RedisStore, Error> {
+        Self::builder(url).connect().await
+    }
+
+    /// A store on standalone Redis at `url` with the default settings, connecting on first use
+    /// (see [`RedisStoreBuilder::connect_lazy`]).
+    pub fn connect_lazy(url: impl Into<String>) -> Result<RedisStore, Error> {
+        Self::builder(url).connect_lazy()
+    }
+
+    /// A store on a deadpool pool of the application's, with the default settings; connects as
+    /// [`RedisStoreBuilder::connect`] does. See [`builder_with_pool`](Self::builder_with_pool).
+    pub async fn from_pool(pool: deadpool_redis::Pool) -> Result<RedisStore, Error> {
+        Self::builder_with_pool(pool).connect().await
+    }
+
     /// Starts configuring a store on standalone Redis (or a proxy) at `url`.
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
-        RedisStoreBuilder::new(vec![url.into()], false)
+        RedisStoreBuilder::on_url(url.into())
+    }
+
+    /// Starts configuring a store on a deadpool pool of the application's.
+    ///
+    /// The store keeps some of the pool's connections checked out for its calls (half of them,
+    /// at least one, unless [`pool_size`](RedisStoreBuilder::pool_size) says otherwise) — they
+    /// are multiplexed, so they serve any number of concurrent calls — and leaves the rest to
+    /// the application. Calls are bounded by the builder's
+    /// [`command_timeout`](RedisStoreBuilder::command_timeout); note that redis-rs connections
+    /// carry a response timeout of their own (500 ms by default) unless the pool's manager was
+    /// built with `deadpool_redis::Manager::new_with_config`.
+    pub fn builder_with_pool(pool: deadpool_redis::Pool) -> RedisStoreBuilder {
+        RedisStoreBuilder::on_pool(pool)
     }
 
     /// Starts configuring a store on Redis Cluster, given one or more seed nodes.
@@ -220,46 +252,14 @@ impl RedisStore {
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        RedisStoreBuilder::new(urls.into_iter().map(Into::into).collect(), true)
+        RedisStoreBuilder::on_cluster(urls.into_iter().map(Into::into).collect())
     }
 
-    /// A store on standalone Redis at `url`, with default settings.
-    pub fn connect(url: impl Into<String>) -> Result<RedisStore, Error> {
-        Self::builder(url).build()
-    }
-
-    /// A store on an existing deadpool pool.
-    ///
-    /// The store keeps half of the pool's connections (at least one) checked out for its calls —
-    /// they are multiplexed, so they serve any number of concurrent calls — and leaves the rest
-    /// to the application. Calls are bounded by `timeout`; note that redis-rs connections carry a
-    /// response timeout of their own (500 ms by default) unless the pool's manager was built with
-    /// `deadpool_redis::Manager::new_with_config`.
-    pub fn from_pool(pool: deadpool_redis::Pool, prefix: impl Into<String>, timeout: Duration) -> RedisStore {
-        let size = (pool.status().max_size / 2).max(1);
-        RedisStore::from_parts(
-            Pool::Single(pool),
-            prefix.into(),
-            timeout,
-            "redis (pool)".to_owned(),
-            size,
-            Sending::DEFAULT,
-        )
-    }
-
-    /// A store on an existing deadpool cluster pool (half of its connections kept, as in
-    /// [`from_pool`](Self::from_pool)).
+    /// Starts configuring a store on a deadpool cluster pool of the application's (its
+    /// connections shared as in [`builder_with_pool`](Self::builder_with_pool)).
     #[cfg(feature = "cluster")]
-    pub fn from_cluster_pool(pool: cluster::Pool, prefix: impl Into<String>, timeout: Duration) -> RedisStore {
-        let size = (pool.status().max_size / 2).max(1);
-        RedisStore::from_parts(
-            Pool::Cluster(pool),
-            prefix.into(),
-            timeout,
-            "redis cluster (pool)".to_owned(),
-            size,
-            Sending::DEFAULT,
-        )
+    pub fn cluster_builder_with_pool(pool: cluster::Pool) -> RedisStoreBuilder {
+        RedisStoreBuilder::on_cluster_pool(pool)
     }
 
     /// `size` is how many connections the store keeps checked out of `pool`.

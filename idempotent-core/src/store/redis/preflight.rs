@@ -95,7 +95,7 @@ impl fmt::Display for Problem {
 /// use idempotent_core::{RedisStore, Risk};
 ///
 /// # async fn start() -> Result<(), idempotent_core::Error> {
-/// let store = RedisStore::connect("redis://127.0.0.1:6379")?;
+/// let store = RedisStore::connect("redis://127.0.0.1:6379").await?;
 /// // Fails, saying what to change, when Redis may evict records or persists nothing.
 /// store.preflight().await?.ensure()?;
 ///

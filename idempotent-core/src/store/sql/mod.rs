@@ -15,7 +15,7 @@
 //! | `migrate.rs` | creating and checking the tables |
 //! | `state.rs` | the [`StateStore`](crate::state::StateStore) implementation |
 //! | `transaction.rs` | [`TransactionalStore`], [`CommitsWith`] |
-//! | `sqlite/mod.rs`, `sqlite/builder.rs` | the SQLite backend; [`SqliteStoreBuilder`] and `SqliteStore::open`/`from_pool`/`builder` |
+//! | `sqlite/mod.rs`, `sqlite/builder.rs` | the SQLite backend; [`SqliteStoreBuilder`] and `SqliteStore::connect`/`from_pool`/`builder`/`builder_with_pool` |
 //! | `postgres/mod.rs`, `postgres/builder.rs` | the PostgreSQL backend; [`PostgresStoreBuilder`] and `PostgresStore::connect`/`from_pool`/`builder` |
 //!
 //! # Layout (schema version 3)

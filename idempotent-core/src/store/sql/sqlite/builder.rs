@@ -11,10 +11,20 @@ use crate::error::Error;
 use crate::store::sql::migrate::plain_table_name;
 use crate::store::sql::{Backend, SqlStore};
 
-/// Settings of a [`SqliteStore`], from [`SqliteStore::builder`].
+/// Where a [`SqliteStore`] gets its connections.
+#[derive(Debug, Clone)]
+enum Target {
+    /// A pool of its own on this file.
+    Path(PathBuf),
+    /// The application's pool.
+    Pool(SqlitePool),
+}
+
+/// Settings of a [`SqliteStore`], from [`SqliteStore::builder`] or
+/// [`SqliteStore::builder_with_pool`], finished by [`connect`](Self::connect).
 #[derive(Debug, Clone)]
 pub struct SqliteStoreBuilder {
-    path: PathBuf,
+    target: Target,
     table: String,
     busy_timeout: Duration,
     max_connections: u32,
@@ -30,46 +40,83 @@ impl SqliteStoreBuilder {
 
     /// How long a statement waits for another connection's (or process's) write lock, and a
     /// call for a connection from the pool, before failing with [`Error::Timeout`] (default 5 s).
+    /// Ignored for a store on the application's pool, whose connections keep their own
+    /// `busy_timeout` (read when the store connects).
     pub fn busy_timeout(mut self, timeout: Duration) -> Self {
         self.busy_timeout = timeout;
         self
     }
 
-    /// The most connections the store opens on the file (default 8; at least 1).
+    /// The most connections the store opens on the file (default 8; at least 1). Ignored for a
+    /// store on the application's pool.
     pub fn max_connections(mut self, n: u32) -> Self {
         self.max_connections = n.max(1);
         self
     }
 
-    /// Opens (creating if missing) the file and creates or checks the table
+    /// Opens the pool (creating the file if missing), or takes the application's (checking its
+    /// settings, see [`SqliteStore::builder_with_pool`]), and creates or checks the table
     /// ([`SqliteStore::migrate`]).
     ///
-    /// Fails with [`Error::Config`] for an invalid table name or an incompatible existing table,
-    /// and with [`Error::Unavailable`] or [`Error::Timeout`] (op `open`) when the file cannot be
-    /// opened.
-    pub async fn open(self) -> Result<SqliteStore, Error> {
+    /// Fails with [`Error::Config`] for an invalid table name, an incompatible existing table or
+    /// a pool that does not sync its commits, and with [`Error::Unavailable`] or
+    /// [`Error::Timeout`] (op `open`) when the file cannot be opened.
+    pub async fn connect(self) -> Result<SqliteStore, Error> {
         validate_table(&self.table)?;
-        let describe = format!("sqlite://{}", self.path.display());
-        let options = SqliteConnectOptions::new()
-            .filename(&self.path)
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Full)
-            .busy_timeout(self.busy_timeout);
-        let pool = SqlitePoolOptions::new()
-            .max_connections(self.max_connections)
-            .min_connections(0)
-            .acquire_timeout(self.busy_timeout)
-            // A connection to a local file does not go stale: no ping before each statement.
-            .test_before_acquire(false)
-            .connect_with(options)
-            .await;
-        let busy_timeout = self.busy_timeout;
-        let pool = pool.map_err(|e| SqliteBackend::error(&describe, "open", busy_timeout, e))?;
+        let (pool, describe, busy_timeout) = match self.target {
+            Target::Path(path) => {
+                let describe = format!("sqlite://{}", path.display());
+                let options = SqliteConnectOptions::new()
+                    .filename(&path)
+                    .create_if_missing(true)
+                    .journal_mode(SqliteJournalMode::Wal)
+                    .synchronous(SqliteSynchronous::Full)
+                    .busy_timeout(self.busy_timeout);
+                let pool = SqlitePoolOptions::new()
+                    .max_connections(self.max_connections)
+                    .min_connections(0)
+                    .acquire_timeout(self.busy_timeout)
+                    // A connection to a local file does not go stale: no ping before each statement.
+                    .test_before_acquire(false)
+                    .connect_with(options)
+                    .await
+                    .map_err(|e| SqliteBackend::error(&describe, "open", self.busy_timeout, e))?;
+                (pool, describe, self.busy_timeout)
+            }
+            Target::Pool(pool) => {
+                let describe = format!("sqlite://{}", pool.connect_options().get_filename().display());
+                let busy_timeout = checked_pool(&pool, &describe).await?;
+                (pool, describe, busy_timeout)
+            }
+        };
         let store = SqliteStore::on(pool, describe, self.table, busy_timeout);
         store.migrate().await?;
         Ok(store)
     }
+}
+
+/// Checks that the application's `pool` syncs every commit, and reads its busy timeout.
+async fn checked_pool(pool: &SqlitePool, describe: &str) -> Result<Duration, Error> {
+    // Until the pool's own busy timeout is read: sqlx's default.
+    let mut busy_timeout = Duration::from_secs(5);
+    let err = |busy_timeout, e| SqliteBackend::error(describe, "open", busy_timeout, e);
+    let mut conn = pool.acquire().await.map_err(|e| err(busy_timeout, e))?;
+    let busy_ms: i64 =
+        sqlx::query_scalar("PRAGMA busy_timeout").fetch_one(&mut *conn).await.map_err(|e| err(busy_timeout, e))?;
+    busy_timeout = Duration::from_millis(busy_ms.max(0).unsigned_abs());
+    let synchronous: i64 =
+        sqlx::query_scalar("PRAGMA synchronous").fetch_one(&mut *conn).await.map_err(|e| err(busy_timeout, e))?;
+    drop(conn);
+    // 2 is FULL, 3 EXTRA.
+    if synchronous < 2 {
+        let mode = if synchronous == 1 { "NORMAL" } else { "OFF" };
+        return Err(Error::Config(format!(
+            "{describe}: the pool's connections run with synchronous = {mode}, so a power loss or OS crash can \
+             undo the last commits, and an undone `done` makes the step run again; open the pool with \
+             SqliteConnectOptions::synchronous(SqliteSynchronous::Full)"
+        )));
+    }
+    Ok(busy_timeout)
 }
 
 fn validate_table(name: &str) -> Result<(), Error> {
@@ -86,20 +133,35 @@ fn validate_table(name: &str) -> Result<(), Error> {
 }
 
 impl SqlStore<SqliteBackend> {
-    /// Opens the store in the file at `path` with the default settings (see [`SqliteStore::builder`]).
-    pub async fn open(path: impl AsRef<Path>) -> Result<SqliteStore, Error> {
-        SqliteStore::builder(path).open().await
+    /// Opens the store in the file at `path` (created if missing) with the default settings, and
+    /// creates or checks the table: see [`SqliteStoreBuilder::connect`], and
+    /// [`SqliteStore::builder`] for the settings.
+    pub async fn connect(path: impl AsRef<Path>) -> Result<SqliteStore, Error> {
+        SqliteStore::builder(path).connect().await
     }
 
-    /// A store on an application's own pool, with its records in `table` (created if missing,
-    /// or checked, as [`migrate`](Self::migrate) does): the application's queries, the store's
-    /// statements and the transactions of [`Step::run_in_transaction`](crate::Step::run_in_transaction)
-    /// then share one pool and one file.
+    /// A store on an application's own pool, with the default settings: see
+    /// [`builder_with_pool`](Self::builder_with_pool).
+    pub async fn from_pool(pool: SqlitePool) -> Result<SqliteStore, Error> {
+        SqliteStore::builder_with_pool(pool).connect().await
+    }
+
+    /// Settings for a store in the file at `path` (created if missing), in a pool of its own.
+    pub fn builder(path: impl AsRef<Path>) -> SqliteStoreBuilder {
+        SqliteStoreBuilder::new(Target::Path(path.as_ref().to_owned()))
+    }
+
+    /// Settings for a store on an application's own pool, with its records in the builder's
+    /// [`table`](SqliteStoreBuilder::table) (created if missing, or checked, as
+    /// [`migrate`](Self::migrate) does): the application's queries, the store's statements and
+    /// the transactions of [`Step::run_in_transaction`](crate::Step::run_in_transaction) then
+    /// share one pool and one file.
     ///
     /// The pool's settings are kept as they are (its size, its timeouts, its `busy_timeout`), with
     /// one requirement: its connections sync every commit (`synchronous = FULL` or `EXTRA`; sqlx's
     /// default is `FULL`). With `NORMAL` or `OFF` a power loss can undo a committed `done`, and the
-    /// step runs again: that is an [`Error::Config`] saying how to set it. WAL mode
+    /// step runs again: [`connect`](SqliteStoreBuilder::connect) then fails with an
+    /// [`Error::Config`] saying how to set it. WAL mode
     /// (`SqliteConnectOptions::journal_mode(SqliteJournalMode::Wal)`) is advised, not required: in
     /// the rollback journal a reader blocks the writers' commits.
     ///
@@ -115,44 +177,21 @@ impl SqlStore<SqliteBackend> {
     ///     .create_if_missing(true)
     ///     .journal_mode(SqliteJournalMode::Wal);
     /// let pool = SqlitePoolOptions::new().connect_with(options).await?;
-    /// let store = SqliteStore::from_pool(pool.clone(), "idempotent_records").await?;
+    /// let store = SqliteStore::builder_with_pool(pool.clone()).table("payment_records").connect().await?;
     /// assert!(store.pool().size() >= 1);
     /// # pool.close().await;
     /// # std::fs::remove_dir_all(&dir)?;
     /// # Ok(()) }
     /// ```
-    pub async fn from_pool(pool: SqlitePool, table: impl Into<String>) -> Result<SqliteStore, Error> {
-        let table = table.into();
-        validate_table(&table)?;
-        let describe = format!("sqlite://{}", pool.connect_options().get_filename().display());
-        // Until the pool's own busy timeout is read: sqlx's default.
-        let mut busy_timeout = Duration::from_secs(5);
-        let err = |busy_timeout, e| SqliteBackend::error(&describe, "open", busy_timeout, e);
-        let mut conn = pool.acquire().await.map_err(|e| err(busy_timeout, e))?;
-        let busy_ms: i64 =
-            sqlx::query_scalar("PRAGMA busy_timeout").fetch_one(&mut *conn).await.map_err(|e| err(busy_timeout, e))?;
-        busy_timeout = Duration::from_millis(busy_ms.max(0).unsigned_abs());
-        let synchronous: i64 =
-            sqlx::query_scalar("PRAGMA synchronous").fetch_one(&mut *conn).await.map_err(|e| err(busy_timeout, e))?;
-        drop(conn);
-        // 2 is FULL, 3 EXTRA.
-        if synchronous < 2 {
-            let mode = if synchronous == 1 { "NORMAL" } else { "OFF" };
-            return Err(Error::Config(format!(
-                "{describe}: the pool's connections run with synchronous = {mode}, so a power loss or OS crash can \
-                 undo the last commits, and an undone `done` makes the step run again; open the pool with \
-                 SqliteConnectOptions::synchronous(SqliteSynchronous::Full)"
-            )));
-        }
-        let store = SqliteStore::on(pool, describe, table, busy_timeout);
-        store.migrate().await?;
-        Ok(store)
+    pub fn builder_with_pool(pool: SqlitePool) -> SqliteStoreBuilder {
+        SqliteStoreBuilder::new(Target::Pool(pool))
     }
+}
 
-    /// Settings for a store in the file at `path` (created if missing).
-    pub fn builder(path: impl AsRef<Path>) -> SqliteStoreBuilder {
+impl SqliteStoreBuilder {
+    fn new(target: Target) -> Self {
         SqliteStoreBuilder {
-            path: path.as_ref().to_owned(),
+            target,
             table: "idempotent_records".to_owned(),
             busy_timeout: Duration::from_secs(5),
             max_connections: 8,

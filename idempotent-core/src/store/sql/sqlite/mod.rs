@@ -40,7 +40,7 @@ pub use builder::SqliteStoreBuilder;
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idempotent_core::Error> {
 /// let path = std::env::temp_dir().join(format!("idempotent-doc-{}.db", std::process::id()));
-/// let store = SqliteStore::open(&path).await?;
+/// let store = SqliteStore::connect(&path).await?;
 /// let ctx = RunContext::new(store.clone(), "run-1");
 /// let n: u32 = ctx.step("count").run(&(), |_| async { Ok::<_, idempotent_core::Error>(7) }).await?;
 /// assert_eq!(n, 7);

@@ -1,10 +1,10 @@
-//! Opening a store from a URL: what a command-line tool, an example or a worker process that is
+//! Connecting to the store a URL names: what a command-line tool, an example or a worker process that is
 //! told where its records live does.
 
 use super::SharedStore;
 use crate::error::Error;
 
-/// Opens the store a URL names, with its default settings:
+/// Connects to the store a URL names, with its default settings (each store's own `connect`):
 ///
 /// | URL | store | feature |
 /// |---|---|---|
@@ -19,13 +19,13 @@ use crate::error::Error;
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idempotent_core::Error> {
-/// let store = idempotent_core::store::open("memory:").await?;
+/// let store = idempotent_core::store::connect("memory:").await?;
 /// assert_eq!(store.describe(), "memory");
-/// let Err(refused) = idempotent_core::store::open("mysql://db/records").await else { unreachable!() };
+/// let Err(refused) = idempotent_core::store::connect("mysql://db/records").await else { unreachable!() };
 /// assert!(refused.to_string().contains("mysql://"));
 /// # Ok(()) }
 /// ```
-pub async fn open(url: &str) -> Result<SharedStore, Error> {
+pub async fn connect(url: &str) -> Result<SharedStore, Error> {
     let scheme = url.split_once(':').map(|(scheme, _)| scheme).unwrap_or_default();
     // Unused when every store's feature is on.
     #[cfg_attr(all(feature = "cluster", feature = "postgres", feature = "sqlite"), allow(unused_variables))]
@@ -40,7 +40,7 @@ pub async fn open(url: &str) -> Result<SharedStore, Error> {
             #[cfg(feature = "cluster")]
             {
                 let nodes = url.split(',').map(str::trim).filter(|node| !node.is_empty());
-                Ok(std::sync::Arc::new(super::RedisStore::cluster_builder(nodes).build()?))
+                Ok(std::sync::Arc::new(super::RedisStore::cluster_builder(nodes).connect().await?))
             }
             #[cfg(not(feature = "cluster"))]
             {
@@ -50,7 +50,7 @@ pub async fn open(url: &str) -> Result<SharedStore, Error> {
         "redis" | "rediss" => {
             #[cfg(feature = "redis")]
             {
-                Ok(std::sync::Arc::new(super::RedisStore::connect(url)?))
+                Ok(std::sync::Arc::new(super::RedisStore::connect(url).await?))
             }
             #[cfg(not(feature = "redis"))]
             {
@@ -71,7 +71,7 @@ pub async fn open(url: &str) -> Result<SharedStore, Error> {
             #[cfg(feature = "sqlite")]
             {
                 let path = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")).unwrap_or(url);
-                Ok(std::sync::Arc::new(super::SqliteStore::open(path).await?))
+                Ok(std::sync::Arc::new(super::SqliteStore::connect(path).await?))
             }
             #[cfg(not(feature = "sqlite"))]
             {
