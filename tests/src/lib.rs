@@ -1,4 +1,5 @@
-//! Test support for the workspace: throwaway `redis-server` processes, throwaway PostgreSQL
+//! Test support for the workspace: throwaway `redis-server` and `valkey-server` processes
+//! ([`Flavor`]), throwaway PostgreSQL
 //! servers ([`postgres::PgServer`]), the store matrix every scenario runs on ([`on_every_store!`],
 //! [`matrix`]), the store conformance suite, the scenarios written once for both SQL stores
 //! ([`sql`], [`transaction`], [`sql_store`]), and [`hooked::HookedStore`] for stores with one
@@ -6,8 +7,8 @@
 //!
 //! Every server listens on a free loopback port in its own temporary directory, keeps its log
 //! there, and is killed when dropped. Tests never touch a Redis the machine may already run on
-//! 6379. When `redis-server` is not installed, starting a server panics with how to install it:
-//! a Redis test never passes by skipping.
+//! 6379. When `redis-server` (or `valkey-server`) is not installed, starting a server panics with
+//! how to install it: a Redis or Valkey test never passes by skipping.
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -37,7 +38,7 @@ pub mod workload;
 pub use hooked::HookedStore;
 pub use postgres::PgServer;
 pub use redis_cluster::{CLUSTER_NODE_TIMEOUT, RedisCluster};
-pub use redis_server::{Monitor, Monitored, RedisOptions, RedisServer};
+pub use redis_server::{Flavor, Monitor, Monitored, RedisOptions, RedisServer};
 
 pub(crate) const INSTALL_HINT: &str = "redis-server was not found on PATH. The Redis tests need a real server: \
      install it with `sudo apt-get install -y redis-server` (Debian/Ubuntu), `sudo dnf install redis` \
@@ -45,14 +46,13 @@ pub(crate) const INSTALL_HINT: &str = "redis-server was not found on PATH. The R
 
 /// The path of `name` on PATH; panics with how to install Redis when it is missing.
 pub(crate) fn require_binary(name: &str) -> PathBuf {
+    on_path(name).unwrap_or_else(|| panic!("{INSTALL_HINT} (missing: {name})"))
+}
+
+/// The path of `name` on PATH, if it is there.
+pub(crate) fn on_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
-    for dir in std::env::split_paths(&path) {
-        let candidate = dir.join(name);
-        if candidate.is_file() {
-            return candidate;
-        }
-    }
-    panic!("{INSTALL_HINT} (missing: {name})");
+    std::env::split_paths(&path).map(|dir| dir.join(name)).find(|candidate| candidate.is_file())
 }
 
 /// A free TCP port on 127.0.0.1 (and, for cluster nodes, with port + 10000 free as well).

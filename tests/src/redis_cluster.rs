@@ -9,7 +9,7 @@ use idempotent_core::redis;
 use crate::{require_binary, wait_until};
 
 use crate::redis_server::text;
-use crate::{RedisOptions, RedisServer};
+use crate::{Flavor, RedisOptions, RedisServer};
 
 /// A Redis Cluster made with `redis-cli --cluster create`: three masters, with no replicas
 /// ([`start`](Self::start)) or one replica each ([`start_with_replicas`](Self::start_with_replicas)),
@@ -28,17 +28,27 @@ impl RedisCluster {
     /// Starts three cluster nodes, assigns the slots and waits until every node reports
     /// `cluster_state:ok`.
     pub fn start() -> RedisCluster {
-        Self::create(3, 0, RedisOptions { cluster: true, ..Default::default() })
+        Self::start_flavor(Flavor::Redis)
+    }
+
+    /// [`start`](Self::start), with nodes of `flavor`.
+    pub fn start_flavor(flavor: Flavor) -> RedisCluster {
+        Self::create(3, 0, RedisOptions { cluster: true, flavor, ..Default::default() })
     }
 
     /// Starts six cluster nodes, three masters with one replica each (`--cluster-replicas 1`),
     /// and waits until the cluster is ok and every replica has caught up with its master.
     /// Nodes deem a silent node failed after [`CLUSTER_NODE_TIMEOUT`].
     pub fn start_with_replicas() -> RedisCluster {
+        Self::start_with_replicas_flavor(Flavor::Redis)
+    }
+
+    /// [`start_with_replicas`](Self::start_with_replicas), with nodes of `flavor`.
+    pub fn start_with_replicas_flavor(flavor: Flavor) -> RedisCluster {
         let ms = CLUSTER_NODE_TIMEOUT.as_millis().to_string();
         // A full copy to a new or restarted replica starts at once, not after the default 5 s.
         let extra = vec![("cluster-node-timeout".into(), ms), ("repl-diskless-sync-delay".into(), "0".into())];
-        let options = RedisOptions { cluster: true, extra, ..Default::default() };
+        let options = RedisOptions { cluster: true, extra, flavor, ..Default::default() };
         let cluster = Self::create(6, 1, options);
         cluster.wait_healthy();
         for m in cluster.masters() {

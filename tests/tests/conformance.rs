@@ -1,4 +1,4 @@
-//! The store conformance suite on every backend.
+//! The store conformance suite on every backend (Redis and Cluster on both Redis 7.0 and Valkey 9).
 
 use idempotent_core::record::{Acquire, Labels};
 use idempotent_core::store::{Cursor, Filter};
@@ -6,7 +6,7 @@ use idempotent_core::{Fingerprint, Key, KeyScope, MemoryStore, PostgresStore, Re
 use std::time::Duration;
 
 const LEASE: Duration = Duration::from_secs(60);
-use idempotent_tests::{PgServer, RedisCluster, RedisServer, conformance};
+use idempotent_tests::{Flavor, PgServer, RedisCluster, RedisServer, conformance};
 use std::sync::Arc;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -40,7 +40,16 @@ async fn postgres_store_conforms() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_store_conforms() {
-    let server = RedisServer::start();
+    redis_conforms(Flavor::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn valkey_store_conforms() {
+    redis_conforms(Flavor::Valkey).await;
+}
+
+async fn redis_conforms(flavor: Flavor) {
+    let server = RedisServer::start_flavor(flavor);
     let store = RedisStore::connect_lazy(server.url()).unwrap();
     store.warm_up().await.unwrap();
     let store: SharedStore = Arc::new(store);
@@ -65,7 +74,16 @@ async fn redis_store_conforms_with_scripts_only() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_cluster_store_conforms() {
-    let cluster = RedisCluster::start();
+    cluster_conforms(Flavor::Redis).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn valkey_cluster_store_conforms() {
+    cluster_conforms(Flavor::Valkey).await;
+}
+
+async fn cluster_conforms(flavor: Flavor) {
+    let cluster = RedisCluster::start_flavor(flavor);
     let store: SharedStore = Arc::new(RedisStore::cluster_builder(cluster.urls()).connect_lazy().unwrap());
     conformance::run_all(store.clone()).await;
     conformance::run_admin(&store).await;

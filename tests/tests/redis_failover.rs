@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use idempotent_core::{Error, OnInFlight, RedisStore, RunContext};
 use idempotent_tests::history::{Completion, History, Report};
 use idempotent_tests::workload::{Cfg, call, fastrand_like, random_calls};
-use idempotent_tests::{RedisCluster, RedisServer, unique};
+use idempotent_tests::{Flavor, RedisCluster, RedisServer, unique};
 
 /// Every store call's bound.
 const TIMEOUT: Duration = Duration::from_millis(500);
@@ -113,7 +113,17 @@ async fn during<T: Send + 'static>(
 /// it replay after it, and new keys work once the cluster is healthy again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_follows_clean_and_crash_failovers() {
-    let cluster = tokio::task::spawn_blocking(RedisCluster::start_with_replicas).await.unwrap();
+    follows_failovers(Flavor::Redis).await;
+}
+
+/// The same on a Valkey 9 cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_follows_clean_and_crash_failovers_on_valkey() {
+    follows_failovers(Flavor::Valkey).await;
+}
+
+async fn follows_failovers(flavor: Flavor) {
+    let cluster = tokio::task::spawn_blocking(move || RedisCluster::start_with_replicas_flavor(flavor)).await.unwrap();
     let ctx = RunContext::new(cluster_store(&cluster, false), unique("fo"));
     let hist = History::new();
     let mut before = Vec::new();
@@ -304,9 +314,9 @@ const NEMESIS_KEYS_PER_SEC: u64 = 125;
 /// Six workers on [`NEMESIS_KEYS_PER_SEC`] keys per second of the run while masters fail over (clean, crash, cut off, in
 /// turn; IDEMPOTENT_FAILOVER_KINDS picks some) for IDEMPOTENT_FAILOVER_SECS (12 s by default); then the cluster heals, a final pass
 /// and the checker. Returns the report, the violations, and the failovers done.
-async fn nemesis(wait: bool) -> (Report, Vec<String>, Failovers) {
+async fn nemesis(wait: bool, flavor: Flavor) -> (Report, Vec<String>, Failovers) {
     let secs: u64 = std::env::var("IDEMPOTENT_FAILOVER_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(12);
-    let cluster = tokio::task::spawn_blocking(RedisCluster::start_with_replicas).await.unwrap();
+    let cluster = tokio::task::spawn_blocking(move || RedisCluster::start_with_replicas_flavor(flavor)).await.unwrap();
     let ctx = RunContext::new(cluster_store(&cluster, wait), unique("nemesis"));
     let hist = History::new();
     let keys: Vec<String> = (0..NEMESIS_KEYS_PER_SEC * secs).map(|i| format!("k{i}")).collect();
@@ -393,7 +403,7 @@ async fn nemesis(wait: bool) -> (Report, Vec<String>, Failovers) {
 /// anything else.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nemesis_failovers_without_wait() {
-    let (_, errors, done) = nemesis(false).await;
+    let (_, errors, done) = nemesis(false, Flavor::Redis).await;
     assert!(done.clean + done.crash + done.paused > 1, "hardly any failover ran");
     for e in &errors {
         assert!(e.contains("different results were committed"), "a violation a lost write cannot explain: {e}");
@@ -404,7 +414,17 @@ async fn nemesis_failovers_without_wait() {
 /// on the replica the cluster promotes: no duplicates.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nemesis_failovers_with_wait_have_no_duplicates() {
-    let (report, errors, done) = nemesis(true).await;
+    wait_has_no_duplicates(Flavor::Redis).await;
+}
+
+/// The same on a Valkey 9 cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nemesis_failovers_with_wait_have_no_duplicates_on_valkey() {
+    wait_has_no_duplicates(Flavor::Valkey).await;
+}
+
+async fn wait_has_no_duplicates(flavor: Flavor) {
+    let (report, errors, done) = nemesis(true, flavor).await;
     assert!(done.clean + done.crash + done.paused > 1, "hardly any failover ran");
     assert!(errors.is_empty(), "{report}: {errors:?}");
     assert_eq!(report.duplicates, 0);

@@ -1,9 +1,10 @@
 //! Reliability under faults: every scenario records a history of calls and side effects and runs
 //! the exactly-once checker over it (see `idempotent_tests::history`).
 //!
-//! Faults come from a TCP proxy between the store and `redis-server` (latency, resets, blackholes,
+//! Faults come from a TCP proxy between the store and the server (latency, resets, blackholes,
 //! dropped replies) and from the server process itself (SIGSTOP/SIGCONT, kill -9 and restart,
-//! SCRIPT FLUSH and FUNCTION FLUSH, memory limits). Print the reports with `-- --nocapture`.
+//! SCRIPT FLUSH and FUNCTION FLUSH, memory limits), on Redis 7.0 and on Valkey 9 alike. Print the
+//! reports with `-- --nocapture`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -16,8 +17,52 @@ use idempotent_tests::proxy::{Fault, FaultProxy};
 use idempotent_tests::workload::{
     Cfg, Hold, call, fastrand_like, final_pass_and_check, held_until, random_calls, signal_then_hold, snapshot,
 };
-use idempotent_tests::{HookedStore, RedisOptions, RedisServer, unique};
+use idempotent_tests::{Flavor, HookedStore, RedisOptions, RedisServer, unique};
 use tokio::sync::{Notify, oneshot, watch};
+
+// Every scenario on a server runs on Redis 7.0 and on Valkey 9 (`redis::…` and `valkey::…`).
+macro_rules! on_both_servers {
+    ($($scenario:ident),* $(,)?) => {
+        mod redis {
+            use idempotent_tests::Flavor;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() {
+                    super::$scenario(Flavor::Redis).await;
+                }
+            )*
+        }
+        mod valkey {
+            use idempotent_tests::Flavor;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $scenario() {
+                    super::$scenario(Flavor::Valkey).await;
+                }
+            )*
+        }
+    };
+}
+
+on_both_servers!(
+    lease_expiry_without_heartbeat_fences_the_old_holder,
+    lease_renewed_by_heartbeat_keeps_duplicates_out,
+    holder_cut_off_past_its_lease_cannot_commit,
+    cancellation_mid_effect_is_recovered_by_the_next_attempt,
+    lost_reply_to_acquire_runs_nothing_and_frees_the_key_before_the_lease_ends,
+    lost_reply_to_complete_still_replays_the_committed_result,
+    lost_request_of_complete_is_verified_by_the_next_call,
+    reset_between_acquire_and_effect,
+    redis_paused_for_twice_the_timeout_fails_closed_then_heals,
+    redis_killed_and_restarted_mid_run_with_aof,
+    restart_without_persistence_is_caught_by_the_checker_and_the_preflight,
+    noscript_after_script_flush_mid_run,
+    latency_jitter_with_32_workers,
+    slow_actions_do_not_exhaust_the_pool,
+    out_of_memory_under_noeviction_fails_closed,
+    large_results_are_capped_and_do_not_starve_heartbeats,
+    nemesis_mixed_faults_with_8_workers,
+);
 
 const TIMEOUT: Duration = Duration::from_millis(400);
 
@@ -47,9 +92,8 @@ async fn setup(options: RedisOptions) -> Setup {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lease_expiry_without_heartbeat_fences_the_old_holder() {
-    let s = setup(RedisOptions::default()).await;
+async fn lease_expiry_without_heartbeat_fences_the_old_holder(flavor: Flavor) {
+    let s = setup(RedisOptions { flavor, ..Default::default() }).await;
     let key = "k".to_string();
     let release = Arc::new(Notify::new());
     let (started_tx, started_rx) = oneshot::channel();
@@ -71,9 +115,8 @@ async fn lease_expiry_without_heartbeat_fences_the_old_holder() {
     assert_eq!(report.re_executions, 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lease_renewed_by_heartbeat_keeps_duplicates_out() {
-    let s = setup(RedisOptions::default()).await;
+async fn lease_renewed_by_heartbeat_keeps_duplicates_out(flavor: Flavor) {
+    let s = setup(RedisOptions { flavor, ..Default::default() }).await;
     let key = "k".to_string();
     let release = Arc::new(Notify::new());
     let (started_tx, started_rx) = oneshot::channel();
@@ -96,9 +139,8 @@ async fn lease_renewed_by_heartbeat_keeps_duplicates_out() {
     assert_eq!(report.re_executions, 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn holder_cut_off_past_its_lease_cannot_commit() {
-    let s = setup(RedisOptions::default()).await;
+async fn holder_cut_off_past_its_lease_cannot_commit(flavor: Flavor) {
+    let s = setup(RedisOptions { flavor, ..Default::default() }).await;
     let key = "k".to_string();
     let release = Arc::new(Notify::new());
     let (started_tx, started_rx) = oneshot::channel();
@@ -121,9 +163,8 @@ async fn holder_cut_off_past_its_lease_cannot_commit() {
     final_pass_and_check(&s.direct, &s.hist, &[key]).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancellation_mid_effect_is_recovered_by_the_next_attempt() {
-    let s = setup(RedisOptions::default()).await;
+async fn cancellation_mid_effect_is_recovered_by_the_next_attempt(flavor: Flavor) {
+    let s = setup(RedisOptions { flavor, ..Default::default() }).await;
     let key = "k".to_string();
     let never = Arc::new(Notify::new());
     let (started_tx, started_rx) = oneshot::channel();
@@ -141,9 +182,8 @@ async fn cancellation_mid_effect_is_recovered_by_the_next_attempt() {
     assert_eq!(report.re_executions, 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lost_reply_to_acquire_runs_nothing_and_frees_the_key_before_the_lease_ends() {
-    let s = setup(RedisOptions::default()).await;
+async fn lost_reply_to_acquire_runs_nothing_and_frees_the_key_before_the_lease_ends(flavor: Flavor) {
+    let s = setup(RedisOptions { flavor, ..Default::default() }).await;
     let key = "k".to_string();
     // Load the scripts first: with a lost reply to a NOSCRIPT answer the acquire never ran.
     call(&s.ctx, &s.hist, "warm-up", Cfg::default(), None, false).await;
@@ -161,9 +201,8 @@ async fn lost_reply_to_acquire_runs_nothing_and_frees_the_key_before_the_lease_e
     assert_eq!(report.executions, 2, "one execution per key");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lost_reply_to_complete_still_replays_the_committed_result() {
-    let s = setup(RedisOptions::default()).await;
+async fn lost_reply_to_complete_still_replays_the_committed_result(flavor: Flavor) {
+    let s = setup(RedisOptions { flavor, ..Default::default() }).await;
     let key = "k".to_string();
     // Load the scripts first: a lost reply to a NOSCRIPT answer would mean `complete` never ran.
     call(&s.ctx, &s.hist, "warm-up", Cfg::default(), None, false).await;
@@ -189,9 +228,8 @@ async fn lost_reply_to_complete_still_replays_the_committed_result() {
 /// its connection), and neither does the executor's uncertain mark: the next call, on a step
 /// with a verifier, is recovered once the lease passes, finds the effect in the ledger and
 /// stores it. Nothing ran twice and no effect is unknown to the record.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lost_request_of_complete_is_verified_by_the_next_call() {
-    let s = setup(RedisOptions::default()).await;
+async fn lost_request_of_complete_is_verified_by_the_next_call(flavor: Flavor) {
+    let s = setup(RedisOptions { flavor, ..Default::default() }).await;
     let key = "k".to_string();
     let cfg = Cfg { heartbeat: false, lease: Duration::from_millis(600), verify: true, ..Cfg::default() };
     call(&s.ctx, &s.hist, "warm-up", cfg, None, false).await;
@@ -215,9 +253,8 @@ async fn lost_request_of_complete_is_verified_by_the_next_call() {
     assert_eq!((report.executions, report.re_executions, report.lost_effects), (2, 0, 0), "{report}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reset_between_acquire_and_effect() {
-    let s = setup(RedisOptions::default()).await;
+async fn reset_between_acquire_and_effect(flavor: Flavor) {
+    let s = setup(RedisOptions { flavor, ..Default::default() }).await;
     let key = "k".to_string();
     let proxy = Arc::new(s.proxy);
     let cfg = Cfg { lease: Duration::from_millis(300), heartbeat: false, ..Cfg::default() };
@@ -235,9 +272,8 @@ async fn reset_between_acquire_and_effect() {
     final_pass_and_check(&s.direct, &s.hist, &[key]).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_paused_for_twice_the_timeout_fails_closed_then_heals() {
-    let s = setup(RedisOptions::default()).await;
+async fn redis_paused_for_twice_the_timeout_fails_closed_then_heals(flavor: Flavor) {
+    let s = setup(RedisOptions { flavor, ..Default::default() }).await;
     let keys: Vec<String> = (0..4).map(|i| format!("k{i}")).collect();
     s.server.pause();
     for key in &keys {
@@ -251,9 +287,8 @@ async fn redis_paused_for_twice_the_timeout_fails_closed_then_heals() {
 }
 
 /// Workers keep calling while the server is killed and restarted from its append-only file.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_killed_and_restarted_mid_run_with_aof() {
-    let mut s = setup(RedisOptions { aof: true, ..Default::default() }).await;
+async fn redis_killed_and_restarted_mid_run_with_aof(flavor: Flavor) {
+    let mut s = setup(RedisOptions { aof: true, flavor, ..Default::default() }).await;
     let keys: Vec<String> = (0..12).map(|i| format!("k{i}")).collect();
     for key in &keys[..6] {
         assert!(matches!(call(&s.direct, &s.hist, key, Cfg::default(), None, false).await, Completion::Ok(_)));
@@ -287,9 +322,8 @@ async fn redis_killed_and_restarted_mid_run_with_aof() {
 
 /// Without persistence a restart forgets completed operations and they run again: the checker
 /// catches it, and the preflight warned about it beforehand.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restart_without_persistence_is_caught_by_the_checker_and_the_preflight() {
-    let mut server = RedisServer::start();
+async fn restart_without_persistence_is_caught_by_the_checker_and_the_preflight(flavor: Flavor) {
+    let mut server = RedisServer::start_flavor(flavor);
     let store = RedisStore::builder(server.url()).command_timeout(TIMEOUT).connect_lazy().unwrap();
     let preflight = store.preflight().await.unwrap();
     assert!(preflight.problems.iter().any(|p| p.to_string().contains("persistence is off")), "{preflight}");
@@ -315,9 +349,8 @@ async fn restart_without_persistence_is_caught_by_the_checker_and_the_preflight(
     assert_eq!(report.duplicates, 2, "{errors:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn noscript_after_script_flush_mid_run() {
-    let s = setup(RedisOptions::default()).await;
+async fn noscript_after_script_flush_mid_run(flavor: Flavor) {
+    let s = setup(RedisOptions { flavor, ..Default::default() }).await;
     let keys: Vec<String> = (0..6).map(|i| format!("k{i}")).collect();
     for (i, key) in keys.iter().enumerate() {
         if i % 2 == 0 {
@@ -329,9 +362,8 @@ async fn noscript_after_script_flush_mid_run() {
     final_pass_and_check(&s.ctx, &s.hist, &keys).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn latency_jitter_with_32_workers() {
-    let s = setup(RedisOptions::default()).await;
+async fn latency_jitter_with_32_workers(flavor: Flavor) {
+    let s = setup(RedisOptions { flavor, ..Default::default() }).await;
     s.proxy.set(Fault::Latency { min: Duration::from_millis(50), max: Duration::from_millis(300) });
     let store = RedisStore::builder(s.proxy.url()).command_timeout(Duration::from_secs(3)).connect_lazy().unwrap();
     let ctx = RunContext::new(store, unique("jitter"));
@@ -362,9 +394,8 @@ async fn latency_jitter_with_32_workers() {
 
 /// Slow actions never hold a connection: 64 of them on a one-connection pool all proceed at once,
 /// and none waits for another.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn slow_actions_do_not_exhaust_the_pool() {
-    let server = RedisServer::start();
+async fn slow_actions_do_not_exhaust_the_pool(flavor: Flavor) {
+    let server = RedisServer::start_flavor(flavor);
     let store = RedisStore::builder(server.url()).pool_size(1).command_timeout(TIMEOUT).connect_lazy().unwrap();
     let ctx = RunContext::new(store, unique("pool"));
     let hist = History::new();
@@ -402,9 +433,9 @@ async fn slow_actions_do_not_exhaust_the_pool() {
     final_pass_and_check(&ctx, &hist, &keys).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn out_of_memory_under_noeviction_fails_closed() {
+async fn out_of_memory_under_noeviction_fails_closed(flavor: Flavor) {
     let server = RedisServer::start_with(RedisOptions {
+        flavor,
         extra: vec![("maxmemory".into(), "3mb".into()), ("maxmemory-policy".into(), "noeviction".into())],
         ..Default::default()
     });
@@ -452,9 +483,8 @@ async fn out_of_memory_under_noeviction_fails_closed() {
 /// The lease (1 s, renewed every third of it) is short next to the big writes, which go out on
 /// the same connections as the renewals, yet long enough that a loaded two-core machine running
 /// the whole suite does not lose it to scheduling alone (at 300 ms it did, once in a full run).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn large_results_are_capped_and_do_not_starve_heartbeats() {
-    let server = RedisServer::start();
+async fn large_results_are_capped_and_do_not_starve_heartbeats(flavor: Flavor) {
+    let server = RedisServer::start_flavor(flavor);
     let store = RedisStore::builder(server.url()).command_timeout(Duration::from_secs(2)).connect_lazy().unwrap();
     let ctx = RunContext::new(store, unique("big"));
     let lease = Duration::from_secs(1);
@@ -506,10 +536,9 @@ async fn large_results_are_capped_and_do_not_starve_heartbeats() {
 
 /// Mixed faults for a while (60 s by default; IDEMPOTENT_NEMESIS_SECS overrides) with 8 workers
 /// on random keys, then heal, a final pass and the checker.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nemesis_mixed_faults_with_8_workers() {
+async fn nemesis_mixed_faults_with_8_workers(flavor: Flavor) {
     let secs: u64 = std::env::var("IDEMPOTENT_NEMESIS_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
-    let s = setup(RedisOptions { aof: true, ..Default::default() }).await;
+    let s = setup(RedisOptions { aof: true, flavor, ..Default::default() }).await;
     let keys: Vec<String> = (0..40).map(|i| format!("k{i}")).collect();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
     let proxy = Arc::new(s.proxy);
