@@ -31,6 +31,7 @@ pub mod refund_server;
 pub mod sql;
 pub mod sql_store;
 pub mod state;
+pub mod tls;
 pub mod transaction;
 pub mod uncertain;
 pub mod workload;

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use idempotent_core::redis;
 
+use crate::tls::{Authority, SERVER_NAME};
 use crate::{INSTALL_HINT, free_port, on_path, require_binary, signal, unique, wait_until};
 
 /// Which server a [`RedisServer`] runs: both speak the same protocol and take the same options.
@@ -85,7 +86,8 @@ pub struct RedisOptions {
     pub aof: bool,
     /// Start as a cluster node.
     pub cluster: bool,
-    /// Also listen with TLS (a self-signed certificate made with `openssl`) on another port.
+    /// Also listen with TLS on another port, with a certificate for `localhost` signed by an
+    /// authority of the server's own ([`RedisServer::tls_authority`]).
     pub tls: bool,
     /// More `--name value` arguments.
     pub extra: Vec<(String, String)>,
@@ -97,6 +99,7 @@ pub struct RedisServer {
     child: Option<Child>,
     port: u16,
     tls_port: Option<u16>,
+    tls_authority: Option<Authority>,
     dir: tempfile::TempDir,
     options: RedisOptions,
 }
@@ -116,11 +119,13 @@ impl RedisServer {
     pub fn start_with(options: RedisOptions) -> RedisServer {
         let dir = tempfile::Builder::new().prefix("idem-redis-").tempdir().expect("create a temp dir");
         let port = free_port(options.cluster);
-        let tls_port = options.tls.then(|| {
-            make_certificate(dir.path());
-            free_port(false)
+        let tls_authority = options.tls.then(|| {
+            let authority = Authority::new(dir.path(), "ca");
+            authority.server_cert(dir.path(), "server");
+            authority
         });
-        let mut server = RedisServer { child: None, port, tls_port, dir, options };
+        let tls_port = options.tls.then(|| free_port(false));
+        let mut server = RedisServer { child: None, port, tls_port, tls_authority, dir, options };
         server.spawn();
         server
     }
@@ -152,7 +157,7 @@ impl RedisServer {
         }
         if let Some(tls_port) = self.tls_port {
             cmd.arg("--tls-port").arg(tls_port.to_string());
-            cmd.args(["--tls-cert-file", "cert.pem", "--tls-key-file", "key.pem", "--tls-ca-cert-file", "cert.pem"]);
+            cmd.args(["--tls-cert-file", "server.pem", "--tls-key-file", "server.key", "--tls-ca-cert-file", "ca.pem"]);
             cmd.args(["--tls-auth-clients", "no"]);
         }
         for (k, v) in &self.options.extra {
@@ -221,9 +226,20 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}", self.port)
     }
 
-    /// Its `rediss://` URL (with `#insecure`: the certificate is self-signed), when started with TLS.
+    /// Its `rediss://` URL by the name its certificate is for (`localhost`), when started with
+    /// TLS: a client that trusts [`tls_authority`](Self::tls_authority) verifies it.
     pub fn tls_url(&self) -> Option<String> {
-        self.tls_port.map(|p| format!("rediss://127.0.0.1:{p}/#insecure"))
+        self.tls_port.map(|p| format!("rediss://{SERVER_NAME}:{p}"))
+    }
+
+    /// The TLS port, when started with TLS.
+    pub fn tls_port(&self) -> Option<u16> {
+        self.tls_port
+    }
+
+    /// The authority that signed its certificate, when started with TLS.
+    pub fn tls_authority(&self) -> Option<&Authority> {
+        self.tls_authority.as_ref()
     }
 
     /// Its data directory.
@@ -470,16 +486,6 @@ impl Monitor {
     pub fn client_commands(self) -> Vec<String> {
         self.finish().client
     }
-}
-
-fn make_certificate(dir: &Path) {
-    let out = Command::new("openssl")
-        .current_dir(dir)
-        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "key.pem", "-out", "cert.pem"])
-        .args(["-days", "1", "-subj", "/CN=localhost"])
-        .output()
-        .unwrap_or_else(|e| panic!("the TLS test needs the openssl command (apt-get install -y openssl): {e}"));
-    assert!(out.status.success(), "openssl failed: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// A reply as text (bulk, simple or verbatim string, or a number).

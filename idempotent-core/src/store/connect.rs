@@ -8,7 +8,7 @@ use crate::error::Error;
 ///
 /// | URL | store | feature |
 /// |---|---|---|
-/// | `redis://host:port[/db]`, `rediss://…` | [`RedisStore`](crate::RedisStore) | `redis` (`tls` for `rediss`) |
+/// | `redis://host:port[/db]`, `rediss://…` | [`RedisStore`](crate::RedisStore) | `redis` (`tls-rustls` or `tls-native-tls` for `rediss`) |
 /// | `redis://host1:port1,redis://host2:port2,…` (several, comma-separated) | a [`RedisStore`](crate::RedisStore) on the Redis Cluster those nodes belong to | `cluster` |
 /// | `postgres://user@host:port/db`, `postgresql://…` | [`PostgresStore`](crate::PostgresStore) (its table is created if missing) | `postgres` |
 /// | `sqlite://path`, `sqlite:path` | [`SqliteStore`](crate::SqliteStore) on that file (created if missing) | `sqlite` |

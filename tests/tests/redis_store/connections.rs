@@ -1,6 +1,6 @@
 //! Reaching the server: an outage fails calls closed within the timeout and calls work again once
-//! the server is back; ACL credentials and `rediss://` in the URL; a store on the application's own
-//! connection pool.
+//! the server is back; ACL credentials in the URL; a store on the application's own connection
+//! pool. (`rediss://` is in `tests/redis_tls.rs`.)
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -109,24 +109,6 @@ async fn acl_credentials_in_the_url() {
     let err = RunContext::new(store, "r").step("acl").run(&1, |_| async { Ok::<u8, Error>(1) }).await.unwrap_err();
     assert!(err.is_store_failure(), "{err}");
     assert!(!err.to_string().contains("wrong"), "the password leaked into the error: {err}");
-}
-
-/// `rediss://` URLs connect over TLS.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tls_url_connects_over_tls() {
-    let server = RedisServer::start_with(RedisOptions { tls: true, ..Default::default() });
-    let url = server.tls_url().unwrap();
-    let store = RedisStore::builder(&url).command_timeout(Duration::from_secs(2)).connect_lazy().unwrap();
-    let ctx = RunContext::new(store, unique("run"));
-    let v: u8 = ctx.step("tls").run(&1, |_| async { Ok::<_, Error>(3) }).await.unwrap();
-    assert_eq!(v, 3);
-    let again: u8 = ctx.step("tls").run(&1, |_| async { Ok::<_, Error>(4) }).await.unwrap();
-    assert_eq!(again, 3);
-    // Plain text to the TLS port is not a Redis conversation: a clear store error, no panic.
-    let plain = url.replace("rediss://", "redis://").replace("/#insecure", "");
-    let store = RedisStore::builder(plain).command_timeout(Duration::from_millis(500)).connect_lazy().unwrap();
-    let err = RunContext::new(store, "r").step("tls").run(&1, |_| async { Ok::<u8, Error>(1) }).await.unwrap_err();
-    assert!(err.is_store_failure(), "{err}");
 }
 
 /// A store on the application's own pool leaves connections to the application and serves a

@@ -45,6 +45,9 @@ pub struct RedisStoreBuilder {
     set_get: bool,
     functions: bool,
     wait: Option<Wait>,
+    /// [`tls_root_certificate`](Self::tls_root_certificate): PEM.
+    #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+    tls_root: Option<Vec<u8>>,
 }
 
 impl fmt::Debug for RedisStoreBuilder {
@@ -72,6 +75,8 @@ impl RedisStoreBuilder {
             set_get: Sending::DEFAULT.set_get,
             functions: Sending::DEFAULT.functions,
             wait: Sending::DEFAULT.wait,
+            #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+            tls_root: None,
         }
     }
 
@@ -195,6 +200,32 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Trusts the certificate authority `pem` (one or more PEM certificates) for a `rediss://`
+    /// URL, instead of the platform's root certificates: for a server whose certificate a
+    /// private authority signed. The server's name in the URL must match its certificate (a
+    /// name the certificate is not for is refused), unless the URL ends in `#insecure`, which
+    /// verifies nothing.
+    ///
+    /// With the `tls-rustls` feature the platform's roots are those `rustls-native-certs` finds
+    /// (the system store; `SSL_CERT_FILE` and `SSL_CERT_DIR` name others); with
+    /// `tls-native-tls`, the system's TLS library's. Standalone Redis only, for now: on a
+    /// cluster, [`connect_lazy`](Self::connect_lazy) refuses it.
+    ///
+    /// ```no_run
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let ca = std::fs::read("/etc/idempotent/redis-ca.pem")?;
+    /// let store = idempotent_core::RedisStore::builder("rediss://redis.internal:6380")
+    ///     .tls_root_certificate(ca)
+    ///     .connect()
+    ///     .await?;
+    /// # let _ = store; Ok(()) }
+    /// ```
+    #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_root = Some(pem.into());
+        self
+    }
+
     /// Makes the store and connects: opens the connections it keeps, loads its scripts and reads
     /// the server's clock ([`RedisStore::warm_up`]), so that a wrong URL, a server that is down
     /// or an ACL that refuses the store fails here, not on the first call.
@@ -251,8 +282,8 @@ impl RedisStoreBuilder {
                 let conn_config = redis::AsyncConnectionConfig::new()
                     .set_response_timeout(None)
                     .set_connection_timeout(Some(self.timeout));
-                let manager =
-                    deadpool_redis::Manager::new_with_config(url.as_str(), conn_config).map_err(|e| config_err(&e))?;
+                let manager = deadpool_redis::Manager::new_with_config(self.connection_info(url)?, conn_config)
+                    .map_err(|e| config_err(&e))?;
                 let pool = deadpool_redis::Pool::builder(manager)
                     .config(pool_config)
                     .runtime(Runtime::Tokio1)
@@ -262,8 +293,20 @@ impl RedisStoreBuilder {
             }
             #[cfg(feature = "cluster")]
             Target::Cluster(urls) => {
+                #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+                if self.tls_root.is_some() {
+                    return Err(Error::Config(
+                        "tls_root_certificate is for standalone Redis; a cluster's TLS trusts the platform's root \
+                         certificates (with tls-rustls, add the authority to SSL_CERT_FILE)"
+                            .into(),
+                    ));
+                }
                 if urls.is_empty() {
                     return Err(Error::Config("no Redis Cluster node URL given".into()));
+                }
+                #[cfg(feature = "tls-rustls")]
+                if urls.iter().any(|url| url.starts_with("rediss:")) {
+                    install_rustls_provider();
                 }
                 let mut cfg = cluster::Config::from_urls(urls.clone());
                 cfg.pool = Some(pool_config);
@@ -274,6 +317,37 @@ impl RedisStoreBuilder {
             Target::ClusterPool(pool) => (Pool::Cluster(pool.clone()), share(pool.status().max_size)),
         };
         Ok(RedisStore::from_parts(pool, self.prefix, self.timeout, describe, size, sending))
+    }
+
+    /// Where a standalone store connects: `url`, with the authority to trust when one was given.
+    fn connection_info(&self, url: &str) -> Result<redis::ConnectionInfo, Error> {
+        use redis::IntoConnectionInfo;
+        let bad_url = |e: &dyn fmt::Display| {
+            Error::Config(format!(
+                "cannot use Redis URL {}: {e} (expected redis://[user:password@]host:port[/db] or rediss:// for TLS)",
+                redact(url)
+            ))
+        };
+        let info = url.into_connection_info().map_err(|e| bad_url(&e))?;
+        if matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) {
+            #[cfg(feature = "tls-rustls")]
+            install_rustls_provider();
+        }
+        #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+        if let Some(pem) = &self.tls_root {
+            if !matches!(info.addr(), redis::ConnectionAddr::TcpTls { .. }) {
+                return Err(Error::Config(format!(
+                    "tls_root_certificate was given for {}, which is not a TLS URL: use rediss://",
+                    redact(url)
+                )));
+            }
+            let certs = redis::TlsCertificates { client_tls: None, root_cert: Some(pem.clone()) };
+            let client = redis::Client::build_with_tls(info, certs).map_err(|e| {
+                Error::Config(format!("the certificate authority given to tls_root_certificate is not usable PEM: {e}"))
+            })?;
+            return Ok(client.get_connection_info().clone());
+        }
+        Ok(info)
     }
 
     /// How logs and errors name the target: its URLs without passwords.
@@ -290,6 +364,16 @@ impl RedisStoreBuilder {
 
     fn sending(&self) -> Sending {
         Sending { set_get: self.set_get, functions: self.functions, wait: self.wait }
+    }
+}
+
+/// Makes rustls' ring provider the process default, unless the application installed one: rustls
+/// refuses to pick one itself when a build has two (ring here, aws-lc-rs from another crate).
+#[cfg(feature = "tls-rustls")]
+fn install_rustls_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Another thread may have installed one meanwhile: either is fine.
+        let _ = rustls::crypto::ring::default_provider().install_default();
     }
 }
 
