@@ -45,8 +45,18 @@ pub(crate) enum Command {
     Stats(Select),
     /// Report the records stuck without an outcome, by step, and what to do with them.
     Reconcile(Select),
-    /// Check that the store is reachable, writable and safely configured.
-    Doctor,
+    /// Check that the store is reachable, writable and safely configured, and say what the
+    /// deployment relies on (TLS, replicas, a pooler).
+    Doctor(Doctor),
+}
+
+/// What `doctor` checks beyond the store itself.
+#[derive(Debug, Args)]
+pub(crate) struct Doctor {
+    /// The replicas the application's store waits for (`RedisStoreBuilder::wait_for_replicas`):
+    /// fails unless the master has at least that many connected.
+    #[arg(long, value_name = "N")]
+    pub(crate) wait_for_replicas: Option<u32>,
 }
 
 /// Which record: its key, or what the executor or the HTTP layer derives it from.

@@ -30,6 +30,7 @@ use clap::Parser;
 
 mod args;
 mod commands;
+mod doctor;
 mod duration;
 mod exit;
 mod open;
@@ -70,7 +71,14 @@ async fn run(cli: &Cli) -> Result<commands::Report, Failure> {
     let url = cli.store.as_deref().ok_or_else(|| {
         Failure::usage("say which store: --store redis://host:port | sqlite://path | postgres://user@host/db (or set IDEMPOTENT_STORE)")
     })?;
-    let store = open::open(url).await?;
+    let store = match open::open(url).await {
+        Ok(store) => store,
+        // doctor says what it could not check, and what to look at.
+        Err(failure) if matches!(cli.command, Command::Doctor(_)) && failure.code == Code::Store => {
+            return Err(doctor::unreachable(&failure.message));
+        }
+        Err(failure) => return Err(failure),
+    };
     match &cli.command {
         Command::Inspect(which) => commands::inspect(&store, which).await,
         Command::List(args) => commands::list(&store, args).await,
@@ -79,6 +87,6 @@ async fn run(cli: &Cli) -> Result<commands::Report, Failure> {
         Command::Purge(args) => commands::purge(&store, args).await,
         Command::Stats(select) => commands::stats(&store, select).await,
         Command::Reconcile(select) => commands::reconcile(&store, select).await,
-        Command::Doctor => commands::doctor(&store).await,
+        Command::Doctor(args) => doctor::doctor(&store, args).await,
     }
 }

@@ -291,17 +291,37 @@ async fn doctor_checks_the_store() {
     let risky_text = stdout(&cli(&server.url(), &["doctor"]).await);
     assert!(risky_text.contains("FAILED  Redis persistence: persistence is off"), "{risky_text}");
     assert!(risky_text.contains("        to fix it: run `CONFIG SET appendonly yes`"), "{risky_text}");
-    assert!(risky_text.contains("1 of 6 checks failed"), "{risky_text}");
+    assert!(risky_text.contains("1 of 8 checks failed"), "{risky_text}");
     assert!(!risky_text.contains("Ok(") && !risky_text.contains("Err("), "{risky_text}");
+    // What the deployment relies on: notes, not failures, until the application says what it needs.
+    assert!(risky_text.contains("note    TLS: connections are not encrypted (redis://)"), "{risky_text}");
+    assert!(risky_text.contains("note    Redis replicas: none connected"), "{risky_text}");
+    let waits = stdout(&cli(&server.url(), &["doctor", "--wait-for-replicas", "1"]).await);
+    assert!(
+        waits.contains("FAILED  Redis replicas: 0 replicas connected, and a store with wait_for_replicas(1)"),
+        "{waits}"
+    );
+    assert!(waits.contains("2 of 8 checks failed"), "{waits}");
+    let _replica = RedisServer::replica_of(&server);
+    server.wait_replicated();
+    let waits = stdout(&cli(&server.url(), &["doctor", "--wait-for-replicas", "1"]).await);
+    assert!(
+        waits.contains("ok      Redis replicas: 1 replica connected, as many as wait_for_replicas(1) needs"),
+        "{waits}"
+    );
 
     let pg = PgServer::start();
     let on_postgres = cli(&pg.url(), &["doctor"]).await;
     assert_eq!(code(&on_postgres), 0, "{}{}", stdout(&on_postgres), stderr(&on_postgres));
+    let pg_text = stdout(&on_postgres);
+    assert!(pg_text.contains("ok      pooler: connected to PostgreSQL itself"), "{pg_text}");
+    assert!(pg_text.contains("note    TLS: the connection is not encrypted"), "{pg_text}");
 
     let unreachable = cli("redis://127.0.0.1:1", &["doctor"]).await;
     assert_eq!(code(&unreachable), 1, "the store could not be reached: {}", stdout(&unreachable));
     let err = stderr(&unreachable);
-    assert!(err.contains("doctor cannot reach redis://127.0.0.1:1") && err.contains("server is running"), "{err}");
+    assert!(err.contains("doctor cannot reach") && err.contains("127.0.0.1:1"), "{err}");
+    assert!(err.contains("server is running"), "{err}");
     assert!(!err.contains("fail-open"), "not the library's note for a step's call: {err}");
     let missing = tokio::process::Command::new(env!("CARGO_BIN_EXE_idempotent"))
         .arg("stats")

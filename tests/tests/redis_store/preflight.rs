@@ -1,5 +1,6 @@
-//! The preflight: settings that break the guarantee (eviction, no persistence) are reported and
-//! fail `ensure` with the fix, unless their risk is accepted; settings it may not read are unchecked.
+//! The preflight: settings that break the guarantee (eviction, no persistence, too few replicas)
+//! are reported and fail `ensure` with the fix, unless their risk is accepted; settings it may not
+//! read are unchecked.
 
 use idempotent_core::{Error, Risk};
 use idempotent_tests::{RedisOptions, RedisServer};
@@ -56,4 +57,28 @@ async fn preflight_without_config_fails_until_the_risks_are_accepted() {
     let err = report.ensure().unwrap_err().to_string();
     assert!(err.contains("maxmemory-policy could not be read") && err.contains("Risk::Eviction"), "{err}");
     assert!(report.accept_risk(Risk::Eviction).accept_risk(Risk::NoPersistence).ensure().is_ok());
+}
+
+/// A store that waits for replicas fails the preflight while fewer are connected than it waits
+/// for, and passes once they are; the report counts the replicas and says whether TLS is on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preflight_counts_the_replicas_a_waiting_store_needs() {
+    let master = RedisServer::start_with(RedisOptions { aof: true, ..Default::default() });
+    let waits = idempotent_core::RedisStore::builder(master.url())
+        .command_timeout(std::time::Duration::from_secs(2))
+        .wait_for_replicas(1, std::time::Duration::from_millis(500))
+        .connect_lazy()
+        .unwrap();
+    let report = waits.preflight().await.unwrap();
+    assert_eq!((report.replicas, report.tls), (Some(0), Some(false)), "{report}");
+    let err = report.ensure().unwrap_err().to_string();
+    assert!(err.contains("waits for 1, 0 connected") && err.contains("Risk::TooFewReplicas"), "{err}");
+    // A store that does not wait is not concerned.
+    store(&master).preflight().await.unwrap().ensure().unwrap();
+
+    let _replica = RedisServer::replica_of(&master);
+    master.wait_replicated();
+    let report = waits.preflight().await.unwrap();
+    assert_eq!(report.replicas, Some(1), "{report}");
+    report.ensure().unwrap();
 }

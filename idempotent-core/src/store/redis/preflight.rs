@@ -20,6 +20,10 @@ pub enum Risk {
     /// Neither AOF (`appendonly no`) nor RDB snapshots (`save ""`): a restart forgets every
     /// record, and completed operations would run again.
     NoPersistence,
+    /// The store waits for more replicas than are connected
+    /// ([`RedisStoreBuilder::wait_for_replicas`](super::RedisStoreBuilder::wait_for_replicas)):
+    /// every acquire fails closed until enough are back. Read from `INFO replication`.
+    TooFewReplicas,
 }
 
 impl Risk {
@@ -28,6 +32,7 @@ impl Risk {
         match self {
             Risk::Eviction => "maxmemory-policy",
             Risk::NoPersistence => "appendonly and save",
+            Risk::TooFewReplicas => "connected_slaves",
         }
     }
 
@@ -41,6 +46,19 @@ impl Risk {
                 "run `CONFIG SET appendonly yes` and put `appendonly yes` (ideally with `appendfsync always`) \
                  in redis.conf, or enable RDB snapshots (`save 60 1000` in redis.conf)"
             }
+            Risk::TooFewReplicas => {
+                "start or reconnect replicas (`REPLICAOF` on each), or wait for as many replicas as the \
+                 master keeps (`wait_for_replicas`)"
+            }
+        }
+    }
+
+    /// What a safe server has, said when the setting could not be read.
+    fn safe(self) -> &'static str {
+        match self {
+            Risk::Eviction => "maxmemory-policy is noeviction",
+            Risk::NoPersistence => "AOF or RDB snapshots are on",
+            Risk::TooFewReplicas => "the master has as many replicas connected as the store waits for",
         }
     }
 }
@@ -50,6 +68,7 @@ impl fmt::Display for Risk {
         f.write_str(match self {
             Risk::Eviction => "eviction",
             Risk::NoPersistence => "no persistence",
+            Risk::TooFewReplicas => "too few replicas",
         })
     }
 }
@@ -77,6 +96,12 @@ impl fmt::Display for Problem {
                 f,
                 "persistence is off ({}): a restart forgets every record and completed operations would \
                  run again",
+                self.value
+            )?,
+            Risk::TooFewReplicas => write!(
+                f,
+                "the store waits for more replicas than are connected ({}): every acquire fails closed until \
+                 enough are back",
                 self.value
             )?,
         }
@@ -118,6 +143,12 @@ pub struct Preflight {
     /// Risks that could not be ruled out, because their settings could not be read (`CONFIG`
     /// disabled or not permitted, as on managed Redis).
     pub unchecked: Vec<Risk>,
+    /// The replicas connected to the node that answered (`connected_slaves` of `INFO
+    /// replication`); `None` when `INFO` could not be read.
+    pub replicas: Option<u32>,
+    /// Whether the store's connections use TLS (a `rediss://` URL); `None` for a store on the
+    /// application's pool, whose URL the store does not know.
+    pub tls: Option<bool>,
     accepted: Vec<Risk>,
     store: String,
 }
@@ -160,10 +191,7 @@ impl Preflight {
                      provider's settings that {}, then accept the risk with `.accept_risk(Risk::{risk:?})`",
                     if i == 0 { "" } else { ". " },
                     risk.settings(),
-                    match risk {
-                        Risk::Eviction => "maxmemory-policy is noeviction",
-                        Risk::NoPersistence => "AOF or RDB snapshots are on",
-                    }
+                    risk.safe()
                 ),
             };
         }
@@ -210,13 +238,28 @@ impl RedisStore {
     /// Checks the server settings the guarantee depends on; call it at start-up, as
     /// `store.preflight().await?.ensure()?`.
     ///
-    /// Reports `maxmemory-policy` other than `noeviction` ([`Risk::Eviction`]) and a server
-    /// that persists nothing ([`Risk::NoPersistence`]). The `Err` of this call is only a failure
+    /// Reports `maxmemory-policy` other than `noeviction` ([`Risk::Eviction`]), a server
+    /// that persists nothing ([`Risk::NoPersistence`]), and, for a store that waits for replicas,
+    /// fewer replicas connected than it waits for ([`Risk::TooFewReplicas`]). Also says how many
+    /// replicas are connected and whether the store uses TLS ([`Preflight::replicas`],
+    /// [`Preflight::tls`]). The `Err` of this call is only a failure
     /// to reach the server: the findings are in the [`Preflight`], which fails nothing until
     /// [`Preflight::ensure`] is called. On a cluster, the node that answers is checked.
     pub async fn preflight(&self) -> Result<Preflight, Error> {
-        let mut report =
-            Preflight { problems: Vec::new(), unchecked: Vec::new(), accepted: Vec::new(), store: self.describe() };
+        let describe = self.describe();
+        let tls = if describe.starts_with("redis (pool)") || describe.starts_with("redis cluster (pool)") {
+            None
+        } else {
+            Some(describe.starts_with("rediss:"))
+        };
+        let mut report = Preflight {
+            problems: Vec::new(),
+            unchecked: Vec::new(),
+            replicas: None,
+            tls,
+            accepted: Vec::new(),
+            store: describe,
+        };
         let policy = self.config_get("maxmemory-policy").await?;
         match policy {
             Some(policy) if policy == "noeviction" => {}
@@ -232,7 +275,31 @@ impl RedisStore {
             (None, _) | (_, None) => report.unchecked.push(Risk::NoPersistence),
             _ => {}
         }
+        report.replicas = self.connected_replicas().await?;
+        if let Some(wait) = &self.inner.wait {
+            match report.replicas {
+                Some(connected) if connected >= wait.replicas => {}
+                Some(connected) => report.problems.push(Problem {
+                    risk: Risk::TooFewReplicas,
+                    value: format!("waits for {}, {connected} connected", wait.replicas),
+                }),
+                None => report.unchecked.push(Risk::TooFewReplicas),
+            }
+        }
         Ok(report)
+    }
+
+    /// `connected_slaves` of `INFO replication`; `None` when `INFO` is refused.
+    async fn connected_replicas(&self) -> Result<Option<u32>, Error> {
+        let mut cmd = redis::cmd("INFO");
+        cmd.arg("replication");
+        match self.run("preflight", cmd).await {
+            Ok(value) => Ok(text(&value).and_then(|info| {
+                info.lines().find_map(|line| line.trim().strip_prefix("connected_slaves:")?.parse().ok())
+            })),
+            Err(Error::Unavailable { reason, source, .. }) if refused(&reason, source.as_deref()) => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     async fn config_get(&self, name: &str) -> Result<Option<String>, Error> {
@@ -262,6 +329,7 @@ fn text(v: &Value) -> Option<String> {
     match v {
         Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
         Value::SimpleString(s) => Some(s.clone()),
+        Value::VerbatimString { text, .. } => Some(text.clone()),
         _ => None,
     }
 }
@@ -271,7 +339,14 @@ mod tests {
     use super::*;
 
     fn report(problems: Vec<Problem>, unchecked: Vec<Risk>) -> Preflight {
-        Preflight { problems, unchecked, accepted: Vec::new(), store: "redis://h".into() }
+        Preflight {
+            problems,
+            unchecked,
+            replicas: Some(0),
+            tls: Some(false),
+            accepted: Vec::new(),
+            store: "redis://h".into(),
+        }
     }
 
     #[test]
