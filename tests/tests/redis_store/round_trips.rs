@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use idempotent_core::state::{Scope, State};
 use idempotent_core::{Error, OnInFlight, RedisStore, RunContext, SharedStore};
-use idempotent_tests::{RedisServer, unique};
+use idempotent_tests::{Flavor, RedisServer, unique};
 use tokio::sync::Barrier;
 
 use crate::store;
@@ -126,4 +126,65 @@ async fn reads_share_one_connection_and_writes_take_the_others_in_turn() {
     assert_eq!(seen.client.len() - 9, 8, "{:?}", seen.client);
     assert_eq!(writes.len(), 3, "the writes did not take the other 3 connections in turn: {writes:?}");
     assert!(reads.is_disjoint(&writes), "a write went out on the reads' connection: {reads:?} {writes:?}");
+}
+
+/// On a server that compares and sets (Valkey 9), a first execution is two plain commands: the
+/// `SET NX GET` that takes the key and one `SET … IFEQ` that completes over the record it wrote;
+/// no script runs. A completion that could land past its lease (a lease shorter than the command
+/// timeout) or over a record that changed (renewed) takes the script, as does every completion
+/// with the plain form turned off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_execution_on_valkey_is_two_plain_sets() {
+    let server = RedisServer::start_flavor(Flavor::Valkey);
+    let s = RedisStore::builder(server.url()).connect().await.unwrap();
+    let ctx = RunContext::new(s, unique("run"));
+    let monitor = server.monitor();
+    let v: u8 = ctx.step("s").heartbeat(false).run(&1, |_| async { Ok::<_, Error>(1) }).await.unwrap();
+    assert_eq!(monitor.client_commands(), ["set", "set"], "first execution");
+    assert_eq!(v, 1);
+    let monitor = server.monitor();
+    let again: u8 = ctx.step("s").run(&1, |_| async { Ok::<_, Error>(9) }).await.unwrap();
+    assert_eq!((again, monitor.client_commands()), (1, vec!["set".to_owned()]), "replay");
+
+    // A lease shorter than the command timeout (2 s): the server's clock judges it, by script.
+    let monitor = server.monitor();
+    let short = ctx.step("s").heartbeat(false).lease(Duration::from_millis(1500));
+    let _: u8 = short.run(&2, |_| async { Ok::<_, Error>(2) }).await.unwrap();
+    assert_eq!(monitor.client_commands(), ["set", "fcall"], "a short lease");
+
+    // Renewed mid-action by the heartbeat: the record is no longer the one SET NX wrote.
+    let quick = RedisStore::builder(server.url()).command_timeout(Duration::from_millis(200)).connect().await.unwrap();
+    let ctx_quick = RunContext::new(quick.clone(), unique("run"));
+    let monitor = server.monitor();
+    let _: u8 = ctx_quick
+        .step("s")
+        .lease(Duration::from_millis(900))
+        .run(&3, |attempt| {
+            let redis_key = quick.redis_key(attempt.key());
+            let server = &server;
+            async move {
+                // Until the heartbeat's renewal has turned the new record (N) into a running one (R).
+                let started = std::time::Instant::now();
+                let running = || {
+                    matches!(server.cmd(&["GET", &redis_key]), idempotent_core::redis::Value::BulkString(r) if r.first() == Some(&b'R'))
+                };
+                while !running() {
+                    assert!(started.elapsed() < Duration::from_secs(5), "no renewal within 5 s");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                Ok::<_, Error>(3)
+            }
+        })
+        .await
+        .unwrap();
+    let sent = monitor.client_commands();
+    assert_eq!(sent.first().map(String::as_str), Some("set"), "{sent:?}");
+    assert_eq!(sent.last().map(String::as_str), Some("fcall"), "a renewed record completes by script: {sent:?}");
+    assert!(!sent.iter().skip(1).any(|c| c == "set"), "no plain completion over a renewed record: {sent:?}");
+
+    let off = RedisStore::builder(server.url()).native_compare_and_set(false).connect().await.unwrap();
+    let ctx = RunContext::new(off, unique("run"));
+    let monitor = server.monitor();
+    let _: u8 = ctx.step("s").heartbeat(false).run(&1, |_| async { Ok::<_, Error>(1) }).await.unwrap();
+    assert_eq!(monitor.client_commands(), ["set", "fcall"], "turned off");
 }

@@ -115,8 +115,16 @@ async fn a_server_refusing_functions_gets_evalsha() {
             // run in this window, and a connection opened in it authenticates first (`AUTH`; the
             // store reopens its connections after a call timed out). Both seen in full test
             // runs: `time, evalsha, time, time, evalsha` and `auth, auth, evalsha, evalsha`.
-            let sent: Vec<String> =
+            // Not warmed up, the background measure of the clock also asks whether the server
+            // has `SET … IFEQ` (a `set` Redis 7.0 refuses), and may land in this window too.
+            let mut sent: Vec<String> =
                 monitor.client_commands().into_iter().filter(|c| c != "auth" && c != "time").collect();
+            if !warm
+                && sent.iter().filter(|c| *c == "set").count() == 2
+                && let Some(probe) = sent.iter().rposition(|c| c == "set")
+            {
+                sent.remove(probe);
+            }
             assert!(
                 matches!(sent.as_slice(), [first, second] if (first == "set" || first == "evalsha") && second == "evalsha"),
                 "{user}, warm_up {warm}: {sent:?}"

@@ -16,6 +16,7 @@ use super::layout::{
     self, ATTEMPT, FENCE, FINGERPRINT, LEASE, MAX_FENCE, NEEDS_ATTENTION, NEW, RECOVERED, RELEASED, RUNNING, STATE,
     TOKEN,
 };
+use super::native::Kept;
 use crate::attempt::Attempt;
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
@@ -89,10 +90,21 @@ impl RedisStore {
             && self.inner.set_get.load(Ordering::Relaxed)
             && let Some(fence) = self.estimated_server_micros()
         {
-            let record = Arg::New { fp: &fp, token, threshold: ttl - lease, fence, labels };
+            let threshold = ttl - lease;
+            // Kept for a plain completion where the server compares and sets (`native.rs`).
+            let kept = self.inner.native.is_on().then(|| Arg::new_record(&fp, token, threshold, fence, labels));
+            let record = match &kept {
+                Some(bytes) => Arg::Bytes(bytes),
+                None => Arg::New { fp: &fp, token, threshold, fence, labels },
+            };
+            let sent = std::time::Instant::now();
             match self.set_get(key, record, ttl).await {
                 Ok(Written { reply: Value::Nil, replicas }) => {
                     self.replicated("acquire", replicas)?;
+                    if let Some(record) = kept {
+                        let lease = Duration::from_millis(lease);
+                        self.inner.native.keep(token, Kept { record, sent, lease });
+                    }
                     return Ok(Acquire::Acquired(Grant {
                         token: token.clone(),
                         attempt: Attempt::new(*key, fence, 1, false),

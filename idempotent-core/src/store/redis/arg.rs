@@ -6,9 +6,9 @@ use std::time::Duration;
 use deadpool_redis::redis;
 
 use super::layout::{
-    ACQUIRE_ARG_MIN_LEN, ARG_FINGERPRINT, ARG_LABELS, ARG_LEASE, ARG_RETENTION, ARG_TOKEN, ATTEMPT, CREATED, FENCE,
-    FINGERPRINT, HEADER_LEN, LEASE, MAX_LABEL_LEN, NEW, RECOVERED, RUN_LEN, RUN_SET, STATE, STEP_LEN, TENANT_LEN,
-    TENANT_SET, TOKEN, UPDATED,
+    ACQUIRE_ARG_MIN_LEN, ARG_FINGERPRINT, ARG_LABELS, ARG_LEASE, ARG_RETENTION, ARG_TOKEN, ATTEMPT, CREATED, DONE,
+    FENCE, FINGERPRINT, HEADER_LEN, LEASE, MAX_LABEL_LEN, NEW, RECOVERED, RUN_LEN, RUN_SET, STATE, STEP_LEN,
+    TENANT_LEN, TENANT_SET, TOKEN, UPDATED,
 };
 use crate::error::Error;
 use crate::key::Key;
@@ -104,6 +104,14 @@ pub(super) enum Arg<'a> {
         fence: u64,
         labels: &'a Labels<'a>,
     },
+    /// The done record a completion writes over `running` (the record the holder wrote), as the
+    /// `complete` script builds it: state `C`, the fingerprint to the creation time kept, the
+    /// update time, the labels, then the result.
+    Done {
+        running: &'a [u8],
+        updated: u64,
+        result: &'a [u8],
+    },
 }
 
 impl Arg<'_> {
@@ -116,6 +124,7 @@ impl Arg<'_> {
             Arg::Key(prefix, _) => prefix.len() + 64,
             Arg::Acquire { labels, .. } => ACQUIRE_ARG_MIN_LEN + text_len(labels),
             Arg::New { labels, .. } => HEADER_LEN + text_len(labels),
+            Arg::Done { running, result, .. } => running.len() + result.len(),
         }
     }
 }
@@ -157,23 +166,50 @@ impl redis::ToRedisArgs for Arg<'_> {
                 fixed[ARG_LABELS].copy_from_slice(&labels_head(labels));
                 write_with_labels(&mut out.writer_for_next_arg(), &fixed, labels)
             }
-            // Fences are microseconds of the clock, far below 10^20; attempt 1, not recovered;
-            // created and updated at the fence's estimate of the server's clock.
-            Arg::New { fp, token, threshold, fence, labels } => {
-                let mut fixed = [0; HEADER_LEN];
-                fixed[STATE] = NEW;
-                fixed[FINGERPRINT].copy_from_slice(&fp[..]);
-                fixed[TOKEN].copy_from_slice(token.as_str().as_bytes());
-                put_digits(&mut fixed[LEASE], *threshold);
-                put_digits(&mut fixed[FENCE], *fence);
-                put_digits(&mut fixed[ATTEMPT], 1);
-                fixed[RECOVERED] = b'0';
-                put_digits(&mut fixed[CREATED], fence / 1000);
-                put_digits(&mut fixed[UPDATED], fence / 1000);
-                fixed[STEP_LEN.start..].copy_from_slice(&labels_head(labels));
-                write_with_labels(&mut out.writer_for_next_arg(), &fixed, labels)
+            Arg::New { fp, token, threshold, fence, labels } => write_with_labels(
+                &mut out.writer_for_next_arg(),
+                &new_fixed(fp, token, *threshold, *fence, labels),
+                labels,
+            ),
+            Arg::Done { running, updated, result } => {
+                let mut w = out.writer_for_next_arg();
+                let mut time = [0; UPDATED.end - UPDATED.start];
+                put_digits(&mut time, *updated);
+                w.write_all(&[DONE])
+                    .and_then(|()| w.write_all(&running[FINGERPRINT.start..CREATED.end]))
+                    .and_then(|()| w.write_all(&time))
+                    .and_then(|()| w.write_all(&running[STEP_LEN.start..]))
+                    .and_then(|()| w.write_all(result))
             }
         };
+    }
+}
+
+/// A new running record's fixed-width part, as `SET NX` writes it (state `N`): fences are
+/// microseconds of the clock, far below 10^20; attempt 1, not recovered; created and updated at
+/// the fence's estimate of the server's clock.
+fn new_fixed(fp: &[u8; 64], token: &Token, threshold: u64, fence: u64, labels: &Labels<'_>) -> [u8; HEADER_LEN] {
+    let mut fixed = [0; HEADER_LEN];
+    fixed[STATE] = NEW;
+    fixed[FINGERPRINT].copy_from_slice(&fp[..]);
+    fixed[TOKEN].copy_from_slice(token.as_str().as_bytes());
+    put_digits(&mut fixed[LEASE], threshold);
+    put_digits(&mut fixed[FENCE], fence);
+    put_digits(&mut fixed[ATTEMPT], 1);
+    fixed[RECOVERED] = b'0';
+    put_digits(&mut fixed[CREATED], fence / 1000);
+    put_digits(&mut fixed[UPDATED], fence / 1000);
+    fixed[STEP_LEN.start..].copy_from_slice(&labels_head(labels));
+    fixed
+}
+
+impl Arg<'_> {
+    /// The bytes of an [`Arg::New`] record, to send and keep (see `native.rs`).
+    pub(super) fn new_record(fp: &[u8; 64], token: &Token, threshold: u64, fence: u64, labels: &Labels<'_>) -> Vec<u8> {
+        let mut record = Vec::with_capacity(HEADER_LEN + text_len(labels));
+        // Writing into a `Vec` cannot fail.
+        let _ = write_with_labels(&mut record, &new_fixed(fp, token, threshold, fence, labels), labels);
+        record
     }
 }
 
@@ -201,6 +237,14 @@ mod tests {
         assert!(layout::running_shape(&new));
         let read = layout::labels(&new).unwrap();
         assert_eq!((read.step, read.run, read.tenant), (&b"charge"[..], Some(&b"run-1"[..]), Some(&b"acme"[..])));
+        assert_eq!(Arg::new_record(&fp, &token, 7, 1 << 52, &labels), new, "kept as sent");
+        let done = written(Arg::Done { running: &new, updated: 1_700_000_000_123, result: b"re_1" });
+        assert_eq!(done.len(), Arg::Done { running: &new, updated: 0, result: b"re_1" }.len());
+        assert_eq!((done[STATE], &done[FINGERPRINT.start..CREATED.end]), (DONE, &new[FINGERPRINT.start..CREATED.end]));
+        assert_eq!(&done[UPDATED], b"001700000000123");
+        let result = layout::result_start(&done).expect("a done record");
+        assert_eq!(&done[result..], b"re_1");
+        assert_eq!(layout::labels(&done).unwrap().step, &b"charge"[..]);
 
         let none = Labels::default();
         let acquire =

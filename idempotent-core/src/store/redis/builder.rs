@@ -45,6 +45,7 @@ pub struct RedisStoreBuilder {
     set_get: bool,
     functions: bool,
     wait: Option<Wait>,
+    native: bool,
     /// [`tls_root_certificate`](Self::tls_root_certificate): PEM.
     #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
     tls_root: Option<Vec<u8>>,
@@ -60,6 +61,7 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("set_get", &self.set_get)
             .field("functions", &self.functions)
             .field("wait", &self.wait)
+            .field("native", &self.native)
             .finish()
     }
 }
@@ -75,6 +77,7 @@ impl RedisStoreBuilder {
             set_get: Sending::DEFAULT.set_get,
             functions: Sending::DEFAULT.functions,
             wait: Sending::DEFAULT.wait,
+            native: Sending::DEFAULT.native,
             #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
             tls_root: None,
         }
@@ -161,6 +164,23 @@ impl RedisStoreBuilder {
     /// the store notices and sends `EVALSHA` from then on. Off, every script goes by `EVALSHA`.
     pub fn functions(mut self, on: bool) -> Self {
         self.functions = on;
+        self
+    }
+
+    /// Whether a completion is one plain `SET key <done record> IFEQ <running record> PX
+    /// <retention>` where the server has compare-and-set (Valkey 8.1 and later, Redis 8.4 and
+    /// later), rather than the `complete` script (default on).
+    ///
+    /// It applies to a first execution: the running record its `SET NX GET` wrote is kept, under
+    /// the acquisition's token, until its completion, which then costs the server one `SET`
+    /// instead of a script call. The key must still hold that record byte for byte; anything
+    /// else (a takeover, a renewal, a repeat after a lost reply) goes to the script, as does a
+    /// completion sent later than its lease minus the command timeout, so that a lease is still
+    /// judged by the server's clock. The store asks the server whether it takes the form once,
+    /// with its first measure of the server's clock; a server that refuses it (Redis 7.0) is sent
+    /// scripts. Off, every completion is the script.
+    pub fn native_compare_and_set(mut self, on: bool) -> Self {
+        self.native = on;
         self
     }
 
@@ -363,7 +383,7 @@ impl RedisStoreBuilder {
     }
 
     fn sending(&self) -> Sending {
-        Sending { set_get: self.set_get, functions: self.functions, wait: self.wait }
+        Sending { set_get: self.set_get, functions: self.functions, wait: self.wait, native: self.native }
     }
 }
 

@@ -83,7 +83,12 @@ impl RedisStore {
     /// Measures the server's clock against the monotonic clock with `TIME`, to within half a
     /// round trip (the quickest of three). On failure the last measure stays (acquires take
     /// the script path once it is stale, or while there is none) and a later acquire tries again.
+    /// Before the first measure, it also finds out whether the server compares and sets
+    /// (`native.rs`): the `SET NX` path, which needs the clock, is the one that keeps records.
     pub(super) async fn sync_clock(&self) -> Result<(), Error> {
+        if self.inner.native.needs_probe() {
+            self.probe_compare_and_set().await?;
+        }
         // (round trip, offset) of the quickest sample.
         let mut best: Option<(u64, i64)> = None;
         for _ in 0..3 {

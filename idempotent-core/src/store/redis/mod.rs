@@ -32,6 +32,7 @@ mod clock;
 mod conn;
 #[doc(hidden)]
 pub mod layout;
+mod native;
 mod preflight;
 mod reads;
 pub(crate) mod script;
@@ -182,11 +183,13 @@ struct Sending {
     functions: bool,
     /// [`RedisStoreBuilder::wait_for_replicas`].
     wait: Option<Wait>,
+    /// [`RedisStoreBuilder::native_compare_and_set`].
+    native: bool,
 }
 
 impl Sending {
     /// The builder's defaults.
-    const DEFAULT: Sending = Sending { set_get: true, functions: true, wait: None };
+    const DEFAULT: Sending = Sending { set_get: true, functions: true, wait: None, native: true };
 }
 
 struct Inner {
@@ -206,6 +209,8 @@ struct Inner {
     wait: Option<Wait>,
     /// Acquire's plain reads: how many are out, and those waiting to go out together.
     reads: reads::Reads,
+    /// Completions by `SET … IFEQ` where the server has it (`native.rs`).
+    native: native::Native,
 }
 
 impl RedisStore {
@@ -271,7 +276,7 @@ impl RedisStore {
         size: usize,
         sending: Sending,
     ) -> RedisStore {
-        let Sending { set_get, functions, wait } = sending;
+        let Sending { set_get, functions, wait, native } = sending;
         RedisStore {
             inner: Arc::new(Inner {
                 conns: Connections::new(pool, size),
@@ -284,6 +289,7 @@ impl RedisStore {
                 clock: ServerClock::default(),
                 wait,
                 reads: reads::Reads::default(),
+                native: native::Native::new(native),
             }),
         }
     }
@@ -301,9 +307,12 @@ impl RedisStore {
         &self.inner.prefix
     }
 
-    /// Opens the store's connections, loads its scripts and measures the server's clock, so
-    /// that the first calls do not pay for it. Optional: all of it otherwise happens on first
-    /// use. Run it at start-up, with [`preflight`](Self::preflight), to fail fast on a wrong URL.
+    /// Opens the store's connections, loads its scripts, measures the server's clock and finds
+    /// out whether the server compares and sets
+    /// ([`native_compare_and_set`](RedisStoreBuilder::native_compare_and_set)), so that the first
+    /// calls do not pay for it. Optional: all of it otherwise happens on first use
+    /// ([`RedisStoreBuilder::connect`] runs it). Run it at start-up, with
+    /// [`preflight`](Self::preflight), to fail fast on a wrong URL.
     pub async fn warm_up(&self) -> Result<(), Error> {
         self.open_all(&self.inner.scripts.all()).await?;
         self.sync_clock().await

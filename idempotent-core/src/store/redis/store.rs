@@ -102,6 +102,11 @@ impl Store for RedisStore {
             // a `TIME` inside the script costs Redis more than the rest of the check. Without a
             // fresh estimate the script reads `TIME`.
             let updated = self.known_server_micros().map(|us| us / 1000);
+            if let Some(kept) = self.inner.native.take(token, self.inner.timeout)
+                && let Some(done) = self.complete_native(key, &kept, &result, updated, retention).await?
+            {
+                return Ok(done);
+            }
             let args = [
                 Arg::Bytes(token.as_str().as_bytes()),
                 Arg::Bytes(&result),
@@ -115,6 +120,7 @@ impl Store for RedisStore {
 
     fn release<'a>(&'a self, key: &'a Key, token: &'a Token) -> BoxFuture<'a, Result<Transition, Error>> {
         Box::pin(async move {
+            self.inner.native.forget(token);
             let reply = self
                 .invoke("release", &self.inner.scripts.release, key, &[Arg::Bytes(token.as_str().as_bytes())])
                 .await?;
@@ -129,6 +135,8 @@ impl Store for RedisStore {
         lease: Duration,
     ) -> BoxFuture<'a, Result<Transition, Error>> {
         Box::pin(async move {
+            // Renewed, the record is no longer the one `SET NX` wrote.
+            self.inner.native.forget(token);
             let args = [Arg::Bytes(token.as_str().as_bytes()), Arg::Millis(millis(lease))];
             // Waited for too, when the store waits: a renewal a failover loses would leave the
             // promoted replica's lease shorter than the holder counts it.
@@ -144,6 +152,7 @@ impl Store for RedisStore {
         mark: Abandon,
     ) -> BoxFuture<'a, Result<Transition, Error>> {
         Box::pin(async move {
+            self.inner.native.forget(token);
             // The state the record goes to.
             let to = match mark {
                 Abandon::Uncertain => RELEASED,
