@@ -1,7 +1,7 @@
 //! `RedisStore` through the executor against the floor Redis itself sets, in one run.
 //!
 //! ```text
-//! cargo run --release --manifest-path benches/redis/Cargo.toml --bin redis_bench [-- --secs 1 --rounds 3 --pool 4 --wait]
+//! cargo run --release --manifest-path benches/redis/Cargo.toml --bin redis_bench [-- --secs 1 --rounds 3 --pool 4 --wait --valkey]
 //! ```
 //!
 //! Spawns its own `redis-server` (through the test harness), then measures at concurrency 1 and
@@ -60,7 +60,7 @@ use idempotent_peer::fingerprint::{DefaultFingerprintStrategy, FingerprintStrate
 use idempotent_peer::store::valkey::ValkeyStore;
 use idempotent_peer::store::{IdempotencyStore, InsertResult};
 use idempotent_peer::{CachedResponse, IdempotencyEntry, IdempotencyKey, Metadata};
-use idempotent_tests::{Monitored, RedisServer};
+use idempotent_tests::{Flavor, Monitored, RedisServer};
 
 /// Keys pre-filled for the replay rows.
 const REPLAY_KEYS: u64 = 4096;
@@ -441,9 +441,15 @@ fn main() {
     let RunOptions { secs, rounds, pool, workers, concurrencies, only } = opts;
 
     let wait = idempotent_benches::flag("--wait");
-    let server = RedisServer::start();
+    // `--valkey`: valkey-server 9 (SET … IFEQ: completions are plain commands) instead of Redis.
+    let flavor = if idempotent_benches::flag("--valkey") { Flavor::Valkey } else { Flavor::Redis };
+    let server = RedisServer::start_flavor(flavor);
     // Attached for the whole run, so that every row runs against a master with a replica.
-    let replica = wait.then(|| RedisServer::replica_of(&server));
+    let replica = wait.then(|| {
+        let replica = RedisServer::start_flavor(flavor);
+        replica.follow(&server);
+        replica
+    });
     let store = RedisStore::builder(server.url()).pool_size(pool).command_timeout(REDIS_TIMEOUT).connect_lazy().unwrap();
     let store_evalsha = RedisStore::builder(server.url())
         .pool_size(pool)
@@ -592,12 +598,15 @@ fn main() {
         (per_call, listed, inner, share)
     };
 
-    let version = info(&server, "server")
-        .lines()
-        .find_map(|l| l.strip_prefix("redis_version:").map(str::to_owned))
+    let server_info = info(&server, "server");
+    let field = |name: &str| server_info.lines().find_map(|l| l.strip_prefix(name).map(str::to_owned));
+    // Valkey also says `redis_version:7.2.4`: its own version first.
+    let version = field("valkey_version:")
+        .map(|v| format!("valkey-server {v}"))
+        .or_else(|| field("redis_version:").map(|v| format!("redis-server {v}")))
         .unwrap_or_default();
     println!(
-        "\nredis_bench: redis-server {version} on loopback, RedisStore pool_size {pool}, tokio {workers} workers, \
+        "\nredis_bench: {version} on loopback, RedisStore pool_size {pool}, tokio {workers} workers, \
          {rounds} rounds × {secs} s per row (interleaved), {:.0} s total\n",
         started.elapsed().as_secs_f64()
     );
