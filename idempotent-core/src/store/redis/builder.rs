@@ -23,6 +23,9 @@ enum Target {
     /// The Redis Cluster these seed nodes belong to.
     #[cfg(feature = "cluster")]
     Cluster(Vec<String>),
+    /// The master that the sentinels at these URLs know by this name.
+    #[cfg(feature = "sentinel")]
+    Sentinel { urls: Vec<String>, master: String },
     /// The application's own pool.
     Pool(deadpool_redis::Pool),
     /// The application's own cluster pool.
@@ -32,7 +35,8 @@ enum Target {
 
 /// Configures a [`RedisStore`]; made by [`RedisStore::builder`] or
 /// [`RedisStore::builder_with_pool`] (with the `cluster` feature, also
-/// `RedisStore::cluster_builder` and `RedisStore::cluster_builder_with_pool`), and finished, as
+/// `RedisStore::cluster_builder` and `RedisStore::cluster_builder_with_pool`; with `sentinel`,
+/// `RedisStore::sentinel_builder`), and finished, as
 /// sqlx's pools are, by [`connect`](Self::connect) (async: connects, and fails on a server it
 /// cannot reach) or [`connect_lazy`](Self::connect_lazy) (connects on first use).
 #[derive(Clone)]
@@ -84,6 +88,12 @@ impl RedisStoreBuilder {
     #[cfg(feature = "cluster")]
     pub(super) fn on_cluster(urls: Vec<String>) -> Self {
         Self::new(Target::Cluster(urls))
+    }
+
+    /// The master the sentinels at `urls` know as `master`.
+    #[cfg(feature = "sentinel")]
+    pub(super) fn on_sentinel(urls: Vec<String>, master: String) -> Self {
+        Self::new(Target::Sentinel { urls, master })
     }
 
     /// The application's pool.
@@ -269,6 +279,11 @@ impl RedisStoreBuilder {
                 cfg.pool = Some(pool_config);
                 (Pool::Cluster(cfg.create_pool(Some(Runtime::Tokio1)).map_err(|e| config_err(&e))?), pool_size)
             }
+            #[cfg(feature = "sentinel")]
+            Target::Sentinel { urls, master } => {
+                let sentinel = super::sentinel::Sentinel::new(urls, master, self.timeout)?;
+                (Pool::Sentinel(std::sync::Arc::new(sentinel)), pool_size)
+            }
             Target::Pool(pool) => (Pool::Single(pool.clone()), share(pool.status().max_size)),
             #[cfg(feature = "cluster")]
             Target::ClusterPool(pool) => (Pool::Cluster(pool.clone()), share(pool.status().max_size)),
@@ -282,6 +297,11 @@ impl RedisStoreBuilder {
             Target::Url(url) => redact(url),
             #[cfg(feature = "cluster")]
             Target::Cluster(urls) => urls.iter().map(|u| redact(u)).collect::<Vec<_>>().join(","),
+            #[cfg(feature = "sentinel")]
+            Target::Sentinel { urls, master } => format!(
+                "redis+sentinel://{}/{master}",
+                urls.iter().map(|u| redact(u).replacen("redis://", "", 1)).collect::<Vec<_>>().join(",")
+            ),
             Target::Pool(_) => "redis (pool)".to_owned(),
             #[cfg(feature = "cluster")]
             Target::ClusterPool(_) => "redis cluster (pool)".to_owned(),
@@ -294,7 +314,7 @@ impl RedisStoreBuilder {
 }
 
 /// Hides the password of a `redis://user:password@host` URL.
-fn redact(url: &str) -> String {
+pub(super) fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
             let creds = &url[scheme + 3..at];
@@ -325,6 +345,15 @@ mod tests {
     fn bad_config_is_an_error() {
         assert!(matches!(RedisStore::builder("redis://h").pool_size(0).connect_lazy(), Err(Error::Config(_))));
         assert!(matches!(RedisStore::builder("not a url").connect_lazy(), Err(Error::Config(_))));
+        #[cfg(feature = "sentinel")]
+        {
+            let none: [&str; 0] = [];
+            assert!(matches!(RedisStore::sentinel_builder(none, "m").connect_lazy(), Err(Error::Config(_))));
+            let empty = RedisStore::sentinel_builder(["redis://h:26379"], "").connect_lazy();
+            assert!(matches!(empty, Err(Error::Config(_))));
+            let ok = RedisStore::sentinel_builder(["redis://u:pw@h:26379", "redis://h2"], "m").connect_lazy().unwrap();
+            assert!(format!("{ok:?}").contains("redis+sentinel://u:***@h:26379,h2/m"), "{ok:?}");
+        }
     }
 
     #[test]

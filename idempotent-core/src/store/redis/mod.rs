@@ -35,6 +35,8 @@ pub mod layout;
 mod preflight;
 mod reads;
 pub(crate) mod script;
+#[cfg(feature = "sentinel")]
+pub(crate) mod sentinel;
 mod store;
 
 pub use self::builder::RedisStoreBuilder;
@@ -253,6 +255,48 @@ impl RedisStore {
         S: Into<String>,
     {
         RedisStoreBuilder::on_cluster(urls.into_iter().map(Into::into).collect())
+    }
+
+    /// Starts configuring a store on the master that the sentinels at `sentinel_urls` (each
+    /// `redis://host:port`, with the sentinel's own credentials if it needs any) monitor as
+    /// `master_name`, finished by [`connect`](RedisStoreBuilder::connect) or
+    /// [`connect_lazy`](RedisStoreBuilder::connect_lazy).
+    ///
+    /// Every connection the store opens asks the sentinels for the master first (redis-rs
+    /// checks with `ROLE` that it is one), so after a failover the store's new connections go to
+    /// the promoted replica: a connection that broke (the master died), or that the old master
+    /// answers `READONLY` on (it was demoted), is replaced by one to whichever master the
+    /// sentinels name then. While they name none (the master is down and no replica promoted
+    /// yet), calls fail closed within the command timeout: nothing runs. What a failover can
+    /// still lose, and what [`wait_for_replicas`](RedisStoreBuilder::wait_for_replicas) keeps:
+    /// see "Replication and failover" in [`RedisStore`]'s docs.
+    ///
+    /// The master is reached over plain TCP without credentials, on database 0.
+    ///
+    /// ```no_run
+    /// use idempotent_core::RedisStore;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idempotent_core::Error> {
+    /// let store = RedisStore::sentinel_builder(
+    ///     ["redis://sentinel-1:26379", "redis://sentinel-2:26379", "redis://sentinel-3:26379"],
+    ///     "mymaster",
+    /// )
+    /// .command_timeout(std::time::Duration::from_millis(500))
+    /// .wait_for_replicas(1, std::time::Duration::from_millis(100))
+    /// .connect()
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// No sentinel URL, an invalid one, or an empty master name is an [`Error::Config`] of
+    /// `connect`/`connect_lazy`.
+    #[cfg(feature = "sentinel")]
+    pub fn sentinel_builder<I, S>(sentinel_urls: I, master_name: impl Into<String>) -> RedisStoreBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedisStoreBuilder::on_sentinel(sentinel_urls.into_iter().map(Into::into).collect(), master_name.into())
     }
 
     /// Starts configuring a store on a deadpool cluster pool of the application's (its
