@@ -196,6 +196,12 @@ impl RedisSentinel {
     /// lists it as a replica that is up. Unlike [`RedisServer::follow`] this does not wait for
     /// the offsets to meet, which they never do while clients write.
     pub fn rejoin(&self, old: usize, new: usize) {
+        self.rejoin_quietly(old, new);
+        self.wait_ready();
+    }
+
+    /// [`rejoin`](Self::rejoin) without waiting for the sentinels.
+    fn rejoin_quietly(&self, old: usize, new: usize) {
         let (replica, master) = (&self.nodes[old], &self.nodes[new]);
         master.cmd(&["CONFIG", "SET", "repl-diskless-sync-delay", "0"]);
         replica.cmd(&["REPLICAOF", "127.0.0.1", &master.port().to_string()]);
@@ -211,7 +217,41 @@ impl RedisSentinel {
             },
         );
         let _: () = redis::cmd("DEL").arg(&probe).query(&mut conn).unwrap();
+    }
+
+    /// `SENTINEL FAILOVER` (a failover with the master alive, as for maintenance): waits until the
+    /// sentinels name the replica, and the old master has turned into its replica, and returns
+    /// the indices of the old and the new master.
+    pub fn failover_forced(&self) -> (usize, usize) {
+        let old = self.master();
+        self.sentinels[0].cmd(&["SENTINEL", "FAILOVER", MASTER_NAME]).expect("SENTINEL FAILOVER");
+        let port = self.wait_for_failover(self.nodes[old].port());
+        let new = self.nodes.iter().position(|n| n.port() == port).expect("the new master is one of the nodes");
         self.wait_ready();
+        (old, new)
+    }
+
+    /// The switch done by hand, behind the sentinels' back, as an operator might: the replica
+    /// promoted (`REPLICAOF NO ONE`), the master demoted (`REPLICAOF`; its clients stay
+    /// connected, which a sentinel's own demotion would have killed), then every sentinel told to
+    /// monitor the new master instead (`SENTINEL REMOVE`, `MONITOR`). Returns the indices of the
+    /// old and the new master.
+    pub fn switch_by_hand(&self) -> (usize, usize) {
+        let old = self.master();
+        let new = 1 - old;
+        self.nodes[old].wait_replicated();
+        self.nodes[new].promote();
+        self.rejoin_quietly(old, new);
+        let port = self.nodes[new].port().to_string();
+        let (down, failover) = (DOWN_AFTER.as_millis().to_string(), FAILOVER_TIMEOUT.as_millis().to_string());
+        for s in &self.sentinels {
+            let _ = s.cmd(&["SENTINEL", "REMOVE", MASTER_NAME]);
+            s.cmd(&["SENTINEL", "MONITOR", MASTER_NAME, "127.0.0.1", &port, "2"]).expect("SENTINEL MONITOR");
+            s.cmd(&["SENTINEL", "SET", MASTER_NAME, "down-after-milliseconds", &down, "failover-timeout", &failover])
+                .expect("SENTINEL SET");
+        }
+        self.wait_ready();
+        (old, new)
     }
 
     /// Waits until every sentinel names a master other than the one on `old_port`, the same
