@@ -90,7 +90,7 @@ async fn store_through_sentinel_runs_and_replays() {
     let hosts: Vec<String> = setup.urls().iter().map(|u| u.trim_start_matches("redis://").to_owned()).collect();
     let url = format!("redis+sentinel://{}/{MASTER_NAME}", hosts.join(","));
     let shared = idempotent_core::store::connect(&url).await.unwrap();
-    let ctx = RunContext::new(shared, ctx.run_id().to_owned());
+    let ctx = RunContext::new(shared, ctx.run_id());
     let third = probe(&ctx, &hist, "k1").await;
     assert_eq!(third.outcome, Completion::Ok(value.clone()), "through {url}");
     assert!(!third.ran);
