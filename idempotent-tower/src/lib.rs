@@ -44,6 +44,7 @@
 //! - `redis`: `RedisStore`, `RedisStoreBuilder` and `Preflight`, re-exported from
 //!   idempotent-core.
 //! - `cluster`: Redis Cluster support in `RedisStore` (`RedisStore::cluster_builder`).
+//! - `sentinel`: Redis Sentinel support in `RedisStore` (`RedisStore::sentinel_builder`).
 //! - `tls`: `rediss://` URLs.
 //! - `sqlite`: `SqliteStore` and `SqliteStoreBuilder` (idempotent-core's `sqlite`), and `sqlx`.
 //! - `postgres`: `PostgresStore` and `PostgresStoreBuilder` (idempotent-core's `postgres`), and
