@@ -20,6 +20,8 @@ use idempotent_tests::{MASTER_NAME, RedisSentinel, unique};
 const TIMEOUT: Duration = Duration::from_millis(500);
 /// How long the WAIT mode waits for the replica.
 const WAIT: Duration = Duration::from_millis(100);
+/// A nemesis worker's pace: at most one call per this (4 workers: up to 400 calls a second).
+const PACE: Duration = Duration::from_millis(10);
 
 async fn start() -> RedisSentinel {
     tokio::task::spawn_blocking(RedisSentinel::start).await.unwrap()
@@ -205,7 +207,7 @@ fn failures(hist: &History) -> String {
     format!("{:?}", hist.failures().into_iter().rev().take(5).collect::<Vec<_>>())
 }
 
-/// Four workers, each on keys of its own (every call a first execution), while
+/// Four workers, each on keys of its own (every call a first execution, one per [`PACE`]), while
 /// IDEMPOTENT_SENTINEL_ROUNDS (3) crash failovers run: kill the master, wait for the promotion,
 /// start the old one again as the new master's replica; between rounds, until the workers made
 /// 100 calls more. Then a settle pass, the final pass over every key, and the checker.
@@ -220,14 +222,17 @@ async fn nemesis(wait: bool) -> (Report, Vec<String>) {
         .map(|w| {
             let (ctx, hist, done, calls) = (ctx.clone(), hist.clone(), done.clone(), calls.clone());
             tokio::spawn(async move {
+                // At most one call per tick: the checker's time grows with keys times calls.
+                let mut pace = tokio::time::interval(PACE);
+                pace.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 let mut keys = Vec::new();
                 while !done.load(Ordering::SeqCst) {
+                    pace.tick().await;
                     let key = format!("w{w}-{}", keys.len());
                     call(&ctx, &hist, &key, Cfg { lease: Duration::from_millis(500), ..Cfg::default() }, None, false)
                         .await;
                     calls.fetch_add(1, Ordering::SeqCst);
                     keys.push(key);
-                    tokio::task::yield_now().await;
                 }
                 keys
             })
@@ -251,23 +256,34 @@ async fn nemesis(wait: bool) -> (Report, Vec<String>) {
     .await
     .unwrap();
     done.store(true, Ordering::SeqCst);
-    let mut keys = Vec::new();
-    for w in workers {
-        keys.extend(w.await.unwrap());
-    }
     let secs = started.elapsed().as_secs_f64();
-    // A call may still meet the last switch (a connection to replace): each key until it ends ok.
+    // Each worker's keys once the failovers are over, on a task each: a call may still meet the
+    // last switch (a connection to replace), so each key until it ends ok; then the final pass.
+    let passes: Vec<_> = workers
+        .into_iter()
+        .map(|w| {
+            let (ctx, hist) = (ctx.clone(), hist.clone());
+            tokio::spawn(async move {
+                let keys = w.await.unwrap();
+                let mut settling = 0;
+                for key in &keys {
+                    for _ in 0..10 {
+                        if matches!(call(&ctx, &hist, key, Cfg::default(), None, false).await, Completion::Ok(_)) {
+                            break;
+                        }
+                        settling += 1;
+                    }
+                }
+                for key in &keys {
+                    call(&ctx, &hist, key, Cfg::default(), None, true).await;
+                }
+                settling
+            })
+        })
+        .collect();
     let mut settling = 0;
-    for key in &keys {
-        for _ in 0..10 {
-            if matches!(call(&ctx, &hist, key, Cfg::default(), None, false).await, Completion::Ok(_)) {
-                break;
-            }
-            settling += 1;
-        }
-    }
-    for key in &keys {
-        call(&ctx, &hist, key, Cfg::default(), None, true).await;
+    for pass in passes {
+        settling += pass.await.unwrap();
     }
     let (report, errors) = match hist.check() {
         Ok(report) => (report, Vec::new()),
