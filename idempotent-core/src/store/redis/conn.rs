@@ -18,7 +18,7 @@ use crate::error::{BoxError, Error};
 use crate::key::Key;
 use crate::store::{BoxFuture, Store};
 
-/// The deadpool pool the store draws its connections from.
+/// Where the store draws its connections from: a deadpool pool, or the sentinels.
 #[derive(Clone)]
 pub(super) enum Pool {
     Single(deadpool_redis::Pool),
