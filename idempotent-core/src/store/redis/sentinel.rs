@@ -4,7 +4,9 @@
 //! No deadpool pool here: the store keeps its few connections in slots of its own (`conn.rs`)
 //! and opens one only when a slot is empty (at first use, or after a connection failed). Each
 //! opening asks the sentinels anew, so that a connection opened after a failover goes to the new
-//! master, and none waits idle in a pool, pointed at a master that is gone.
+//! master, and none waits idle in a pool, pointed at a master that is gone. (deadpool-redis's
+//! own sentinel pool would also open its connections with the driver's 500 ms response timeout,
+//! which would cut calls short of the store's command timeout.)
 
 use std::time::Duration;
 
