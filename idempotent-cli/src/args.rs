@@ -16,6 +16,7 @@ const EXIT_CODES: &str = "Exit codes: 0 done; 1 the store failed or could not be
 #[command(name = "idempotent", version, about, long_about = None, after_help = EXIT_CODES)]
 pub(crate) struct Cli {
     /// The store: redis://host:port (several comma-separated for a cluster), rediss://…,
+    /// redis+sentinel://host:port,host:port/master-name (the master those sentinels name),
     /// sqlite://path (an existing file; sqlite://path?mode=rwc creates it) or
     /// postgres://user@host/db.
     #[arg(long, env = "IDEMPOTENT_STORE", global = true, value_name = "URL")]

@@ -51,7 +51,7 @@
 //!   lease and retention ([`Terms`]).
 //! - [`Key`], [`Fingerprint`], [`canonical`]: deterministic keys over RFC 8785 canonical JSON.
 //! - [`Store`]: the record protocol ([`record`]), with [`MemoryStore`] and, under the `redis`
-//!   feature, [`RedisStore`] (standalone or cluster, deadpool pooled; a replay and a first
+//!   feature, [`RedisStore`] (standalone, cluster or through Sentinel; a replay and a first
 //!   acquisition are one plain `SET NX GET`, the other transitions Lua scripts judged by the
 //!   server clock; fail-closed timeouts; [`RedisStore::preflight`] with [`Preflight::ensure`]
 //!   refuses at start-up a server that may lose records), under the `sqlite` feature,

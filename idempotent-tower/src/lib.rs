@@ -44,6 +44,7 @@
 //! - `redis`: `RedisStore`, `RedisStoreBuilder` and `Preflight`, re-exported from
 //!   idempotent-core.
 //! - `cluster`: Redis Cluster support in `RedisStore` (`RedisStore::cluster_builder`).
+//! - `sentinel`: Redis Sentinel support in `RedisStore` (`RedisStore::sentinel_builder`).
 //! - `tls-rustls`, `tls-native-tls`: TLS (`rediss://` URLs) through rustls or the system's native
 //!   TLS library (idempotent-core's features of the same names).
 //! - `sqlite`: `SqliteStore` and `SqliteStoreBuilder` (idempotent-core's `sqlite`), and `sqlx`.

@@ -1,9 +1,9 @@
 //! Test support for the workspace: throwaway `redis-server` and `valkey-server` processes
-//! ([`Flavor`]), throwaway PostgreSQL
-//! servers ([`postgres::PgServer`]), the store matrix every scenario runs on ([`on_every_store!`],
-//! [`matrix`]), the store conformance suite, the scenarios written once for both SQL stores
-//! ([`sql`], [`transaction`], [`sql_store`]), and [`hooked::HookedStore`] for stores with one
-//! transition changed.
+//! ([`Flavor`]: standalone, a cluster ([`RedisCluster`]), a master and replica watched by three
+//! sentinels ([`RedisSentinel`])), throwaway PostgreSQL servers ([`postgres::PgServer`]), the
+//! store matrix every scenario runs on ([`on_every_store!`], [`matrix`]), the store conformance
+//! suite, the scenarios written once for both SQL stores ([`sql`], [`transaction`],
+//! [`sql_store`]), and [`hooked::HookedStore`] for stores with one transition changed.
 //!
 //! Every server listens on a free loopback port in its own temporary directory, keeps its log
 //! there, and is killed when dropped. Tests never touch a Redis the machine may already run on
@@ -26,6 +26,7 @@ pub mod matrix;
 pub mod postgres;
 pub mod proxy;
 mod redis_cluster;
+mod redis_sentinel;
 mod redis_server;
 pub mod refund_server;
 pub mod sql;
@@ -39,6 +40,7 @@ pub mod workload;
 pub use hooked::HookedStore;
 pub use postgres::PgServer;
 pub use redis_cluster::{CLUSTER_NODE_TIMEOUT, RedisCluster};
+pub use redis_sentinel::{DOWN_AFTER, MASTER_NAME, RedisSentinel};
 pub use redis_server::{Flavor, Monitor, Monitored, RedisOptions, RedisServer};
 
 pub(crate) const INSTALL_HINT: &str = "redis-server was not found on PATH. The Redis tests need a real server: \

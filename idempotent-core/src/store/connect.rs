@@ -10,6 +10,7 @@ use crate::error::Error;
 /// |---|---|---|
 /// | `redis://host:port[/db]`, `rediss://…` | [`RedisStore`](crate::RedisStore) | `redis` (`tls-rustls` or `tls-native-tls` for `rediss`) |
 /// | `redis://host1:port1,redis://host2:port2,…` (several, comma-separated) | a [`RedisStore`](crate::RedisStore) on the Redis Cluster those nodes belong to | `cluster` |
+/// | `redis+sentinel://host1:port1,host2:port2/master-name` (port 26379 when none is given) | a [`RedisStore`](crate::RedisStore) on the master those sentinels monitor under that name, following its failovers (`RedisStore::sentinel_builder`) | `sentinel` |
 /// | `postgres://user@host:port/db`, `postgresql://…` | [`PostgresStore`](crate::PostgresStore) (its table is created if missing) | `postgres` |
 /// | `sqlite://path`, `sqlite:path` | [`SqliteStore`](crate::SqliteStore) on that file (created if missing) | `sqlite` |
 /// | `memory:` | a new, empty [`MemoryStore`](crate::MemoryStore) (for tests) | — |
@@ -28,7 +29,10 @@ use crate::error::Error;
 pub async fn connect(url: &str) -> Result<SharedStore, Error> {
     let scheme = url.split_once(':').map(|(scheme, _)| scheme).unwrap_or_default();
     // Unused when every store's feature is on.
-    #[cfg_attr(all(feature = "cluster", feature = "postgres", feature = "sqlite"), allow(unused_variables))]
+    #[cfg_attr(
+        all(feature = "cluster", feature = "sentinel", feature = "postgres", feature = "sqlite"),
+        allow(unused_variables)
+    )]
     let missing = |feature: &str| {
         Error::Config(format!(
             "{scheme}:// URLs need idempotent-core's `{feature}` feature, which this program was built without"
@@ -45,6 +49,17 @@ pub async fn connect(url: &str) -> Result<SharedStore, Error> {
             #[cfg(not(feature = "cluster"))]
             {
                 Err(missing("cluster"))
+            }
+        }
+        "redis+sentinel" => {
+            #[cfg(feature = "sentinel")]
+            {
+                let (sentinels, master) = crate::store::redis::sentinel::parse_url(url)?;
+                Ok(std::sync::Arc::new(super::RedisStore::sentinel_builder(sentinels, master).connect().await?))
+            }
+            #[cfg(not(feature = "sentinel"))]
+            {
+                Err(missing("sentinel"))
             }
         }
         "redis" | "rediss" => {
@@ -79,8 +94,8 @@ pub async fn connect(url: &str) -> Result<SharedStore, Error> {
             }
         }
         _ => Err(Error::Config(format!(
-            "{url:?} names no store this crate knows: use redis://host:port, postgres://user@host/db, \
-             sqlite://path or memory:"
+            "{url:?} names no store this crate knows: use redis://host:port, \
+             redis+sentinel://host:port/master-name, postgres://user@host/db, sqlite://path or memory:"
         ))),
     }
 }

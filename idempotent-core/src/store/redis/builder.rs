@@ -23,6 +23,9 @@ enum Target {
     /// The Redis Cluster these seed nodes belong to.
     #[cfg(feature = "cluster")]
     Cluster(Vec<String>),
+    /// The master that the sentinels at these URLs know by this name.
+    #[cfg(feature = "sentinel")]
+    Sentinel { urls: Vec<String>, master: String },
     /// The application's own pool.
     Pool(deadpool_redis::Pool),
     /// The application's own cluster pool.
@@ -32,7 +35,8 @@ enum Target {
 
 /// Configures a [`RedisStore`]; made by [`RedisStore::builder`] or
 /// [`RedisStore::builder_with_pool`] (with the `cluster` feature, also
-/// `RedisStore::cluster_builder` and `RedisStore::cluster_builder_with_pool`), and finished, as
+/// `RedisStore::cluster_builder` and `RedisStore::cluster_builder_with_pool`; with `sentinel`,
+/// `RedisStore::sentinel_builder`), and finished, as
 /// sqlx's pools are, by [`connect`](Self::connect) (async: connects, and fails on a server it
 /// cannot reach) or [`connect_lazy`](Self::connect_lazy) (connects on first use).
 #[derive(Clone)]
@@ -92,6 +96,12 @@ impl RedisStoreBuilder {
     #[cfg(feature = "cluster")]
     pub(super) fn on_cluster(urls: Vec<String>) -> Self {
         Self::new(Target::Cluster(urls))
+    }
+
+    /// The master the sentinels at `urls` know as `master`.
+    #[cfg(feature = "sentinel")]
+    pub(super) fn on_sentinel(urls: Vec<String>, master: String) -> Self {
+        Self::new(Target::Sentinel { urls, master })
     }
 
     /// The application's pool.
@@ -228,8 +238,9 @@ impl RedisStoreBuilder {
     ///
     /// With the `tls-rustls` feature the platform's roots are those `rustls-native-certs` finds
     /// (the system store; `SSL_CERT_FILE` and `SSL_CERT_DIR` name others); with
-    /// `tls-native-tls`, the system's TLS library's. Standalone Redis only, for now: on a
-    /// cluster, [`connect_lazy`](Self::connect_lazy) refuses it.
+    /// `tls-native-tls`, the system's TLS library's. For a store on one URL only: on a cluster,
+    /// through Sentinel or on the application's pool, [`connect_lazy`](Self::connect_lazy)
+    /// refuses it.
     ///
     /// ```no_run
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -265,6 +276,15 @@ impl RedisStoreBuilder {
     ///
     /// Fails with [`Error::Config`] for invalid settings or URL.
     pub fn connect_lazy(self) -> Result<RedisStore, Error> {
+        #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
+        if self.tls_root.is_some() && !matches!(self.target, Target::Url(_)) {
+            return Err(Error::Config(
+                "tls_root_certificate is for a store on one Redis URL; a cluster's or Sentinel's TLS trusts the \
+                 platform's root certificates (with tls-rustls, add the authority to SSL_CERT_FILE), and an \
+                 application's pool its own settings"
+                    .into(),
+            ));
+        }
         if self.pool_size == Some(0) {
             return Err(Error::Config("pool_size must be at least 1".into()));
         }
@@ -313,14 +333,6 @@ impl RedisStoreBuilder {
             }
             #[cfg(feature = "cluster")]
             Target::Cluster(urls) => {
-                #[cfg(any(feature = "tls-rustls", feature = "tls-native-tls"))]
-                if self.tls_root.is_some() {
-                    return Err(Error::Config(
-                        "tls_root_certificate is for standalone Redis; a cluster's TLS trusts the platform's root \
-                         certificates (with tls-rustls, add the authority to SSL_CERT_FILE)"
-                            .into(),
-                    ));
-                }
                 if urls.is_empty() {
                     return Err(Error::Config("no Redis Cluster node URL given".into()));
                 }
@@ -331,6 +343,11 @@ impl RedisStoreBuilder {
                 let mut cfg = cluster::Config::from_urls(urls.clone());
                 cfg.pool = Some(pool_config);
                 (Pool::Cluster(cfg.create_pool(Some(Runtime::Tokio1)).map_err(|e| config_err(&e))?), pool_size)
+            }
+            #[cfg(feature = "sentinel")]
+            Target::Sentinel { urls, master } => {
+                let sentinel = super::sentinel::Sentinel::new(urls, master, self.timeout)?;
+                (Pool::Sentinel(std::sync::Arc::new(sentinel)), pool_size)
             }
             Target::Pool(pool) => (Pool::Single(pool.clone()), share(pool.status().max_size)),
             #[cfg(feature = "cluster")]
@@ -376,6 +393,11 @@ impl RedisStoreBuilder {
             Target::Url(url) => redact(url),
             #[cfg(feature = "cluster")]
             Target::Cluster(urls) => urls.iter().map(|u| redact(u)).collect::<Vec<_>>().join(","),
+            #[cfg(feature = "sentinel")]
+            Target::Sentinel { urls, master } => format!(
+                "redis+sentinel://{}/{master}",
+                urls.iter().map(|u| redact(u).replacen("redis://", "", 1)).collect::<Vec<_>>().join(",")
+            ),
             Target::Pool(_) => "redis (pool)".to_owned(),
             #[cfg(feature = "cluster")]
             Target::ClusterPool(_) => "redis cluster (pool)".to_owned(),
@@ -398,7 +420,7 @@ fn install_rustls_provider() {
 }
 
 /// Hides the password of a `redis://user:password@host` URL.
-fn redact(url: &str) -> String {
+pub(super) fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
             let creds = &url[scheme + 3..at];
@@ -429,6 +451,15 @@ mod tests {
     fn bad_config_is_an_error() {
         assert!(matches!(RedisStore::builder("redis://h").pool_size(0).connect_lazy(), Err(Error::Config(_))));
         assert!(matches!(RedisStore::builder("not a url").connect_lazy(), Err(Error::Config(_))));
+        #[cfg(feature = "sentinel")]
+        {
+            let none: [&str; 0] = [];
+            assert!(matches!(RedisStore::sentinel_builder(none, "m").connect_lazy(), Err(Error::Config(_))));
+            let empty = RedisStore::sentinel_builder(["redis://h:26379"], "").connect_lazy();
+            assert!(matches!(empty, Err(Error::Config(_))));
+            let ok = RedisStore::sentinel_builder(["redis://u:pw@h:26379", "redis://h2"], "m").connect_lazy().unwrap();
+            assert!(format!("{ok:?}").contains("redis+sentinel://u:***@h:26379,h2/m"), "{ok:?}");
+        }
     }
 
     #[test]

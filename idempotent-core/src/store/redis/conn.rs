@@ -18,12 +18,15 @@ use crate::error::{BoxError, Error};
 use crate::key::Key;
 use crate::store::{BoxFuture, Store};
 
-/// The deadpool pool the store draws its connections from.
+/// Where the store draws its connections from: a deadpool pool, or the sentinels.
 #[derive(Clone)]
 pub(super) enum Pool {
     Single(deadpool_redis::Pool),
     #[cfg(feature = "cluster")]
     Cluster(cluster::Pool),
+    /// No pool: each connection is opened on the master the sentinels name at the time.
+    #[cfg(feature = "sentinel")]
+    Sentinel(std::sync::Arc<super::sentinel::Sentinel>),
 }
 
 /// How many replicas must acknowledge a write, and for how long to wait for them (see
@@ -110,6 +113,8 @@ enum Checkout {
     Single(deadpool_redis::Connection),
     #[cfg(feature = "cluster")]
     Cluster(cluster::Connection),
+    #[cfg(feature = "sentinel")]
+    Sentinel(redis::aio::MultiplexedConnection),
 }
 
 impl Checkout {
@@ -118,6 +123,8 @@ impl Checkout {
             Checkout::Single(c) => Conn::Single((**c).clone()),
             #[cfg(feature = "cluster")]
             Checkout::Cluster(c) => Conn::Cluster((**c).clone()),
+            #[cfg(feature = "sentinel")]
+            Checkout::Sentinel(c) => Conn::Single(c.clone()),
         }
     }
 
@@ -127,6 +134,8 @@ impl Checkout {
             Checkout::Single(c) => drop(deadpool_redis::Connection::take(c)),
             #[cfg(feature = "cluster")]
             Checkout::Cluster(c) => drop(cluster::Connection::take(c)),
+            #[cfg(feature = "sentinel")]
+            Checkout::Sentinel(c) => drop(c),
         }
     }
 }
@@ -176,6 +185,14 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 fn is_connection_error(e: &redis::RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
+}
+
+/// Whether `e` says the connection leads somewhere it should not, or nowhere: broken (see
+/// [`is_connection_error`]), or to a replica (`READONLY`: the master it was opened on was demoted
+/// since). Such a connection is replaced; through Sentinel, its replacement goes to the master
+/// the sentinels name then. A `READONLY` write changed nothing, so it may be sent again.
+fn is_misplaced(e: &redis::RedisError) -> bool {
+    is_connection_error(e) || e.code() == Some("READONLY")
 }
 
 /// How many times a call is sent again for what the server lacked: an unknown function (the
@@ -268,6 +285,8 @@ impl RedisStore {
             Pool::Single(_) => false,
             #[cfg(feature = "cluster")]
             Pool::Cluster(_) => true,
+            #[cfg(feature = "sentinel")]
+            Pool::Sentinel(_) => false,
         }
     }
 
@@ -400,9 +419,10 @@ impl RedisStore {
                 };
                 match res {
                     // The connection was found dead (a restart or a network blip since its last
-                    // use). Every command is idempotent for its owner token, so one more try on
-                    // a fresh connection is safe even if the first request did reach the server.
-                    Err(e) if !retried && is_connection_error(&e) => {
+                    // use), or on a demoted master. Every command is idempotent for its owner
+                    // token, so one more try on a fresh connection is safe even if the first
+                    // request did reach the server.
+                    Err(e) if !retried && is_misplaced(&e) => {
                         self.discard_all();
                         tracing::debug!(op, error = %e, "idempotent.redis: retrying on a fresh connection");
                         retried = true;
@@ -511,6 +531,15 @@ impl RedisStore {
             Pool::Single(p) => Checkout::Single(p.get().await.map_err(|e| self.pool_error(op, e))?),
             #[cfg(feature = "cluster")]
             Pool::Cluster(p) => Checkout::Cluster(p.get().await.map_err(|e| self.pool_error(op, e))?),
+            #[cfg(feature = "sentinel")]
+            Pool::Sentinel(sentinel) => {
+                let mut asking = sentinel.lock().await;
+                // Filled by the refill this one waited for.
+                if let Some(filled) = lock(&conns.slots[slot]).as_ref() {
+                    return Ok(filled.handle());
+                }
+                Checkout::Sentinel(asking.connect().await.map_err(|e| self.checked_error(op, e))?)
+            }
         };
         let mut slot = lock(&conns.slots[slot]);
         if let Some(filled) = slot.as_ref() {
@@ -523,16 +552,18 @@ impl RedisStore {
         Ok(conn)
     }
 
-    /// The driver's reply as the store's; a broken connection empties every slot.
+    /// The driver's reply as the store's; a broken or misplaced connection empties every slot.
     fn checked_reply<T>(&self, op: &'static str, res: redis::RedisResult<T>) -> Result<T, Error> {
-        res.map_err(|e| {
-            if is_connection_error(&e) || e.is_timeout() {
-                // Whatever broke this connection (a restart, a network blip) most likely broke
-                // its siblings too: replace them all rather than fail one call per slot.
-                self.discard_all();
-            }
-            self.redis_error(op, e)
-        })
+        res.map_err(|e| self.checked_error(op, e))
+    }
+
+    fn checked_error(&self, op: &'static str, e: redis::RedisError) -> Error {
+        if is_misplaced(&e) || e.is_timeout() {
+            // Whatever broke this connection (a restart, a network blip, a failover) most likely
+            // broke its siblings too: replace them all rather than fail one call per slot.
+            self.discard_all();
+        }
+        self.redis_error(op, e)
     }
 
     fn discard_all(&self) {

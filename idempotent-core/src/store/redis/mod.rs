@@ -1,13 +1,14 @@
-//! The Redis store, on deadpool-redis, for standalone Redis and Redis Cluster.
+//! The Redis store, on deadpool-redis, for standalone Redis, Redis Cluster and Redis Sentinel.
 //!
 //! This file holds [`RedisStore`] and how it is made; around it, `acquire` its acquire path,
 //! `store` the [`Store`](super::Store) implementation (the transitions and the admin writes),
 //! `admin` and `reads` the reads of records (`inspect` and `scan`; acquire's plain reads,
 //! batched), `builder` its settings, `preflight` the start-up check of the server, `conn`
 //! connections and transport, `script` the Lua scripts and how they are called (a function
-//! library, or `EVALSHA`), `clock` the estimate of the server's clock that fences keys taken by
-//! `SET NX`, `arg` the arguments written into commands, and `layout` (with `layout.lua`, the
-//! prelude of every script) where each field of a record sits.
+//! library, or `EVALSHA`), `sentinel` how a store through Sentinel finds its master, `clock`
+//! the estimate of the server's clock that fences keys taken by `SET NX`, `arg` the arguments
+//! written into commands, and `layout` (with `layout.lua`, the prelude of every script) where
+//! each field of a record sits.
 
 use std::fmt;
 use std::sync::Arc;
@@ -36,6 +37,8 @@ mod native;
 mod preflight;
 mod reads;
 pub(crate) mod script;
+#[cfg(feature = "sentinel")]
+pub(crate) mod sentinel;
 mod store;
 
 pub use self::builder::RedisStoreBuilder;
@@ -150,9 +153,25 @@ pub mod source {
 /// completion is possibly unstored), and with more replicas than waited for, the one promoted
 /// may still lack a write. On standalone Redis the store keeps the URL it was built with: after
 /// a replica is promoted (by hand or by Sentinel) and the old master becomes a replica, every
-/// call there fails closed (`READONLY`); build a new store on the new master's URL (on
-/// Sentinel's `+switch-master`), or connect through a proxy that follows the master.
-/// RELIABILITY.md has the figures.
+/// call there fails closed (`READONLY`); build a new store on the new master's URL, connect
+/// through a proxy that follows the master, or let the store ask Sentinel.
+///
+/// **Redis Sentinel** (feature `sentinel`, [`RedisStore::sentinel_builder`]): every connection
+/// the store opens asks the sentinels for the master (and checks its `ROLE`), so it follows a
+/// failover as far as its connections do. A connection that broke (the master died, or a
+/// sentinel demoted it and closed its clients' connections) or that answers `READONLY` (the
+/// master was demoted by hand) is replaced by one to the master the sentinels name then, and
+/// the call is sent once more; while they name none (between a crash and the promotion), calls
+/// fail closed within the command timeout. What Sentinel gives is that discovery: it is not
+/// consensus, and it fences nothing. A crash loses what the master had not sent to its replica,
+/// as on a cluster. And an old master that is still alive (`SENTINEL FAILOVER`, a partition)
+/// keeps taking writes until a sentinel demotes it, which Sentinel does only a few of its
+/// periods after the switch; the store's connections to it still work, so its calls go there
+/// meanwhile and every write of that window is lost at the demotion (thousands in the measure
+/// of RELIABILITY.md). With [`RedisStoreBuilder::wait_for_replicas`] those writes fail
+/// instead (the old master has lost its replica), and a crash failover to the one replica loses
+/// no acknowledged acquire or completion; the server's own `min-replicas-to-write` bounds the
+/// window for every client. RELIABILITY.md has the figures.
 ///
 /// At start-up, `store.preflight().await?.ensure()?` fails when the server's settings break
 /// the guarantee (see [`RedisStore::preflight`]).
@@ -258,6 +277,50 @@ impl RedisStore {
         S: Into<String>,
     {
         RedisStoreBuilder::on_cluster(urls.into_iter().map(Into::into).collect())
+    }
+
+    /// Starts configuring a store on the master that the sentinels at `sentinel_urls` (each
+    /// `redis://host:port`, with the sentinel's own credentials if it needs any) monitor as
+    /// `master_name`, finished by [`connect`](RedisStoreBuilder::connect) or
+    /// [`connect_lazy`](RedisStoreBuilder::connect_lazy).
+    ///
+    /// Every connection the store opens asks the sentinels for the master first (redis-rs
+    /// checks with `ROLE` that it is one), so after a failover the store's new connections go to
+    /// the promoted replica: a connection that broke (the master died, or a sentinel demoted it
+    /// and closed its clients' connections), or that the old master answers `READONLY` on (it
+    /// was demoted by hand), is replaced by one to whichever master the sentinels name then.
+    /// While they name none (the master is down and no replica promoted yet), calls fail closed
+    /// within the command timeout: nothing runs. A connection to an old master that is still
+    /// alive and not yet demoted keeps working, and its writes are lost at the demotion. What a
+    /// failover can lose, and what [`wait_for_replicas`](RedisStoreBuilder::wait_for_replicas)
+    /// keeps: see "Replication and failover" in [`RedisStore`]'s docs.
+    ///
+    /// The master is reached over plain TCP without credentials, on database 0.
+    ///
+    /// ```no_run
+    /// use idempotent_core::RedisStore;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), idempotent_core::Error> {
+    /// let store = RedisStore::sentinel_builder(
+    ///     ["redis://sentinel-1:26379", "redis://sentinel-2:26379", "redis://sentinel-3:26379"],
+    ///     "mymaster",
+    /// )
+    /// .command_timeout(std::time::Duration::from_millis(500))
+    /// .wait_for_replicas(1, std::time::Duration::from_millis(100))
+    /// .connect()
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// No sentinel URL, an invalid one, or an empty master name is an [`Error::Config`] of
+    /// `connect`/`connect_lazy`.
+    #[cfg(feature = "sentinel")]
+    pub fn sentinel_builder<I, S>(sentinel_urls: I, master_name: impl Into<String>) -> RedisStoreBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedisStoreBuilder::on_sentinel(sentinel_urls.into_iter().map(Into::into).collect(), master_name.into())
     }
 
     /// Starts configuring a store on a deadpool cluster pool of the application's (its
