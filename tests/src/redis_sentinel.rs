@@ -83,14 +83,7 @@ impl SentinelProcess {
     }
 
     fn cmd(&self, args: &[&str]) -> Result<redis::Value, String> {
-        let client = redis::Client::open(self.url()).map_err(|e| e.to_string())?;
-        let mut conn = client.get_connection_with_timeout(Duration::from_secs(2)).map_err(|e| e.to_string())?;
-        conn.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
-        let mut c = redis::cmd(args[0]);
-        for a in &args[1..] {
-            c.arg(*a);
-        }
-        c.query(&mut conn).map_err(|e| e.to_string())
+        crate::redis_server::try_cmd_at(&self.url(), args)
     }
 
     /// `SENTINEL MASTER`/`REPLICAS` entries as field maps.

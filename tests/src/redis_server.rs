@@ -293,14 +293,7 @@ impl RedisServer {
 
     /// Runs one command, or says why it failed (for a node that may be down).
     pub fn try_cmd(&self, args: &[&str]) -> Result<redis::Value, String> {
-        let client = redis::Client::open(self.url()).map_err(|e| e.to_string())?;
-        let mut conn = client.get_connection_with_timeout(Duration::from_secs(2)).map_err(|e| e.to_string())?;
-        conn.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
-        let mut c = redis::cmd(args[0]);
-        for a in &args[1..] {
-            c.arg(*a);
-        }
-        c.query(&mut conn).map_err(|e| e.to_string())
+        try_cmd_at(&self.url(), args)
     }
 
     /// The text of `INFO <section>`.
@@ -486,6 +479,19 @@ impl Monitor {
     pub fn client_commands(self) -> Vec<String> {
         self.finish().client
     }
+}
+
+/// Runs one command on the server at `url` on a connection of its own, or says why it failed
+/// (for a server that may be down).
+pub(crate) fn try_cmd_at(url: &str, args: &[&str]) -> Result<redis::Value, String> {
+    let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+    let mut conn = client.get_connection_with_timeout(Duration::from_secs(2)).map_err(|e| e.to_string())?;
+    conn.set_read_timeout(Some(Duration::from_secs(5))).map_err(|e| e.to_string())?;
+    let mut c = redis::cmd(args[0]);
+    for a in &args[1..] {
+        c.arg(*a);
+    }
+    c.query(&mut conn).map_err(|e| e.to_string())
 }
 
 /// A reply as text (bulk, simple or verbatim string, or a number).

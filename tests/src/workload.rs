@@ -1,9 +1,10 @@
 //! The workload of the reliability tests: how a worker calls the step under test, recording every
-//! call and execution in a [`History`], the final pass and check, and a deterministic random
-//! schedule. Shared by the scenarios of every store.
+//! call and execution in a [`History`], one timed call under a failover ([`probe`]), the final
+//! pass and check, and a deterministic random schedule. Shared by the scenarios of every store.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 use idempotent_core::store::BoxFuture;
 use idempotent_core::{Attempt, Error, OnInFlight, RunContext, Verdict};
@@ -176,4 +177,43 @@ pub async fn random_calls(
             call.await;
         }
     }
+}
+
+/// One call of the step during a failover, and what became of it.
+pub struct Probe {
+    /// The key it called on.
+    pub key: String,
+    /// How it ended.
+    pub outcome: Completion,
+    /// Whether its action ran.
+    pub ran: bool,
+    /// When it started.
+    pub started: Instant,
+    /// How long it took.
+    pub elapsed: Duration,
+}
+
+/// Calls the step on `key` once (a 2 s lease, rejecting when in flight), recording the call and
+/// its execution in `hist`.
+pub async fn probe(ctx: &RunContext, hist: &History, key: &str) -> Probe {
+    let op = hist.invoke(key);
+    let ran = Arc::new(AtomicBool::new(false));
+    let started = Instant::now();
+    let res: Result<String, Error> = ctx
+        .step("effect")
+        .lease(Duration::from_secs(2))
+        .on_in_flight(OnInFlight::Reject)
+        .run(&key, |attempt| {
+            let (hist, ran) = (hist.clone(), ran.clone());
+            async move {
+                ran.store(true, Ordering::SeqCst);
+                let (exec, value) = hist.effect_start(op, attempt.fence());
+                hist.effect_end(exec);
+                Ok(value)
+            }
+        })
+        .await;
+    let outcome = Completion::of(&res);
+    hist.complete(op, outcome.clone());
+    Probe { key: key.to_owned(), outcome, ran: ran.load(Ordering::SeqCst), started, elapsed: started.elapsed() }
 }

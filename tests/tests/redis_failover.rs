@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use idempotent_core::{Error, OnInFlight, RedisStore, RunContext};
 use idempotent_tests::history::{Completion, History, Report};
-use idempotent_tests::workload::{Cfg, call, fastrand_like, random_calls};
+use idempotent_tests::workload::{Cfg, Probe, call, fastrand_like, probe, random_calls};
 use idempotent_tests::{Flavor, RedisCluster, RedisServer, unique};
 
 /// Every store call's bound.
@@ -26,39 +26,6 @@ fn cluster_store(cluster: &RedisCluster, wait: bool) -> RedisStore {
     let builder = RedisStore::cluster_builder(cluster.urls()).command_timeout(TIMEOUT);
     let builder = if wait { builder.wait_for_replicas(1, WAIT) } else { builder };
     builder.connect_lazy().unwrap()
-}
-
-/// One call, timed, and whether its action ran.
-struct Probe {
-    key: String,
-    outcome: Completion,
-    ran: bool,
-    elapsed: Duration,
-}
-
-/// Calls the step on `key` once (rejecting when in flight), recording the call and its
-/// execution in `hist`.
-async fn probe(ctx: &RunContext, hist: &History, key: &str) -> Probe {
-    let op = hist.invoke(key);
-    let ran = Arc::new(AtomicBool::new(false));
-    let started = Instant::now();
-    let res: Result<String, Error> = ctx
-        .step("effect")
-        .lease(Duration::from_secs(2))
-        .on_in_flight(OnInFlight::Reject)
-        .run(&key, |attempt| {
-            let (hist, ran) = (hist.clone(), ran.clone());
-            async move {
-                ran.store(true, Ordering::SeqCst);
-                let (exec, value) = hist.effect_start(op, attempt.fence());
-                hist.effect_end(exec);
-                Ok(value)
-            }
-        })
-        .await;
-    let outcome = Completion::of(&res);
-    hist.complete(op, outcome.clone());
-    Probe { key: key.to_owned(), outcome, ran: ran.load(Ordering::SeqCst), elapsed: started.elapsed() }
 }
 
 /// Calls on fresh keys, one after another, until `done` is set; then returns every probe.

@@ -11,9 +11,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use idempotent_core::redis::Value;
-use idempotent_core::{Error, OnInFlight, RedisStore, RunContext};
+use idempotent_core::{Error, RedisStore, RunContext};
 use idempotent_tests::history::{Completion, History, Report};
-use idempotent_tests::workload::{Cfg, call};
+use idempotent_tests::workload::{Cfg, Probe, call, probe};
 use idempotent_tests::{MASTER_NAME, RedisSentinel, unique};
 
 /// Every store call's bound.
@@ -31,39 +31,6 @@ fn store(setup: &RedisSentinel, wait: bool) -> RedisStore {
     let builder = RedisStore::sentinel_builder(setup.urls(), MASTER_NAME).command_timeout(TIMEOUT);
     let builder = if wait { builder.wait_for_replicas(1, WAIT) } else { builder };
     builder.connect_lazy().unwrap()
-}
-
-/// One call of the step, and what became of it.
-struct Probe {
-    key: String,
-    outcome: Completion,
-    ran: bool,
-    started: Instant,
-    elapsed: Duration,
-}
-
-/// Calls the step on `key` once (rejecting when in flight), recording it in `hist`.
-async fn probe(ctx: &RunContext, hist: &History, key: &str) -> Probe {
-    let op = hist.invoke(key);
-    let ran = Arc::new(AtomicBool::new(false));
-    let started = Instant::now();
-    let res: Result<String, Error> = ctx
-        .step("effect")
-        .lease(Duration::from_secs(2))
-        .on_in_flight(OnInFlight::Reject)
-        .run(&key, |attempt| {
-            let (hist, ran) = (hist.clone(), ran.clone());
-            async move {
-                ran.store(true, Ordering::SeqCst);
-                let (exec, value) = hist.effect_start(op, attempt.fence());
-                hist.effect_end(exec);
-                Ok(value)
-            }
-        })
-        .await;
-    let outcome = Completion::of(&res);
-    hist.complete(op, outcome.clone());
-    Probe { key: key.to_owned(), outcome, ran: ran.load(Ordering::SeqCst), started, elapsed: started.elapsed() }
 }
 
 fn exists(setup: &RedisSentinel, node: usize, redis_key: &str) -> bool {
