@@ -290,8 +290,8 @@ async fn postgres_deployment(store: &PostgresStore, checks: &mut Vec<Check>) {
             "pooler",
             format!(
                 "the URL names port {named} and PostgreSQL listens on {port}: a pooler or proxy sits between them; \
-                 in PgBouncer's transaction mode the store needs nothing more (it prepares no statements that \
-                 outlive a transaction; see PostgresStore's docs)"
+                 behind PgBouncer in pool_mode = transaction, the store needs ?transaction_pooling=true in the URL \
+                 (PostgresStoreBuilder::transaction_pooling); session pooling needs nothing"
             ),
         ),
         Ok(Some(_)) => Check::passed("pooler", "connected to PostgreSQL itself (no pooler on the way)"),
