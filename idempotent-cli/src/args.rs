@@ -17,7 +17,8 @@ const EXIT_CODES: &str = "Exit codes: 0 done; 1 the store failed or could not be
 pub(crate) struct Cli {
     /// The store: redis://host:port (several comma-separated for a cluster), rediss://…,
     /// sqlite://path (an existing file; sqlite://path?mode=rwc creates it) or
-    /// postgres://user@host/db.
+    /// postgres://user@host/db (?sslmode=verify-full&sslrootcert=ca.crt, ?schema=name,
+    /// ?transaction_pooling=true for PgBouncer in transaction mode).
     #[arg(long, env = "IDEMPOTENT_STORE", global = true, value_name = "URL")]
     pub(crate) store: Option<String>,
 

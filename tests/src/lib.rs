@@ -22,6 +22,8 @@ pub mod hooked;
 pub mod identity;
 pub mod ledger;
 pub mod matrix;
+pub mod pg_tls;
+pub mod pgbouncer;
 pub mod postgres;
 pub mod proxy;
 mod redis_cluster;
@@ -35,6 +37,7 @@ pub mod uncertain;
 pub mod workload;
 
 pub use hooked::HookedStore;
+pub use pgbouncer::PgBouncer;
 pub use postgres::PgServer;
 pub use redis_cluster::{CLUSTER_NODE_TIMEOUT, RedisCluster};
 pub use redis_server::{Monitor, Monitored, RedisOptions, RedisServer};
