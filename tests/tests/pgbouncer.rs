@@ -1,13 +1,48 @@
 //! `PostgresStore` through PgBouncer in transaction pooling mode (`pool_mode = transaction`,
 //! few server connections, so that consecutive transactions of one client land on different
-//! ones): the conformance suite, the state suite and a step in a transaction, on a store with
-//! `transaction_pooling(true)`; and what goes wrong without it.
+//! ones): the conformance suite, the state suite, the SQL stores' scenarios
+//! (`sql_store::…`, `transaction::…`, on the matrix's `PgBouncer` databases) and steps in
+//! transactions, on stores with `transaction_pooling(true)`; and what goes wrong without it.
 
 use std::sync::Arc;
 
 use idempotent_core::sqlx::PgTransaction;
 use idempotent_core::{Error, PostgresStore, RunContext, SharedStore};
+use idempotent_tests::sql_store::*;
+use idempotent_tests::transaction::*;
 use idempotent_tests::{PgBouncer, PgServer, conformance};
+
+idempotent_tests::on_every_store!(@store sql_store PgBouncer [idempotent_tests::sql::PostgresBackend]
+    one_key_under_64_tasks_on_4_pools_runs_the_action_once,
+    two_hundred_keys_by_eight_callers_run_200_actions,
+    purge_never_removes_a_record_that_needs_attention,
+    an_incompatible_table_is_refused_and_left_alone,
+    a_table_name_that_is_not_an_identifier_is_refused
+);
+
+idempotent_tests::on_every_store!(@store transaction PgBouncer [idempotent_tests::sql::PostgresBackend]
+    business_rows_and_the_done_record_commit_together_and_replay,
+    an_action_error_rolls_back_its_writes_and_frees_the_key,
+    a_database_error_in_the_step_is_the_actions_own,
+    a_failed_commit_rolls_back_and_frees_the_key,
+    concurrent_duplicates_insert_one_row,
+    concurrent_duplicates_on_two_pools_insert_one_row,
+    a_cancelled_call_rolls_back_and_the_retry_runs_at_once,
+    a_process_killed_before_its_commit_leaves_nothing_and_the_retry_recovers,
+    the_call_is_send_and_can_be_spawned,
+    the_macro_commits_the_body_with_the_record_and_replays,
+    a_step_whose_record_needs_attention_is_refused_and_its_action_not_called,
+    a_store_of_another_kind_is_a_config_error,
+    failing_open_runs_the_action_in_a_transaction_of_its_own,
+    an_http_response_the_layer_could_not_store_is_rebuilt_without_writing_twice
+);
+
+/// The scenario, with the child process of this test binary.
+async fn a_process_killed_before_its_commit_leaves_nothing_and_the_retry_recovers<B: idempotent_tests::sql::SqlDb>(
+    database: idempotent_tests::matrix::Database<B>,
+) {
+    a_process_killed_before_its_commit(database, env!("CARGO_BIN_EXE_txn_child")).await;
+}
 
 /// A server, PgBouncer in front of it, and the URL of a new database through it.
 async fn setup(database: &str) -> (PgServer, PgBouncer, String) {

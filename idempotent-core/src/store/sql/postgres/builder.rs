@@ -102,9 +102,13 @@ impl PostgresStoreBuilder {
     ///   with `SET LOCAL statement_timeout` too. The application's own queries in that
     ///   transaction must be unnamed as well: `sqlx::query(…).persistent(false)`.
     ///
-    /// The pooler needs no setting of its own for this (PgBouncer 1.18 and later in
-    /// `pool_mode = transaction` as it comes). With PgBouncer 1.21 and later and
-    /// `max_prepared_statements` above 0, the store also works without this setting.
+    /// On a pool of the application's ([`PostgresStore::builder_with_pool`]) the statements
+    /// are run the same way, but the pool's connect options are its own: give them
+    /// `extra_float_digits(None)` and no `options`, or PgBouncer refuses its connections.
+    ///
+    /// The pooler needs no setting of its own for this: the tests run PgBouncer 1.18 in
+    /// `pool_mode = transaction` as it comes (no `ignore_startup_parameters`, and no
+    /// `max_prepared_statements`, which came with 1.21 and which this setting does not need).
     pub fn transaction_pooling(mut self, on: bool) -> Self {
         self.transaction_pooling = Some(on);
         self
