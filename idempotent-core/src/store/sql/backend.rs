@@ -17,7 +17,7 @@ use sqlx::error::DatabaseError;
 use sqlx::{Database, SqlStr, Transaction};
 
 use super::SqlStore;
-use super::driver::{Driver, Value};
+use super::driver::{Driver, StateRow, Value};
 use super::rows::Found;
 use super::table::Table;
 use crate::error::{BoxError, Error};
@@ -144,6 +144,26 @@ pub trait Backend: sealed::Sealed + Send + Sync + Sized + 'static {
         sql: &'a SqlStr,
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
     ) -> impl Future<Output = Result<u64, Error>> + Send + 'a;
+
+    /// A state statement: `sql` with `args`, not counted, answering the `(version, value,
+    /// tokens)` of the row it read. On the store's pool, as the driver runs it, unless the
+    /// backend runs it otherwise (PostgreSQL behind a transaction pooler).
+    fn state_read<'a>(
+        store: &'a SqlStore<Self>,
+        sql: SqlStr,
+        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
+    ) -> impl Future<Output = Result<Option<StateRow>, sqlx::Error>> + Send + 'a {
+        Self::Db::state_read(&store.inner.pool, sql, args)
+    }
+
+    /// [`state_read`](Self::state_read), answering how many rows the statement changed.
+    fn state_write<'a>(
+        store: &'a SqlStore<Self>,
+        sql: SqlStr,
+        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a {
+        Self::Db::state_write(&store.inner.pool, sql, args)
+    }
 
     /// Begins a step's transaction on the store's pool (SQLite: `BEGIN IMMEDIATE`).
     fn begin(store: &SqlStore<Self>)

@@ -7,7 +7,6 @@
 
 use std::future::Future;
 
-use sqlx::database::HasStatementCache;
 use sqlx::query::Query;
 use sqlx::{
     AssertSqlSafe, ColumnIndex, Database, Decode, Encode, Executor, IntoArguments, Pool, Row, SqlStr, Transaction, Type,
@@ -89,11 +88,9 @@ pub trait Driver: Database {
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send;
 
     /// The state statements' runner: `sql` with `args` on `pool`, not counted, answering the
-    /// `(version, value, tokens)` of the row read. With `pinned` (the store's, behind a pooler
-    /// in transaction mode) it runs unnamed in a transaction of its own begun with it.
+    /// `(version, value, tokens)` of the row read.
     fn state_read<'a>(
         pool: &'a Pool<Self>,
-        pinned: Option<SqlStr>,
         sql: SqlStr,
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
     ) -> impl Future<Output = Result<Option<StateRow>, sqlx::Error>> + Send + 'a;
@@ -101,7 +98,6 @@ pub trait Driver: Database {
     /// The state statements' runner for a write: how many rows it changed.
     fn state_write<'a>(
         pool: &'a Pool<Self>,
-        pinned: Option<SqlStr>,
         sql: SqlStr,
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
@@ -109,7 +105,7 @@ pub trait Driver: Database {
 
 impl<DB> Driver for DB
 where
-    DB: Database + HasStatementCache,
+    DB: Database,
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     for<'a> &'a [u8]: Encode<'a, DB> + Type<DB>,
     for<'a> Vec<u8>: Encode<'a, DB> + Decode<'a, DB> + Type<DB>,
@@ -161,38 +157,22 @@ where
 
     fn state_read<'a>(
         pool: &'a Pool<DB>,
-        pinned: Option<SqlStr>,
         sql: SqlStr,
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
     ) -> impl Future<Output = Result<Option<StateRow>, sqlx::Error>> + Send + 'a {
         let q = DB::query(&sql, args);
         async move {
-            let row = match pinned {
-                None => q.fetch_optional(pool).await?,
-                Some(begin) => {
-                    let mut tx = pool.begin_with(begin).await?;
-                    let row = q.persistent(false).fetch_optional(&mut *tx).await?;
-                    tx.commit().await?;
-                    row
-                }
-            };
+            let row = q.fetch_optional(pool).await?;
             row.map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))).transpose()
         }
     }
 
     fn state_write<'a>(
         pool: &'a Pool<DB>,
-        pinned: Option<SqlStr>,
         sql: SqlStr,
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a {
         let q = DB::query(&sql, args);
-        async move {
-            let Some(begin) = pinned else { return Ok(q.execute(pool).await?.rows_affected()) };
-            let mut tx = pool.begin_with(begin).await?;
-            let done = q.persistent(false).execute(&mut *tx).await?;
-            tx.commit().await?;
-            Ok(done.rows_affected())
-        }
+        async move { Ok(q.execute(pool).await?.rows_affected()) }
     }
 }

@@ -210,9 +210,9 @@ struct Inner<B: Backend> {
     /// How long a call may take (SQLite: the busy timeout; PostgreSQL: the call's timeout).
     timeout: Duration,
     /// Set when a pooler in transaction mode stands between the store and its database
-    /// (PostgreSQL's `transaction_pooling`): each statement then runs unnamed in a transaction
-    /// of its own, begun with this statement. Never on SQLite.
-    pinned: Option<sqlx::SqlStr>,
+    /// (PostgreSQL's `transaction_pooling`): `SET LOCAL statement_timeout = …`, which each
+    /// statement is sent after, its values written in (`postgres/inline.rs`). Never on SQLite.
+    pooled: Option<String>,
     sql: Statements,
     purge: B::Purge,
     acquisitions: AtomicU64,
@@ -223,15 +223,9 @@ struct Inner<B: Backend> {
 }
 
 impl<B: Backend> SqlStore<B> {
-    /// A store on `pool`, with its records in `table` (validated), before any migration; `pinned`
+    /// A store on `pool`, with its records in `table` (validated), before any migration; `pooled`
     /// as [`Inner`]'s.
-    fn on(
-        pool: sqlx::Pool<B::Db>,
-        describe: String,
-        table: Table,
-        timeout: Duration,
-        pinned: Option<sqlx::SqlStr>,
-    ) -> Self {
+    fn on(pool: sqlx::Pool<B::Db>, describe: String, table: Table, timeout: Duration, pooled: Option<String>) -> Self {
         SqlStore {
             inner: Arc::new(Inner {
                 pool,
@@ -240,7 +234,7 @@ impl<B: Backend> SqlStore<B> {
                 purge: B::purge_for(&table),
                 table,
                 timeout,
-                pinned,
+                pooled,
                 acquisitions: AtomicU64::new(0),
                 statements: AtomicU64::new(0),
                 order: AcquireOrder::default(),

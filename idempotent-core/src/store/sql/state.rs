@@ -36,7 +36,7 @@ use sqlx::{AssertSqlSafe, SqlSafeStr};
 
 use super::SqlStore;
 use super::backend::Backend;
-use super::driver::{Driver, Value};
+use super::driver::Value;
 use super::table::Table;
 use crate::error::Error;
 use crate::state::{Commit, CommitToken, Loaded, Scope, StateStore, Version, history};
@@ -134,12 +134,7 @@ impl<B: Backend> SqlStore<B> {
         let row = self
             .state_call(op, |table| {
                 let sql = format!("SELECT version, value, tokens FROM {table} WHERE scope = $1");
-                B::Db::state_read(
-                    &self.inner.pool,
-                    self.inner.pinned.clone(),
-                    AssertSqlSafe(sql).into_sql_str(),
-                    [Value::Bytes(&scope.digest()[..])],
-                )
+                B::state_read(self, AssertSqlSafe(sql).into_sql_str(), [Value::Bytes(&scope.digest()[..])])
             })
             .await?;
         Ok(row.map(|(version, value, tokens)| Row { version, value, tokens }))
@@ -204,12 +199,7 @@ impl<B: Backend> StateStore for SqlStore<B> {
                             ];
                             (sql, args)
                         };
-                        B::Db::state_write(
-                            &self.inner.pool,
-                            self.inner.pinned.clone(),
-                            AssertSqlSafe(sql).into_sql_str(),
-                            args.into_iter().flatten(),
-                        )
+                        B::state_write(self, AssertSqlSafe(sql).into_sql_str(), args.into_iter().flatten())
                     })
                     .await?;
                 if written == 1 {

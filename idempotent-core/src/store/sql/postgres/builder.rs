@@ -4,8 +4,8 @@
 use std::str::FromStr;
 use std::time::Duration;
 
+use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
-use sqlx::{AssertSqlSafe, Connection, SqlSafeStr};
 
 use super::url::{check_tls, describe, own_parameters, redact};
 use super::{PostgresBackend, PostgresStore};
@@ -91,16 +91,19 @@ impl PostgresStoreBuilder {
     /// `?transaction_pooling=true` (this setter wins over it).
     ///
     /// On, the store
-    /// - runs each statement in a transaction of its own (`BEGIN; SET LOCAL statement_timeout =
-    ///   …` … `COMMIT`), as an unnamed statement (sqlx's `persistent(false)`): the pooler keeps a
-    ///   transaction on one server connection, and nothing named outlives it. That is four round
-    ///   trips a statement instead of one;
+    /// - sends each statement as one simple query, `SET LOCAL statement_timeout = …;
+    ///   <statement>`, its values written in as literals: one message and one round trip (as a
+    ///   cached prepared statement is), run as one implicit transaction, nothing prepared. The
+    ///   server plans the statement each time;
     /// - sends no startup parameters a pooler refuses (sqlx's `extra_float_digits`, and the
     ///   `options` that would set `statement_timeout`: `SET LOCAL` sets it instead) and keeps no
     ///   statement cache;
     /// - begins a step's transaction ([`run_in_transaction`](crate::Step::run_in_transaction))
-    ///   with `SET LOCAL statement_timeout` too. The application's own queries in that
-    ///   transaction must be unnamed as well: `sqlx::query(…).persistent(false)`.
+    ///   with `BEGIN; SET LOCAL statement_timeout = …`, and runs its own statement there
+    ///   unnamed; the transaction keeps it on one server connection. The application's own
+    ///   queries in that transaction must be unnamed as well: `sqlx::query(…).persistent(false)`
+    ///   (a named one may land on a server connection where another client's statement of the
+    ///   same name exists: `prepared statement "sqlx_s_1" already exists`).
     ///
     /// On a pool of the application's ([`PostgresStore::builder_with_pool`]) the statements
     /// are run the same way, but the pool's connect options are its own: give them
@@ -172,12 +175,9 @@ impl PostgresStoreBuilder {
                 (pool, describe, self.schema, self.transaction_pooling.unwrap_or(false))
             }
         };
-        // Behind a transaction pooler, each statement's transaction sets the statement timeout.
-        let pinned = pooling.then(|| {
-            AssertSqlSafe(format!("BEGIN; SET LOCAL statement_timeout = '{}'", statement_timeout(timeout)))
-                .into_sql_str()
-        });
-        let store = PostgresStore::on(pool, describe, Table::new(schema, self.table), timeout, pinned);
+        // Behind a transaction pooler, each statement is sent after it (in one message).
+        let pooled = pooling.then(|| format!("SET LOCAL statement_timeout = '{}'", statement_timeout(timeout)));
+        let store = PostgresStore::on(pool, describe, Table::new(schema, self.table), timeout, pooled);
         store.migrate_as("open").await?;
         Ok(store)
     }

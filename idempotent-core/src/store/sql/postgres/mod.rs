@@ -22,10 +22,13 @@
 //!   the store's named prepared statements would land on server connections that do not have
 //!   them, or collide with another client's of the same name. Without the setting, PgBouncer
 //!   1.18 refuses sqlx's startup parameter `extra_float_digits`, and opening the store fails at
-//!   once with an [`Error::Unavailable`] that names this setting. With it, each statement
-//!   runs unnamed in a transaction of its own (`BEGIN; SET LOCAL statement_timeout = …` …
-//!   `COMMIT`): four round trips a statement instead of one. The application's own queries in a
-//!   step's transaction must be unnamed too (`.persistent(false)`).
+//!   once with an [`Error::Unavailable`] that names this setting. With it, each statement is
+//!   sent as one simple query, `SET LOCAL statement_timeout = …; <statement>` with its values
+//!   written in (`inline.rs`): one message, one round trip, one implicit transaction, nothing
+//!   prepared. A step's transaction begins with `BEGIN; SET LOCAL statement_timeout = …`, and
+//!   its statements (the store's `complete_in`, and the application's own, which must be
+//!   written so: `.persistent(false)`) are unnamed: the transaction keeps them on one server
+//!   connection.
 //!
 //! # Timeouts and failures
 //!
@@ -72,17 +75,19 @@ use sqlx::error::DatabaseError;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgRow, Postgres};
 use sqlx::query::Query;
-use sqlx::{AssertSqlSafe, Connection, Row, SqlStr, Transaction};
+use sqlx::{AssertSqlSafe, Row, SqlStr, Transaction};
 use tokio::time::Instant;
 
+use self::inline::inline;
 use super::backend::{Backend, Effect, Failed, sealed};
-use super::driver::{Driver, Value};
+use super::driver::{Driver, StateRow, Value};
 use super::statements::sql;
 use super::table::Table;
 use super::{CommitsWith, SqlStore};
 use crate::error::Error;
 
 mod builder;
+mod inline;
 mod url;
 
 pub use builder::PostgresStoreBuilder;
@@ -147,6 +152,14 @@ const COLUMNS: [(&str, &str); 15] = [
 /// The advisory lock migrations hold for their transaction ("idempote" in ASCII).
 const MIGRATE_LOCK: i64 = 0x6964_656d_706f_7465;
 
+/// A statement ready to send ([`PostgresStore::ready`]).
+enum Ready<'a> {
+    /// Prepared (unnamed or cached by sqlx), its arguments bound.
+    Bound(Query<'a, Postgres, PgArguments>),
+    /// One simple query, its values written in (`inline.rs`).
+    Written(String),
+}
+
 /// A serialization failure or a deadlock: the statement was rolled back and may run again.
 fn serialization_failure(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("40001" | "40P01")))
@@ -188,29 +201,36 @@ impl PostgresStore {
         }
     }
 
-    /// Runs `query` on a connection of its own within the timeout, and returns its rows.
-    async fn fetch(&self, op: &'static str, query: Query<'_, Postgres, PgArguments>) -> Result<Vec<PgRow>, Failed> {
+    /// `sql` with `args`, ready to send: prepared with its arguments bound, or, behind a pooler
+    /// in transaction mode, written out with its values after `SET LOCAL statement_timeout`.
+    fn ready<'a>(&self, sql: &SqlStr, args: impl IntoIterator<Item = Value<'a>>) -> Ready<'a> {
+        match &self.inner.pooled {
+            None => Ready::Bound(Postgres::query(sql, args)),
+            Some(set) => Ready::Written(format!("{set}; {}", inline(sql.as_str(), args))),
+        }
+    }
+
+    /// Runs `statement` on a connection of its own within the timeout, and returns its rows.
+    async fn fetch(&self, op: &'static str, statement: Ready<'_>) -> Result<Vec<PgRow>, Failed> {
         let (mut conn, deadline) = self.connection(op).await?;
         let work = async {
-            let Some(begin) = &self.inner.pinned else { return query.fetch_all(&mut *conn).await };
-            let mut tx = conn.begin_with(begin.clone()).await?;
-            let rows = query.persistent(false).fetch_all(&mut *tx).await?;
-            tx.commit().await?;
-            Ok(rows)
+            match statement {
+                Ready::Bound(query) => query.fetch_all(&mut *conn).await,
+                Ready::Written(text) => sqlx::raw_sql(AssertSqlSafe(text)).fetch_all(&mut *conn).await,
+            }
         };
         let outcome = tokio::time::timeout_at(deadline, work).await;
         self.ended(op, conn, outcome)
     }
 
     /// [`fetch`](Self::fetch), for the number of rows the statement changed.
-    async fn run(&self, op: &'static str, query: Query<'_, Postgres, PgArguments>) -> Result<u64, Failed> {
+    async fn run(&self, op: &'static str, statement: Ready<'_>) -> Result<u64, Failed> {
         let (mut conn, deadline) = self.connection(op).await?;
         let work = async {
-            let Some(begin) = &self.inner.pinned else { return query.execute(&mut *conn).await };
-            let mut tx = conn.begin_with(begin.clone()).await?;
-            let done = query.persistent(false).execute(&mut *tx).await?;
-            tx.commit().await?;
-            Ok(done)
+            match statement {
+                Ready::Bound(query) => query.execute(&mut *conn).await,
+                Ready::Written(text) => sqlx::raw_sql(AssertSqlSafe(text)).execute(&mut *conn).await,
+            }
         };
         let outcome = tokio::time::timeout_at(deadline, work).await;
         self.ended(op, conn, outcome).map(|done| done.rows_affected())
@@ -337,7 +357,7 @@ impl Backend for PostgresBackend {
         // Bound before the future, which then holds the query only. All the rows are read, as
         // acquire's statement must run to its end (its read may answer and its write not, or the
         // other way round).
-        let q = Postgres::query(sql, args);
+        let q = store.ready(sql, args);
         async move { Ok(store.fetch(op, q).await?.into_iter().next()) }
     }
 
@@ -347,7 +367,7 @@ impl Backend for PostgresBackend {
         sql: &'a SqlStr,
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
     ) -> impl Future<Output = Result<Vec<PgRow>, Failed>> + Send + 'a {
-        store.fetch(op, Postgres::query(sql, args))
+        store.fetch(op, store.ready(sql, args))
     }
 
     fn execute<'a>(
@@ -356,7 +376,7 @@ impl Backend for PostgresBackend {
         sql: &'a SqlStr,
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
     ) -> impl Future<Output = Result<u64, Failed>> + Send + 'a {
-        store.run(op, Postgres::query(sql, args))
+        store.run(op, store.ready(sql, args))
     }
 
     fn execute_in<'a>(
@@ -367,7 +387,7 @@ impl Backend for PostgresBackend {
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
     ) -> impl Future<Output = Result<u64, Error>> + Send + 'a {
         // Behind a transaction pooler nothing named may outlive the transaction.
-        let q = Postgres::query(sql, args).persistent(store.inner.pinned.is_none());
+        let q = Postgres::query(sql, args).persistent(store.inner.pooled.is_none());
         async move {
             store.count();
             Ok(store.within(op, q.execute(&mut **tx)).await?.rows_affected())
@@ -375,9 +395,41 @@ impl Backend for PostgresBackend {
     }
 
     async fn begin(store: &PostgresStore) -> Result<Transaction<'static, Postgres>, Error> {
-        match &store.inner.pinned {
-            Some(begin) => store.within("begin", store.inner.pool.begin_with(begin.clone())).await,
+        match &store.inner.pooled {
+            Some(set) => {
+                store.within("begin", store.inner.pool.begin_with(AssertSqlSafe(format!("BEGIN; {set}")))).await
+            }
             None => store.within("begin", store.inner.pool.begin()).await,
+        }
+    }
+
+    fn state_read<'a>(
+        store: &'a PostgresStore,
+        sql: SqlStr,
+        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
+    ) -> impl Future<Output = Result<Option<StateRow>, sqlx::Error>> + Send + 'a {
+        let statement = store.ready(&sql, args);
+        async move {
+            let row = match statement {
+                Ready::Bound(query) => query.fetch_optional(&store.inner.pool).await?,
+                Ready::Written(text) => sqlx::raw_sql(AssertSqlSafe(text)).fetch_optional(&store.inner.pool).await?,
+            };
+            row.map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))).transpose()
+        }
+    }
+
+    fn state_write<'a>(
+        store: &'a PostgresStore,
+        sql: SqlStr,
+        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a {
+        let statement = store.ready(&sql, args);
+        async move {
+            let done = match statement {
+                Ready::Bound(query) => query.execute(&store.inner.pool).await?,
+                Ready::Written(text) => sqlx::raw_sql(AssertSqlSafe(text)).execute(&store.inner.pool).await?,
+            };
+            Ok(done.rows_affected())
         }
     }
 
