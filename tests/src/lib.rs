@@ -1,5 +1,6 @@
 //! Test support for the workspace: throwaway `redis-server` processes, throwaway PostgreSQL
-//! servers ([`postgres::PgServer`]), the store matrix every scenario runs on ([`on_every_store!`],
+//! servers ([`postgres::PgServer`], over TLS with [`pg_tls`]'s certificates) and PgBouncers in
+//! front of them ([`pgbouncer::PgBouncer`]), the store matrix every scenario runs on ([`on_every_store!`],
 //! [`matrix`]), the store conformance suite, the scenarios written once for both SQL stores
 //! ([`sql`], [`transaction`], [`sql_store`]), and [`hooked::HookedStore`] for stores with one
 //! transition changed.

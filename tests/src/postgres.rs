@@ -6,7 +6,8 @@
 //! Debian's `postgresql` package puts them). When they are missing, starting a server panics with
 //! how to install them: a PostgreSQL test never passes by skipping. `initdb` and `postgres`
 //! refuse to run as root, so when the tests run as root the server runs as the user `postgres`
-//! (which the Debian package creates), through `setpriv`.
+//! (which the Debian package creates), through `setpriv`. [`PgServer::start_tls`] starts one with
+//! TLS on, its certificates made by [`pg_tls`](crate::pg_tls).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
