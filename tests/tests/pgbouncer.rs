@@ -141,3 +141,15 @@ async fn without_transaction_pooling_opening_fails_at_once_saying_what_to_set() 
     assert!(reason.contains("unsupported startup parameter"), "{reason}");
     assert!(reason.contains("transaction_pooling(true)"), "{reason}");
 }
+
+/// A store on a pool of the application's, whose connect options PgBouncer accepts (no
+/// `extra_float_digits`), with the setting: the conformance suite passes through PgBouncer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_store_on_the_applications_pool_conforms_through_pgbouncer() {
+    use std::str::FromStr;
+    let (_server, _bouncer, url) = setup("apppool").await;
+    let options = sqlx::postgres::PgConnectOptions::from_str(&url).unwrap().extra_float_digits(None);
+    let pool = sqlx::postgres::PgPoolOptions::new().max_connections(4).connect_lazy_with(options);
+    let store = PostgresStore::builder_with_pool(pool).transaction_pooling(true).connect().await.unwrap();
+    conformance::run_all(Arc::new(store)).await;
+}

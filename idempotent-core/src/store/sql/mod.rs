@@ -212,6 +212,7 @@ struct Inner<B: Backend> {
     /// Set when a pooler in transaction mode stands between the store and its database
     /// (PostgreSQL's `transaction_pooling`): `SET LOCAL statement_timeout = …`, which each
     /// statement is sent after, its values written in (`postgres/inline.rs`). Never on SQLite.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pooled: Option<String>,
     sql: Statements,
     purge: B::Purge,

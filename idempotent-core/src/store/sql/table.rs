@@ -26,6 +26,7 @@ impl Table {
     }
 
     /// The schema it was put in, if one was named.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn schema(&self) -> Option<&str> {
         self.schema.as_deref()
     }
@@ -36,6 +37,7 @@ impl Table {
     }
 
     /// The schema registry `idempotent_schema` that registers this table.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn registry(&self) -> Table {
         self.sibling("idempotent_schema".to_owned())
     }
