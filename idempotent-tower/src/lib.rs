@@ -48,6 +48,8 @@
 //! - `sqlite`: `SqliteStore` and `SqliteStoreBuilder` (idempotent-core's `sqlite`), and `sqlx`.
 //! - `postgres`: `PostgresStore` and `PostgresStoreBuilder` (idempotent-core's `postgres`), and
 //!   `sqlx`.
+//! - `postgres-tls`: PostgreSQL over TLS (`sslmode=verify-full&sslrootcert=…` in the URL;
+//!   idempotent-core's `postgres-tls`, through rustls).
 //! - `reqwest`: `idempotent_tower::reqwest`, `IdempotencyKeyMiddleware` and `RetryMiddleware`
 //!   for `reqwest-middleware` (no TLS backend of its own: the application's reqwest picks it).
 //! - `hedge`: `idempotent_tower::client::hedge`, hedged requests under the key layer.
