@@ -18,7 +18,8 @@ pub(crate) struct Cli {
     /// The store: redis://host:port (several comma-separated for a cluster), rediss://…,
     /// redis+sentinel://host:port,host:port/master-name (the master those sentinels name),
     /// sqlite://path (an existing file; sqlite://path?mode=rwc creates it) or
-    /// postgres://user@host/db.
+    /// postgres://user@host/db (?sslmode=verify-full&sslrootcert=ca.crt, ?schema=name,
+    /// ?transaction_pooling=true for PgBouncer in transaction mode).
     #[arg(long, env = "IDEMPOTENT_STORE", global = true, value_name = "URL")]
     pub(crate) store: Option<String>,
 

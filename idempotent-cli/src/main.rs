@@ -13,7 +13,9 @@
 //! `--store` (or `IDEMPOTENT_STORE`) is `redis://host:port` (several, comma-separated, for a
 //! cluster), `rediss://…`, `redis+sentinel://host:port,host:port/master-name` (the master those
 //! sentinels name), `sqlite://path` (an existing file: a missing one is refused, and created only
-//! with `?mode=rwc`) or `postgres://user@host/db`. Tables are printed by
+//! with `?mode=rwc`) or `postgres://user@host/db` (with TLS by
+//! `?sslmode=verify-full&sslrootcert=ca.crt`, a store in a schema by `?schema=payments`, through
+//! PgBouncer in transaction mode by `?transaction_pooling=true`). Tables are printed by
 //! default, one JSON document with `--json`. Destructive commands (`release`, `resolve`,
 //! `purge`) print what they would change and change nothing without `--yes`.
 //!

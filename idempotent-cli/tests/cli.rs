@@ -470,3 +470,23 @@ async fn counts_of_one_record_are_singular() {
     let none = cli(&url, &["reconcile", "--run", &run]).await;
     assert!(stdout(&none).contains("0 stuck records."), "{}", stdout(&none));
 }
+
+/// A PostgreSQL store in a schema of its own, over TLS: the URL's `?schema=` and
+/// `sslmode`/`sslrootcert` reach the same records the service wrote; without `?schema=` the
+/// command looks in another table and does not find them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_store_in_a_schema_over_tls_is_reached_by_its_url() {
+    let pg = PgServer::start_tls();
+    let tls = format!("sslmode=verify-full&sslrootcert={}", pg.tls().ca.display());
+    let url = format!("postgres://postgres@localhost:{}/postgres?{tls}&schema=payments", pg.port());
+    let store: SharedStore = Arc::new(idempotent_core::PostgresStore::connect(&url).await.unwrap());
+    let run = unique("schema");
+    let (key, fence) = held(&store, &run, "charge", 1).await;
+    let hex = key.to_hex();
+
+    let inspected = cli(&url, &["--json", "inspect", &hex]).await;
+    assert_eq!(code(&inspected), 0, "{}", stderr(&inspected));
+    assert_eq!(json(&inspected)["fence"].as_u64(), Some(fence));
+    let elsewhere = format!("postgres://postgres@localhost:{}/postgres?{tls}", pg.port());
+    assert_eq!(code(&cli(&elsewhere, &["inspect", &hex]).await), 3, "the record is in the schema only");
+}

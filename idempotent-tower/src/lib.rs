@@ -45,8 +45,9 @@
 //!   idempotent-core.
 //! - `cluster`: Redis Cluster support in `RedisStore` (`RedisStore::cluster_builder`).
 //! - `sentinel`: Redis Sentinel support in `RedisStore` (`RedisStore::sentinel_builder`).
-//! - `tls-rustls`, `tls-native-tls`: TLS (`rediss://` URLs) through rustls or the system's native
-//!   TLS library (idempotent-core's features of the same names).
+//! - `tls-rustls`, `tls-native-tls`: TLS through rustls (to Redis, `rediss://`, and to
+//!   PostgreSQL, `sslmode=verify-full&sslrootcert=…`) or through the system's native TLS library
+//!   (to Redis only): idempotent-core's features of the same names.
 //! - `sqlite`: `SqliteStore` and `SqliteStoreBuilder` (idempotent-core's `sqlite`), and `sqlx`.
 //! - `postgres`: `PostgresStore` and `PostgresStoreBuilder` (idempotent-core's `postgres`), and
 //!   `sqlx`.

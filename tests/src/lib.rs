@@ -1,6 +1,7 @@
 //! Test support for the workspace: throwaway `redis-server` and `valkey-server` processes
 //! ([`Flavor`]: standalone, a cluster ([`RedisCluster`]), a master and replica watched by three
-//! sentinels ([`RedisSentinel`])), throwaway PostgreSQL servers ([`postgres::PgServer`]), the
+//! sentinels ([`RedisSentinel`])), throwaway PostgreSQL servers ([`postgres::PgServer`], over TLS
+//! with [`pg_tls`]'s certificates) and PgBouncers in front of them ([`pgbouncer::PgBouncer`]), the
 //! store matrix every scenario runs on ([`on_every_store!`], [`matrix`]), the store conformance
 //! suite, the scenarios written once for both SQL stores ([`sql`], [`transaction`],
 //! [`sql_store`]), and [`hooked::HookedStore`] for stores with one transition changed.
@@ -23,6 +24,8 @@ pub mod hooked;
 pub mod identity;
 pub mod ledger;
 pub mod matrix;
+pub mod pg_tls;
+pub mod pgbouncer;
 pub mod postgres;
 pub mod proxy;
 mod redis_cluster;
@@ -38,6 +41,7 @@ pub mod uncertain;
 pub mod workload;
 
 pub use hooked::HookedStore;
+pub use pgbouncer::PgBouncer;
 pub use postgres::PgServer;
 pub use redis_cluster::{CLUSTER_NODE_TIMEOUT, RedisCluster};
 pub use redis_sentinel::{DOWN_AFTER, MASTER_NAME, RedisSentinel};

@@ -9,6 +9,7 @@
 //! | `sqlite` | `SqliteStore::connect` on a new file in the test's temporary directory |
 //! | `postgres` | `PostgresStore::connect` on a schema of its own (`CREATE SCHEMA`, then `search_path` in the URL) on a server shared by the tests of the process |
 //! | `redis` | `RedisStore::connect` on a throwaway `redis-server` of its own |
+//! | `pgbouncer` (SQL scenarios only, named by `tests/tests/pgbouncer.rs`) | `PostgresStore::connect` on a database of its own (`CREATE DATABASE`), through a PgBouncer in transaction mode, with `?transaction_pooling=true`; both shared by the tests of the process |
 //!
 //! The scenarios of the SQL stores only (`on_every_store!(sql: …)`) take instead an empty
 //! [`Database`] of SQLite or PostgreSQL, made the same way but with no store opened on it yet,
@@ -30,7 +31,7 @@ use idempotent_core::store::sql::SqlStore;
 use idempotent_core::{MemoryStore, PostgresStore, RedisStore, SharedStore, SqliteStore};
 
 use crate::sql::{Conn, SqlDb};
-use crate::{PgServer, RedisServer};
+use crate::{PgBouncer, PgServer, RedisServer};
 
 /// Generates, for each scenario named, one `#[tokio::test]` on every store of the
 /// [matrix](crate::matrix): `memory::<name>`, `sqlite::<name>`, `postgres::<name>` and `redis::<name>`,
@@ -78,6 +79,9 @@ pub enum Kind {
     Postgres,
     /// `RedisStore` on a throwaway server.
     Redis,
+    /// `PostgresStore` through a throwaway PgBouncer (`pool_mode = transaction`) in front of a
+    /// throwaway server.
+    PgBouncer,
 }
 
 /// A test's store, the URL another process reaches it by (none for memory), and what keeps it
@@ -99,12 +103,12 @@ impl Backend {
         let (store, url, server): (SharedStore, Option<String>, Option<Box<dyn Any + Send>>) = match kind {
             Kind::Memory => (Arc::new(MemoryStore::new()), None, None),
             Kind::Sqlite => {
-                let (url, server) = sql_database(kind, &dir).await;
+                let (url, _, server) = sql_database(kind, &dir).await;
                 let store = SqliteStore::connect(dir.path().join(SQLITE_FILE)).await.expect("open the SQLite store");
                 (Arc::new(store), Some(url), server)
             }
-            Kind::Postgres => {
-                let (url, server) = sql_database(kind, &dir).await;
+            Kind::Postgres | Kind::PgBouncer => {
+                let (url, _, server) = sql_database(kind, &dir).await;
                 let store = PostgresStore::connect(url.clone())
                     .await
                     .unwrap_or_else(|e| panic!("connect to {url}: {e}; the server's log:\n{}", pg_log(&server)));
@@ -123,9 +127,13 @@ impl Backend {
 /// An empty SQL database of the `B` kind for one test, with no store opened on it yet: what the
 /// scenarios of the SQL stores only take.
 pub struct Database<B: SqlDb> {
-    /// Its URL: `sqlite://<file>` (the file does not exist yet), or a PostgreSQL URL whose
-    /// connections use a schema of the test's own.
+    /// Its URL: `sqlite://<file>` (the file does not exist yet), a PostgreSQL URL whose
+    /// connections use a schema of the test's own, or a URL of a database of the test's own
+    /// through PgBouncer (`?transaction_pooling=true`).
     pub url: String,
+    /// Where [`connect`](Self::connect) goes when it is not `url`: the database itself, past
+    /// PgBouncer, so that a test's own statements need not be written for the pooler.
+    direct: Option<String>,
     /// A temporary directory for files of the test (the SQLite file is in it).
     pub dir: tempfile::TempDir,
     _server: Option<Box<dyn Any + Send>>,
@@ -135,9 +143,15 @@ pub struct Database<B: SqlDb> {
 impl<B: SqlDb> Database<B> {
     /// Makes an empty database for one test.
     pub async fn start() -> Database<B> {
+        Self::start_as(B::MATRIX).await
+    }
+
+    /// Makes an empty database of the `kind` for one test (`B::MATRIX`, or `PgBouncer` for
+    /// PostgreSQL).
+    pub async fn start_as(kind: Kind) -> Database<B> {
         let dir = tempfile::Builder::new().prefix("idem-test-").tempdir().expect("create a temp dir");
-        let (url, server) = sql_database(B::MATRIX, &dir).await;
-        Database { url, dir, _server: server, _backend: PhantomData }
+        let (url, direct, server) = sql_database(kind, &dir).await;
+        Database { url, direct, dir, _server: server, _backend: PhantomData }
     }
 
     /// A store on it, with the default settings (the first one creates the tables).
@@ -148,9 +162,9 @@ impl<B: SqlDb> Database<B> {
         })
     }
 
-    /// A plain connection to it, outside any store.
+    /// A plain connection to it, outside any store (past PgBouncer, if there is one).
     pub async fn connect(&self) -> Conn<B> {
-        B::connect(&self.url).await
+        B::connect(self.direct.as_deref().unwrap_or(&self.url)).await
     }
 }
 
@@ -177,8 +191,9 @@ impl Given for Backend {
 
 impl<B: SqlDb> Given for Database<B> {
     async fn given(kind: Kind) -> (Self, Option<Backend>) {
-        assert_eq!(kind, B::MATRIX, "a scenario of a {:?} database run as {kind:?}", B::MATRIX);
-        (Database::start().await, None)
+        let through_pgbouncer = kind == Kind::PgBouncer && B::MATRIX == Kind::Postgres;
+        assert!(kind == B::MATRIX || through_pgbouncer, "a scenario of a {:?} database run as {kind:?}", B::MATRIX);
+        (Database::start_as(kind).await, None)
     }
 }
 
@@ -193,24 +208,69 @@ pub async fn run<A: Given, F: Future<Output = ()>>(kind: Kind, scenario: impl Fn
 /// The SQLite file of a test, in its directory.
 pub const SQLITE_FILE: &str = "records.db";
 
-/// An empty database of the SQL `kind` for a test whose directory is `dir`: its URL, and the
-/// server that must live as long as it does.
-async fn sql_database(kind: Kind, dir: &tempfile::TempDir) -> (String, Option<Box<dyn Any + Send>>) {
+/// An empty database of the SQL `kind` for a test whose directory is `dir`: its URL, the URL of
+/// the database itself when that one goes through PgBouncer, and the servers that must live as
+/// long as it does.
+async fn sql_database(kind: Kind, dir: &tempfile::TempDir) -> (String, Option<String>, Option<Box<dyn Any + Send>>) {
     match kind {
-        Kind::Sqlite => (format!("sqlite://{}", dir.path().join(SQLITE_FILE).display()), None),
+        Kind::Sqlite => (format!("sqlite://{}", dir.path().join(SQLITE_FILE).display()), None, None),
         Kind::Postgres => {
             let server = shared_pg_server();
             let url = new_schema(&server).await;
-            (url, Some(Box::new(server)))
+            (url, None, Some(Box::new(server)))
+        }
+        Kind::PgBouncer => {
+            let bounced = shared_pgbouncer();
+            let database = new_database(&bounced.server).await;
+            let url = format!("{}?transaction_pooling=true", bounced.bouncer.url(&database));
+            let direct = format!("postgres://postgres@127.0.0.1:{}/{database}", bounced.server.port());
+            (url, Some(direct), Some(Box::new(bounced)))
         }
         Kind::Memory | Kind::Redis => unreachable!("{kind:?} is not a SQL store"),
     }
 }
 
-/// The log of the PostgreSQL server a test holds, if it holds one.
+/// The log of the PostgreSQL server a test holds, if it holds one (and PgBouncer's).
 fn pg_log(server: &Option<Box<dyn Any + Send>>) -> String {
-    let server = server.as_ref().and_then(|s| s.downcast_ref::<Arc<PgServer>>());
-    server.map(|s| s.log()).unwrap_or_default()
+    let Some(server) = server.as_ref() else { return String::new() };
+    if let Some(bounced) = server.downcast_ref::<Arc<Bounced>>() {
+        return format!("{}\nPgBouncer's log:\n{}", bounced.server.log(), bounced.bouncer.log());
+    }
+    server.downcast_ref::<Arc<PgServer>>().map(|s| s.log()).unwrap_or_default()
+}
+
+/// A PgBouncer and the server behind it, shared like [`shared_pg_server`]'s (PgBouncer is
+/// dropped, so killed, first).
+struct Bounced {
+    bouncer: PgBouncer,
+    server: Arc<PgServer>,
+}
+
+fn shared_pgbouncer() -> Arc<Bounced> {
+    static BOUNCED: Mutex<Weak<Bounced>> = Mutex::new(Weak::new());
+    let mut shared = BOUNCED.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(bounced) = shared.upgrade() {
+        return bounced;
+    }
+    let server = shared_pg_server();
+    let bounced = Arc::new(Bounced { bouncer: PgBouncer::start(&server), server });
+    *shared = Arc::downgrade(&bounced);
+    bounced
+}
+
+/// A new database on `server`, for one test through PgBouncer (which passes every database name
+/// on, and cannot pass a `search_path` on).
+async fn new_database(server: &PgServer) -> String {
+    use sqlx::Connection;
+    static N: AtomicU64 = AtomicU64::new(0);
+    let database = format!("bounced_{}", N.fetch_add(1, Ordering::Relaxed));
+    let mut conn = server.connection().await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
+        .execute(&mut conn)
+        .await
+        .unwrap_or_else(|e| panic!("CREATE DATABASE {database}: {e}; the server's log:\n{}", server.log()));
+    conn.close().await.expect("close the set-up connection");
+    database
 }
 
 /// The PostgreSQL server of the tests running now: the one a running test holds, or a new one.

@@ -6,7 +6,8 @@
 //! Debian's `postgresql` package puts them). When they are missing, starting a server panics with
 //! how to install them: a PostgreSQL test never passes by skipping. `initdb` and `postgres`
 //! refuse to run as root, so when the tests run as root the server runs as the user `postgres`
-//! (which the Debian package creates), through `setpriv`.
+//! (which the Debian package creates), through `setpriv`. [`PgServer::start_tls`] starts one with
+//! TLS on, its certificates made by [`pg_tls`](crate::pg_tls).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -14,6 +15,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+
+use crate::pg_tls::TlsFiles;
 
 const INSTALL_HINT: &str = "The PostgreSQL tests need the server binaries (initdb, postgres), found \
      neither on PATH nor in /usr/lib/postgresql/*/bin: install them with `sudo apt-get install -y postgresql` \
@@ -88,7 +91,7 @@ fn id(args: &[&str]) -> u32 {
 }
 
 /// A command that runs `program` as the server's user.
-fn as_server_user(program: &Path) -> Command {
+pub(crate) fn as_server_user(program: &Path) -> Command {
     match install().run_as {
         Some((uid, gid)) => {
             let mut cmd = Command::new("setpriv");
@@ -100,7 +103,7 @@ fn as_server_user(program: &Path) -> Command {
 }
 
 /// Makes `path` the server user's (when running as root).
-fn hand_over(path: &Path) {
+pub(crate) fn hand_over(path: &Path) {
     if let Some((uid, gid)) = install().run_as {
         let status = Command::new("chown").arg("-R").arg(format!("{uid}:{gid}")).arg(path).status().expect("run chown");
         assert!(status.success(), "chown -R {uid}:{gid} {} failed", path.display());
@@ -163,13 +166,27 @@ pub struct PgServer {
     child: Option<Child>,
     port: u16,
     dir: tempfile::TempDir,
+    tls: Option<TlsFiles>,
 }
 
 impl PgServer {
     /// Starts a server on a copy of the template data directory and waits until it accepts
     /// connections.
     pub fn start() -> PgServer {
+        Self::start_with(false)
+    }
+
+    /// [`start`](Self::start), with TLS on (`ssl = on`; plain connections are still accepted):
+    /// its certificate, signed by the CA of [`tls`](Self::tls), names `localhost` and 127.0.0.1.
+    /// It also listens on 127.0.0.2, an address of this host the certificate does not name.
+    pub fn start_tls() -> PgServer {
+        Self::start_with(true)
+    }
+
+    fn start_with(tls: bool) -> PgServer {
         let dir = tempfile::Builder::new().prefix("idem-pg-").tempdir().expect("create a temp dir");
+        let tls = tls.then(|| crate::pg_tls::make(dir.path()));
+        // The key file too: postgres reads it as its own user, and refuses it unless 0600.
         hand_over(dir.path());
         let mut copy = as_server_user(Path::new("cp"));
         copy.arg("-a").arg(template().join("data")).arg(dir.path().join("data"));
@@ -180,7 +197,7 @@ impl PgServer {
                 break p;
             }
         };
-        let mut server = PgServer { child: None, port, dir };
+        let mut server = PgServer { child: None, port, dir, tls };
         server.spawn();
         server
     }
@@ -195,15 +212,25 @@ impl PgServer {
             .arg(self.port.to_string())
             .arg("-k")
             .arg(self.dir.path())
-            .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=on", "-c", "synchronous_commit=on"])
+            .args(["-c", "fsync=on", "-c", "synchronous_commit=on"])
             .args(["-c", "max_connections=200", "-c", "shared_buffers=16MB", "-c", "logging_collector=off"])
             // Dynamic shared memory as files in the data directory, which goes with the server's
             // temporary directory: POSIX segments (the default) stay in /dev/shm after a server
             // killed with SIGKILL, hundreds per test run.
-            .args(["-c", "dynamic_shared_memory_type=mmap"])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().expect("clone the log handle"))
-            .stderr(log);
+            .args(["-c", "dynamic_shared_memory_type=mmap"]);
+        match &self.tls {
+            Some(tls) => {
+                cmd.args(["-c", "listen_addresses=127.0.0.1,127.0.0.2", "-c", "ssl=on"])
+                    .arg("-c")
+                    .arg(format!("ssl_cert_file={}", tls.cert.display()))
+                    .arg("-c")
+                    .arg(format!("ssl_key_file={}", tls.key.display()));
+            }
+            None => {
+                cmd.args(["-c", "listen_addresses=127.0.0.1"]);
+            }
+        }
+        cmd.stdin(Stdio::null()).stdout(log.try_clone().expect("clone the log handle")).stderr(log);
         self.child = Some(cmd.spawn().unwrap_or_else(|e| panic!("postgres did not start: {e}\n{INSTALL_HINT}")));
         self.wait_ready();
     }
@@ -237,6 +264,11 @@ impl PgServer {
             }
             std::thread::sleep(Duration::from_millis(10));
         }
+    }
+
+    /// The certificates of a server started with [`start_tls`](Self::start_tls).
+    pub fn tls(&self) -> &TlsFiles {
+        self.tls.as_ref().expect("the server was started with PgServer::start_tls")
     }
 
     /// The port it listens on.
@@ -354,7 +386,7 @@ fn is_alive(pid: u32) -> bool {
 
 /// Whether a server on `port` completes a startup handshake (trust authentication) up to
 /// ReadyForQuery; while starting up or recovering it answers an error instead.
-fn accepts_connections(port: u16) -> bool {
+pub(crate) fn accepts_connections(port: u16) -> bool {
     let Ok(mut s) = TcpStream::connect_timeout(&([127, 0, 0, 1], port).into(), Duration::from_millis(200)) else {
         return false;
     };

@@ -124,6 +124,9 @@ pub async fn wait_for_count<B: SqlDb>(conn: &mut Conn<B>, count: &str, want: i64
 }
 
 /// The methods whose text is the same on both databases (sqlx's calls resolve per database).
+// The statements without parameters go by the simple query protocol (`raw_sql`): one message,
+// so that they work on the store's pool also through PgBouncer in transaction mode, where a
+// prepared statement's parse and execution may reach two server connections.
 macro_rules! same_on_both {
     () => {
         async fn exec(conn: &mut Conn<Self>, sql: &str) -> Result<(), sqlx::Error> {
@@ -140,13 +143,15 @@ macro_rules! same_on_both {
         }
 
         async fn count(conn: &mut Conn<Self>, sql: &str) -> i64 {
-            let count = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned())).fetch_one(conn).await;
-            count.unwrap_or_else(|e| panic!("`{sql}`: {e}"))
+            let row = sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned())).fetch_one(conn).await;
+            let row = row.unwrap_or_else(|e| panic!("`{sql}`: {e}"));
+            sqlx::Row::try_get(&row, 0).unwrap_or_else(|e| panic!("`{sql}`: {e}"))
         }
 
         async fn strings(conn: &mut Conn<Self>, sql: &str) -> Vec<String> {
-            let rows = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned())).fetch_all(conn).await;
-            rows.unwrap_or_else(|e| panic!("`{sql}`: {e}"))
+            let rows = sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned())).fetch_all(conn).await;
+            let rows = rows.unwrap_or_else(|e| panic!("`{sql}`: {e}"));
+            rows.iter().map(|row| sqlx::Row::try_get(row, 0).unwrap_or_else(|e| panic!("`{sql}`: {e}"))).collect()
         }
 
         async fn column_names(conn: &mut Conn<Self>, table: &str) -> Vec<String> {
@@ -162,14 +167,20 @@ macro_rules! same_on_both {
         }
 
         async fn records(conn: &mut Conn<Self>) -> Vec<(Vec<u8>, String, i64)> {
-            sqlx::query_as("SELECT key, state, attempt FROM idempotent_records ORDER BY key")
+            let rows = sqlx::raw_sql("SELECT key, state, attempt FROM idempotent_records ORDER BY key")
                 .fetch_all(conn)
                 .await
-                .unwrap()
+                .unwrap();
+            let read = |row: &<Self::Db as sqlx::Database>::Row| {
+                (sqlx::Row::get(row, 0), sqlx::Row::get(row, 1), sqlx::Row::get(row, 2))
+            };
+            rows.iter().map(read).collect()
         }
 
         async fn insert(tx: &mut Transaction<'_, Self::Db>, order_id: &str, fence: u64) -> Result<(), Error> {
+            // Unnamed, as a step's own statements must be behind PgBouncer in transaction mode.
             sqlx::query("INSERT INTO invoices (order_id, fence) VALUES ($1, $2)")
+                .persistent(false)
                 .bind(order_id)
                 .bind(fence as i64)
                 .execute(&mut **tx)
@@ -179,11 +190,13 @@ macro_rules! same_on_both {
         }
 
         async fn invoices(conn: &mut Conn<Self>) -> Vec<(String, i64)> {
-            sqlx::query_as("SELECT order_id, fence FROM invoices ORDER BY id").fetch_all(conn).await.unwrap()
+            let rows = sqlx::raw_sql("SELECT order_id, fence FROM invoices ORDER BY id").fetch_all(conn).await.unwrap();
+            rows.iter().map(|row| (sqlx::Row::get(row, 0), sqlx::Row::get(row, 1))).collect()
         }
 
         async fn record_state(conn: &mut Conn<Self>) -> Option<String> {
-            sqlx::query_scalar("SELECT state FROM idempotent_records").fetch_optional(conn).await.unwrap()
+            let row = sqlx::raw_sql("SELECT state FROM idempotent_records").fetch_optional(conn).await.unwrap();
+            row.map(|row| sqlx::Row::get(&row, 0))
         }
     };
 }

@@ -17,8 +17,9 @@ use sqlx::error::DatabaseError;
 use sqlx::{Database, SqlStr, Transaction};
 
 use super::SqlStore;
-use super::driver::{Driver, Value};
+use super::driver::{Driver, StateRow, Value};
 use super::rows::Found;
+use super::table::Table;
 use crate::error::{BoxError, Error};
 use crate::key::Key;
 
@@ -80,10 +81,10 @@ pub trait Backend: sealed::Sealed + Send + Sync + Sized + 'static {
     /// `Statements`' acquire, returning a `Found` row of the
     /// key whatever happened (the caller's token in it if the key was taken), or, on PostgreSQL,
     /// no row when the record changed between the statement's read and its write.
-    fn acquire_sql(table: &str) -> String;
+    fn acquire_sql(table: &Table) -> String;
 
     /// The purge's statements and state for `table`.
-    fn purge_for(table: &str) -> Self::Purge;
+    fn purge_for(table: &Table) -> Self::Purge;
 
     /// Whether the database's error `e` is its way of saying a bound ran out (a statement or
     /// lock timeout, a busy file). The pool's wait running out is a timeout on both.
@@ -99,9 +100,15 @@ pub trait Backend: sealed::Sealed + Send + Sync + Sized + 'static {
         Error::Unavailable {
             store: describe.to_owned(),
             op,
-            reason: e.to_string(),
+            reason: Self::reason(&e),
             source: Some(Box::new(e) as BoxError),
         }
+    }
+
+    /// What went wrong, for [`Error::Unavailable`]'s `reason`: the driver's message, which a
+    /// backend may follow with what to do about it.
+    fn reason(e: &sqlx::Error) -> String {
+        e.to_string()
     }
 
     /// Runs `sql` with `args` on a connection of the store's pool, counted in
@@ -138,6 +145,26 @@ pub trait Backend: sealed::Sealed + Send + Sync + Sized + 'static {
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
     ) -> impl Future<Output = Result<u64, Error>> + Send + 'a;
 
+    /// A state statement: `sql` with `args`, not counted, answering the `(version, value,
+    /// tokens)` of the row it read. On the store's pool, as the driver runs it, unless the
+    /// backend runs it otherwise (PostgreSQL behind a transaction pooler).
+    fn state_read<'a>(
+        store: &'a SqlStore<Self>,
+        sql: SqlStr,
+        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
+    ) -> impl Future<Output = Result<Option<StateRow>, sqlx::Error>> + Send + 'a {
+        Self::Db::state_read(&store.inner.pool, sql, args)
+    }
+
+    /// [`state_read`](Self::state_read), answering how many rows the statement changed.
+    fn state_write<'a>(
+        store: &'a SqlStore<Self>,
+        sql: SqlStr,
+        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a {
+        Self::Db::state_write(&store.inner.pool, sql, args)
+    }
+
     /// Begins a step's transaction on the store's pool (SQLite: `BEGIN IMMEDIATE`).
     fn begin(store: &SqlStore<Self>)
     -> impl Future<Output = Result<Transaction<'static, Self::Db>, Error>> + Send + '_;
@@ -171,41 +198,41 @@ pub trait Backend: sealed::Sealed + Send + Sync + Sized + 'static {
         work: impl Future<Output = Result<T, Error>> + Send + 'a,
     ) -> impl Future<Output = Result<T, Error>> + Send + 'a;
 
-    /// Creates the schema registry `idempotent_schema` if it is missing, and answers the version
-    /// it holds for `table` (`None`: this crate did not create that table).
+    /// Creates the schema registry `idempotent_schema` (next to `table`) if it is missing, and
+    /// answers the version it holds for `table` (`None`: this crate did not create that table).
     fn registered_version<'a>(
         tx: &'a mut Transaction<'static, Self::Db>,
-        table: &'a str,
+        table: &'a Table,
     ) -> impl Future<Output = Result<Option<i64>, sqlx::Error>> + Send + 'a;
 
     /// Registers `table` at `version`.
     fn register<'a>(
         tx: &'a mut Transaction<'static, Self::Db>,
-        table: &'a str,
+        table: &'a Table,
         version: i64,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
 
     /// Whether a relation named `table` exists (where the store would create it).
     fn exists<'a>(
         tx: &'a mut Transaction<'static, Self::Db>,
-        table: &'a str,
+        table: &'a Table,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
 
     /// The columns of `table` as the records' check compares them (SQLite: names; PostgreSQL:
     /// names and types), in order; none when it does not exist.
     fn columns<'a>(
         tx: &'a mut Transaction<'static, Self::Db>,
-        table: &'a str,
+        table: &'a Table,
     ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send + 'a;
 
     /// What [`columns`](Self::columns) answers for a table of the current schema.
     fn expected_columns() -> Vec<String>;
 
     /// The DDL of the records' table (and its indexes).
-    fn create_records(table: &str) -> String;
+    fn create_records(table: &Table) -> String;
 
     /// The DDL of a state table.
-    fn create_state(table: &str) -> String;
+    fn create_state(table: &Table) -> String;
 
     /// The database's error `e` says the state table is missing, or lacks a column (then
     /// `migrate_state` says why).

@@ -7,6 +7,7 @@
 use super::SqlStore;
 use super::backend::Backend;
 use super::driver::Driver;
+use super::table::Table;
 use crate::error::Error;
 
 /// The schema version of the records' table this crate writes and reads.
@@ -34,7 +35,8 @@ impl<B: Backend> SqlStore<B> {
 
     async fn migrate_records(&self, op: &'static str) -> Result<(), Error> {
         let err = |e: sqlx::Error| self.error(op, e);
-        let table = self.inner.table.as_str();
+        let table = &self.inner.table;
+        let shown = table.shown();
         let db = &self.inner.describe;
         let builder = B::BUILDER_TABLE;
         let mut tx = B::begin_migration(self).await.map_err(err)?;
@@ -46,7 +48,7 @@ impl<B: Backend> SqlStore<B> {
             Some(SCHEMA_VERSION) if columns == expected => {}
             Some(SCHEMA_VERSION) => {
                 return Err(Error::Config(format!(
-                    "{db}: table `{table}` is marked as idempotent schema version {SCHEMA_VERSION} but has the \
+                    "{db}: table `{shown}` is marked as idempotent schema version {SCHEMA_VERSION} but has the \
                      columns ({}) instead of ({}); it was changed by hand. Restore it, or drop it and its row in \
                      idempotent_schema (losing its records), or choose another table with {builder}",
                     columns.join(", "),
@@ -55,14 +57,14 @@ impl<B: Backend> SqlStore<B> {
             }
             Some(v) => {
                 return Err(Error::Config(format!(
-                    "{db}: table `{table}` has idempotent schema version {v}, and this version of idempotent-core \
+                    "{db}: table `{shown}` has idempotent schema version {v}, and this version of idempotent-core \
                      reads version {SCHEMA_VERSION} only; use the idempotent-core that wrote it, or choose another \
                      table with {builder}"
                 )));
             }
             None if exists => {
                 return Err(Error::Config(format!(
-                    "{db}: table `{table}` exists (columns: {}) but was not created by idempotent-core; it was left \
+                    "{db}: table `{shown}` exists (columns: {}) but was not created by idempotent-core; it was left \
                      as it is. Choose another table with {builder}, or drop that one",
                     columns.join(", ")
                 )));
@@ -77,8 +79,9 @@ impl<B: Backend> SqlStore<B> {
 
     /// Creates the state table `table` if it is missing, or checks that it is the one this
     /// crate creates.
-    pub(super) async fn migrate_state_table(&self, table: &str) -> Result<(), Error> {
+    pub(super) async fn migrate_state_table(&self, table: &Table) -> Result<(), Error> {
         let err = |e: sqlx::Error| self.error("migrate", e);
+        let shown = table.shown();
         let db = &self.inner.describe;
         let mut tx = B::begin_migration(self).await.map_err(err)?;
         let version = B::registered_version(&mut tx, table).await.map_err(err)?;
@@ -87,14 +90,14 @@ impl<B: Backend> SqlStore<B> {
             Some(STATE_SCHEMA_VERSION) if exists => {}
             Some(v) => {
                 return Err(Error::Config(format!(
-                    "{db}: state table `{table}` is marked as schema version {v} (or is missing), and this version \
+                    "{db}: state table `{shown}` is marked as schema version {v} (or is missing), and this version \
                      of idempotent-core reads version {STATE_SCHEMA_VERSION} only; use the idempotent-core that \
                      wrote it, or drop it and its row in idempotent_schema (losing its states)"
                 )));
             }
             None if exists => {
                 return Err(Error::Config(format!(
-                    "{db}: table `{table}` exists but was not created by idempotent-core; it was left as it is. \
+                    "{db}: table `{shown}` exists but was not created by idempotent-core; it was left as it is. \
                      Drop it, or name the store's table otherwise ({}), which renames the state table",
                     B::BUILDER_TABLE
                 )));

@@ -13,15 +13,16 @@
 //! | `rows.rs` | reading and judging what the statements return |
 //! | `store.rs` | the [`Store`](crate::Store) implementation |
 //! | `migrate.rs` | creating and checking the tables |
+//! | `table.rs` | how the statements name the tables (quoted, in the store's schema if any) |
 //! | `state.rs` | the [`StateStore`](crate::state::StateStore) implementation |
 //! | `transaction.rs` | [`TransactionalStore`], [`CommitsWith`] |
 //! | `sqlite/mod.rs`, `sqlite/builder.rs` | the SQLite backend; [`SqliteStoreBuilder`] and `SqliteStore::connect`/`from_pool`/`builder`/`builder_with_pool` |
-//! | `postgres/mod.rs`, `postgres/builder.rs` | the PostgreSQL backend; [`PostgresStoreBuilder`] and `PostgresStore::connect`/`from_pool`/`builder` |
+//! | `postgres/mod.rs`, `postgres/builder.rs`, `postgres/url.rs` | the PostgreSQL backend; [`PostgresStoreBuilder`] and `PostgresStore::connect`/`from_pool`/`builder`; the URL's own parameters (`schema`, `transaction_pooling`), the TLS check, descriptions without the password |
 //!
 //! # Layout (schema version 3)
 //!
 //! One row per key, in a table named by the builder's `table` (`idempotent_records` unless set;
-//! on PostgreSQL in the connection's `current_schema()`):
+//! on PostgreSQL in the builder's `schema` if set, else in the connection's `current_schema()`):
 //!
 //! | column | SQLite | PostgreSQL | meaning |
 //! |---|---|---|---|
@@ -40,8 +41,8 @@
 //! | `created_at` | `INTEGER` | `bigint` | when the row's current life began (its first acquisition since it was absent), µs since the Unix epoch |
 //! | `updated_at` | `INTEGER` | `bigint` | when it last changed, µs since the Unix epoch |
 //!
-//! and a table `idempotent_schema (name, version)` saying which tables this crate created and at
-//! which version. Times are integers of µs rather than timestamps so that the fence and the
+//! and a table `idempotent_schema (name, version)` (next to it, in the same schema) saying which
+//! tables this crate created and at which version. Times are integers of µs rather than timestamps so that the fence and the
 //! deadlines are one arithmetic (read them on PostgreSQL with `to_timestamp(expires_at / 1e6)`).
 //!
 //! The tables are created on first use (by `open`/`connect`/`from_pool`, or `migrate`) in one
@@ -161,6 +162,7 @@ pub mod sqlite;
 mod state;
 mod statements;
 mod store;
+mod table;
 mod transaction;
 
 pub use backend::Backend;
@@ -172,6 +174,7 @@ pub use transaction::{CommitsWith, TransactionalStore};
 pub(crate) use transaction::{store_of, wrong_store};
 
 use self::statements::Statements;
+use self::table::Table;
 use super::AcquireOrder;
 use crate::error::Error;
 
@@ -203,9 +206,14 @@ struct Inner<B: Backend> {
     pool: sqlx::Pool<B::Db>,
     /// The target without credentials, for logs and errors.
     describe: String,
-    table: String,
+    table: Table,
     /// How long a call may take (SQLite: the busy timeout; PostgreSQL: the call's timeout).
     timeout: Duration,
+    /// Set when a pooler in transaction mode stands between the store and its database
+    /// (PostgreSQL's `transaction_pooling`): `SET LOCAL statement_timeout = …`, which each
+    /// statement is sent after, its values written in (`postgres/inline.rs`). Never on SQLite.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pooled: Option<String>,
     sql: Statements,
     purge: B::Purge,
     acquisitions: AtomicU64,
@@ -216,8 +224,9 @@ struct Inner<B: Backend> {
 }
 
 impl<B: Backend> SqlStore<B> {
-    /// A store on `pool`, with its records in `table` (validated), before any migration.
-    fn on(pool: sqlx::Pool<B::Db>, describe: String, table: String, timeout: Duration) -> Self {
+    /// A store on `pool`, with its records in `table` (validated), before any migration; `pooled`
+    /// as [`Inner`]'s.
+    fn on(pool: sqlx::Pool<B::Db>, describe: String, table: Table, timeout: Duration, pooled: Option<String>) -> Self {
         SqlStore {
             inner: Arc::new(Inner {
                 pool,
@@ -226,6 +235,7 @@ impl<B: Backend> SqlStore<B> {
                 purge: B::purge_for(&table),
                 table,
                 timeout,
+                pooled,
                 acquisitions: AtomicU64::new(0),
                 statements: AtomicU64::new(0),
                 order: AcquireOrder::default(),

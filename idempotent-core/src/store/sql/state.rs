@@ -36,14 +36,15 @@ use sqlx::{AssertSqlSafe, SqlSafeStr};
 
 use super::SqlStore;
 use super::backend::Backend;
-use super::driver::{Driver, Value};
+use super::driver::Value;
+use super::table::Table;
 use crate::error::Error;
 use crate::state::{Commit, CommitToken, Loaded, Scope, StateStore, Version, history};
 use crate::store::{BoxFuture, Store};
 
-/// The state table of a store whose records are in `table`.
-fn state_table(table: &str) -> String {
-    format!("{table}_state")
+/// The state table of a store whose records are in `table` (in the same schema).
+fn state_table(table: &Table) -> Table {
+    table.sibling(format!("{}_state", table.name()))
 }
 
 /// What a commit found in the row.
@@ -108,7 +109,7 @@ impl<B: Backend> SqlStore<B> {
     /// says it is missing (then once more).
     async fn state_call<T, F, Fut>(&self, op: &'static str, mut work: F) -> Result<T, Error>
     where
-        F: FnMut(String) -> Fut,
+        F: FnMut(Table) -> Fut,
         Fut: std::future::Future<Output = Result<T, sqlx::Error>>,
     {
         let timeout = self.inner.timeout;
@@ -132,12 +133,8 @@ impl<B: Backend> SqlStore<B> {
     async fn read_row(&self, op: &'static str, scope: &Scope) -> Result<Option<Row>, Error> {
         let row = self
             .state_call(op, |table| {
-                let sql = format!("SELECT version, value, tokens FROM \"{table}\" WHERE scope = $1");
-                B::Db::state_read(
-                    &self.inner.pool,
-                    AssertSqlSafe(sql).into_sql_str(),
-                    [Value::Bytes(&scope.digest()[..])],
-                )
+                let sql = format!("SELECT version, value, tokens FROM {table} WHERE scope = $1");
+                B::state_read(self, AssertSqlSafe(sql).into_sql_str(), [Value::Bytes(&scope.digest()[..])])
             })
             .await?;
         Ok(row.map(|(version, value, tokens)| Row { version, value, tokens }))
@@ -177,7 +174,7 @@ impl<B: Backend> StateStore for SqlStore<B> {
                         let digest = Value::Bytes(&scope.digest()[..]);
                         let (sql, args) = if expected.is_absent() {
                             let sql = format!(
-                                "INSERT INTO \"{table}\" (scope, tenant, name, version, value, tokens) \
+                                "INSERT INTO {table} (scope, tenant, name, version, value, tokens) \
                                  VALUES ($1, $2, $3, 1, $4, $5) ON CONFLICT (scope) DO NOTHING"
                             );
                             let args = [
@@ -190,7 +187,7 @@ impl<B: Backend> StateStore for SqlStore<B> {
                             (sql, args)
                         } else {
                             let sql = format!(
-                                "UPDATE \"{table}\" SET version = $2 + 1, value = $3, tokens = $4 \
+                                "UPDATE {table} SET version = $2 + 1, value = $3, tokens = $4 \
                                  WHERE scope = $1 AND version = $2"
                             );
                             let args = [
@@ -202,11 +199,7 @@ impl<B: Backend> StateStore for SqlStore<B> {
                             ];
                             (sql, args)
                         };
-                        B::Db::state_write(
-                            &self.inner.pool,
-                            AssertSqlSafe(sql).into_sql_str(),
-                            args.into_iter().flatten(),
-                        )
+                        B::state_write(self, AssertSqlSafe(sql).into_sql_str(), args.into_iter().flatten())
                     })
                     .await?;
                 if written == 1 {

@@ -11,6 +11,7 @@ use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use super::backend::Backend;
 use super::driver::Value;
+use super::table::Table;
 use super::{MAX_US, NEVER_US};
 use crate::error::Error;
 use crate::key::Key;
@@ -51,10 +52,10 @@ pub(crate) struct Statements {
 }
 
 impl Statements {
-    /// The statements on `table` (a validated identifier) in `B`'s dialect.
-    pub(crate) fn new<B: Backend>(table: &str) -> Self {
+    /// The statements on `table` in `B`'s dialect.
+    pub(crate) fn new<B: Backend>(table: &Table) -> Self {
         let (now, greatest) = (B::NOW_US, B::GREATEST);
-        let t = format!("\"{table}\"");
+        let t = table;
         let acquire_read = format!(
             "SELECT '', fingerprint, state, fence, attempt, recovered, lease_until - {now}, result FROM {t}\n\
              WHERE key = $1 AND expires_at > {now}"
@@ -132,10 +133,10 @@ pub(crate) struct AdminSql {
 }
 
 impl AdminSql {
-    /// The statements on `table` (a validated identifier), with `now` as the dialect's clock
-    /// (fixed for the statement in both).
-    pub(crate) fn new(table: &str, now: &'static str) -> Self {
-        let t = format!("\"{table}\"");
+    /// The statements on `table`, with `now` as the dialect's clock (fixed for the statement in
+    /// both).
+    pub(crate) fn new(table: &Table, now: &'static str) -> Self {
+        let t = table;
         let select = format!(
             "SELECT key, fingerprint, {state}, step, run_id, tenant, attempt, fence, created_at, updated_at, CASE WHEN \
              state = 'running' THEN lease_until END, CASE WHEN state <> 'needs_attention' THEN expires_at END, CASE \

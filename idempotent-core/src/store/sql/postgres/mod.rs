@@ -2,7 +2,40 @@
 //! reaches the database. What it does differently from SQLite is here; the layout, the
 //! statements and the durability notes are in the [module docs](super).
 //!
+//! # Where the store lives: TLS, a schema, PgBouncer
+//!
+//! - **TLS** (feature `tls-rustls`: sqlx's rustls with the ring provider, trusting the
+//!   system's root certificates): the URL's `sslmode` and `sslrootcert` are sqlx's, as libpq
+//!   reads them. `sslmode=verify-full&sslrootcert=/path/ca.crt` checks the CA and the host name,
+//!   `verify-ca` the CA only, `require` encrypts without checking. Without the feature, a URL
+//!   asking for TLS is an [`Error::Config`] naming it. A certificate no trusted CA signed, or not
+//!   for the URL's host, fails opening the store with an [`Error::Unavailable`] that says so.
+//! - **A schema** ([`PostgresStoreBuilder::schema`], or `?schema=` in the URL, which is how the
+//!   CLI reaches such a store): the records' table, the state table and the registry
+//!   `idempotent_schema` live in it, created if missing, and every statement names it; the
+//!   connection's `search_path` is left alone, so a step's transaction finds the application's
+//!   tables as before.
+//! - **PgBouncer in transaction pooling mode** (`pool_mode = transaction`) needs
+//!   [`PostgresStoreBuilder::transaction_pooling`]`(true)` (or `?transaction_pooling=true`),
+//!   and nothing on PgBouncer's side. The pooler hands each transaction to any server
+//!   connection, and an autocommit statement of sqlx is two (its parse, then its execution), so
+//!   the store's named prepared statements would land on server connections that do not have
+//!   them, or collide with another client's of the same name. Without the setting, PgBouncer
+//!   1.18 refuses sqlx's startup parameter `extra_float_digits`, and opening the store fails at
+//!   once with an [`Error::Unavailable`] that names this setting. With it, each statement is
+//!   sent as one simple query, `SET LOCAL statement_timeout = …; <statement>` with its values
+//!   written in (`inline.rs`): one message, one round trip, one implicit transaction, nothing
+//!   prepared. A step's transaction begins with `BEGIN; SET LOCAL statement_timeout = …`, and
+//!   its statements (the store's `complete_in`, and the application's own, which must be
+//!   written so: `.persistent(false)`) are unnamed: the transaction keeps them on one server
+//!   connection.
+//!
 //! # Timeouts and failures
+//!
+//! Opening the store opens one connection on its own first, so that a database that refuses it
+//! (nothing listening, a TLS or authentication failure) fails the open at once with
+//! [`Error::Unavailable`] and the driver's reason; the pool, which retries a refused connection
+//! until its timeout, would only say that it ran out.
 //!
 //! [`PostgresStoreBuilder::timeout`] (5 s unless set) bounds each call as a whole: taking a
 //! connection from the pool (opening one included: the TCP connect and the handshake) and running
@@ -42,16 +75,20 @@ use sqlx::error::DatabaseError;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgArguments, PgRow, Postgres};
 use sqlx::query::Query;
-use sqlx::{Row, SqlStr, Transaction};
+use sqlx::{AssertSqlSafe, Row, SqlStr, Transaction};
 use tokio::time::Instant;
 
+use self::inline::inline;
 use super::backend::{Backend, Effect, Failed, sealed};
-use super::driver::{Driver, Value};
+use super::driver::{Driver, StateRow, Value};
 use super::statements::sql;
+use super::table::Table;
 use super::{CommitsWith, SqlStore};
 use crate::error::Error;
 
 mod builder;
+mod inline;
+mod url;
 
 pub use builder::PostgresStoreBuilder;
 
@@ -115,6 +152,14 @@ const COLUMNS: [(&str, &str); 15] = [
 /// The advisory lock migrations hold for their transaction ("idempote" in ASCII).
 const MIGRATE_LOCK: i64 = 0x6964_656d_706f_7465;
 
+/// A statement ready to send ([`PostgresStore::ready`]).
+enum Ready<'a> {
+    /// Prepared (unnamed or cached by sqlx), its arguments bound.
+    Bound(Query<'a, Postgres, PgArguments>),
+    /// One simple query, its values written in (`inline.rs`).
+    Written(String),
+}
+
 /// A serialization failure or a deadlock: the statement was rolled back and may run again.
 fn serialization_failure(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if matches!(db.code().as_deref(), Some("40001" | "40P01")))
@@ -156,11 +201,39 @@ impl PostgresStore {
         }
     }
 
-    /// Runs `query` on a connection of its own within the timeout, and returns its rows.
-    async fn fetch(&self, op: &'static str, query: Query<'_, Postgres, PgArguments>) -> Result<Vec<PgRow>, Failed> {
+    /// `sql` with `args`, ready to send: prepared with its arguments bound, or, behind a pooler
+    /// in transaction mode, written out with its values after `SET LOCAL statement_timeout`.
+    fn ready<'a>(&self, sql: &SqlStr, args: impl IntoIterator<Item = Value<'a>>) -> Ready<'a> {
+        match &self.inner.pooled {
+            None => Ready::Bound(Postgres::query(sql, args)),
+            Some(set) => Ready::Written(format!("{set}; {}", inline(sql.as_str(), args))),
+        }
+    }
+
+    /// Runs `statement` on a connection of its own within the timeout, and returns its rows.
+    async fn fetch(&self, op: &'static str, statement: Ready<'_>) -> Result<Vec<PgRow>, Failed> {
         let (mut conn, deadline) = self.connection(op).await?;
-        let outcome = tokio::time::timeout_at(deadline, query.fetch_all(&mut *conn)).await;
+        let work = async {
+            match statement {
+                Ready::Bound(query) => query.fetch_all(&mut *conn).await,
+                Ready::Written(text) => sqlx::raw_sql(AssertSqlSafe(text)).fetch_all(&mut *conn).await,
+            }
+        };
+        let outcome = tokio::time::timeout_at(deadline, work).await;
         self.ended(op, conn, outcome)
+    }
+
+    /// [`fetch`](Self::fetch), for the number of rows the statement changed.
+    async fn run(&self, op: &'static str, statement: Ready<'_>) -> Result<u64, Failed> {
+        let (mut conn, deadline) = self.connection(op).await?;
+        let work = async {
+            match statement {
+                Ready::Bound(query) => query.execute(&mut *conn).await,
+                Ready::Written(text) => sqlx::raw_sql(AssertSqlSafe(text)).execute(&mut *conn).await,
+            }
+        };
+        let outcome = tokio::time::timeout_at(deadline, work).await;
+        self.ended(op, conn, outcome).map(|done| done.rows_affected())
     }
 
     /// Within the store's timeout.
@@ -192,8 +265,8 @@ impl Backend for PostgresBackend {
     const NOW_US: &'static str = NOW_US;
     const GREATEST: &'static str = "greatest";
 
-    fn acquire_sql(table: &str) -> String {
-        let t = format!("\"{table}\"");
+    fn acquire_sql(table: &Table) -> String {
+        let t = table;
         let cols = COLUMNS.map(|(name, _)| name).join(", ");
         // Judged on the snapshot's row `r` at the statement's time.
         let free_now = format!(
@@ -237,8 +310,8 @@ impl Backend for PostgresBackend {
         )
     }
 
-    fn purge_for(table: &str) -> SqlStr {
-        let t = format!("\"{table}\"");
+    fn purge_for(table: &Table) -> SqlStr {
+        let t = table;
         let purge = format!(
             "DELETE FROM {t} WHERE key IN (\n\
              SELECT key FROM {t} WHERE expires_at <= {NOW_US} ORDER BY expires_at LIMIT {PURGE_BATCH} FOR UPDATE SKIP \
@@ -246,6 +319,28 @@ impl Backend for PostgresBackend {
              ) AND expires_at <= {NOW_US}"
         );
         sql(purge)
+    }
+
+    fn reason(e: &sqlx::Error) -> String {
+        let said = e.to_string();
+        // rustls's words (sqlx passes them on as an I/O error) for a certificate no trusted CA
+        // signed, and for one that does not name the host of the URL.
+        let hint = if said.contains("UnknownIssuer") {
+            "; the server's TLS certificate is not signed by a CA this client trusts: name the CA's certificate \
+             with sslrootcert=<file> in the URL"
+        } else if said.contains("not valid for name") || said.contains("NotValidForName") {
+            "; the server's TLS certificate is not valid for the host name in the URL (sslmode=verify-full checks \
+             it): connect by a name the certificate lists, or use sslmode=verify-ca"
+        } else if said.contains("unsupported startup parameter") {
+            // PgBouncer's refusal of sqlx's `extra_float_digits` (or the store's `options`).
+            "; a connection pooler (PgBouncer?) is between the store and PostgreSQL: set \
+             PostgresStoreBuilder::transaction_pooling(true), or ?transaction_pooling=true in the URL"
+        } else if matches!(e, sqlx::Error::Tls(_)) || said.contains("invalid peer certificate") {
+            "; the TLS handshake with the server failed"
+        } else {
+            ""
+        };
+        format!("{said}{hint}")
     }
 
     fn is_timeout(e: &dyn DatabaseError) -> bool {
@@ -262,7 +357,7 @@ impl Backend for PostgresBackend {
         // Bound before the future, which then holds the query only. All the rows are read, as
         // acquire's statement must run to its end (its read may answer and its write not, or the
         // other way round).
-        let q = Postgres::query(sql, args);
+        let q = store.ready(sql, args);
         async move { Ok(store.fetch(op, q).await?.into_iter().next()) }
     }
 
@@ -272,7 +367,7 @@ impl Backend for PostgresBackend {
         sql: &'a SqlStr,
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
     ) -> impl Future<Output = Result<Vec<PgRow>, Failed>> + Send + 'a {
-        store.fetch(op, Postgres::query(sql, args))
+        store.fetch(op, store.ready(sql, args))
     }
 
     fn execute<'a>(
@@ -281,12 +376,7 @@ impl Backend for PostgresBackend {
         sql: &'a SqlStr,
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
     ) -> impl Future<Output = Result<u64, Failed>> + Send + 'a {
-        let q = Postgres::query(sql, args);
-        async move {
-            let (mut conn, deadline) = store.connection(op).await?;
-            let outcome = tokio::time::timeout_at(deadline, q.execute(&mut *conn)).await;
-            store.ended(op, conn, outcome).map(|done| done.rows_affected())
-        }
+        store.run(op, store.ready(sql, args))
     }
 
     fn execute_in<'a>(
@@ -296,7 +386,8 @@ impl Backend for PostgresBackend {
         sql: &'a SqlStr,
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
     ) -> impl Future<Output = Result<u64, Error>> + Send + 'a {
-        let q = Postgres::query(sql, args);
+        // Behind a transaction pooler nothing named may outlive the transaction.
+        let q = Postgres::query(sql, args).persistent(store.inner.pooled.is_none());
         async move {
             store.count();
             Ok(store.within(op, q.execute(&mut **tx)).await?.rows_affected())
@@ -304,7 +395,42 @@ impl Backend for PostgresBackend {
     }
 
     async fn begin(store: &PostgresStore) -> Result<Transaction<'static, Postgres>, Error> {
-        store.within("begin", store.inner.pool.begin()).await
+        match &store.inner.pooled {
+            Some(set) => {
+                store.within("begin", store.inner.pool.begin_with(AssertSqlSafe(format!("BEGIN; {set}")))).await
+            }
+            None => store.within("begin", store.inner.pool.begin()).await,
+        }
+    }
+
+    fn state_read<'a>(
+        store: &'a PostgresStore,
+        sql: SqlStr,
+        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
+    ) -> impl Future<Output = Result<Option<StateRow>, sqlx::Error>> + Send + 'a {
+        let statement = store.ready(&sql, args);
+        async move {
+            let row = match statement {
+                Ready::Bound(query) => query.fetch_optional(&store.inner.pool).await?,
+                Ready::Written(text) => sqlx::raw_sql(AssertSqlSafe(text)).fetch_optional(&store.inner.pool).await?,
+            };
+            row.map(|row| Ok((row.try_get(0)?, row.try_get(1)?, row.try_get(2)?))).transpose()
+        }
+    }
+
+    fn state_write<'a>(
+        store: &'a PostgresStore,
+        sql: SqlStr,
+        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a {
+        let statement = store.ready(&sql, args);
+        async move {
+            let done = match statement {
+                Ready::Bound(query) => query.execute(&store.inner.pool).await?,
+                Ready::Written(text) => sqlx::raw_sql(AssertSqlSafe(text)).execute(&store.inner.pool).await?,
+            };
+            Ok(done.rows_affected())
+        }
     }
 
     fn renews_during_transaction(store: &PostgresStore) -> bool {
@@ -321,7 +447,19 @@ impl Backend for PostgresBackend {
 
     async fn begin_migration(store: &PostgresStore) -> Result<Transaction<'static, Postgres>, sqlx::Error> {
         let mut tx = store.inner.pool.begin().await?;
-        sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(MIGRATE_LOCK).execute(&mut *tx).await?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)").persistent(false).bind(MIGRATE_LOCK).execute(&mut *tx).await?;
+        if let Some(schema) = store.inner.table.schema() {
+            // Created only when missing: `CREATE SCHEMA IF NOT EXISTS` asks for the right to
+            // create schemas even when the schema exists, which a user may not have.
+            let exists: bool = sqlx::query_scalar("SELECT EXISTS (SELECT FROM pg_namespace WHERE nspname = $1)")
+                .persistent(false)
+                .bind(schema)
+                .fetch_one(&mut *tx)
+                .await?;
+            if !exists {
+                sqlx::raw_sql(AssertSqlSafe(format!("CREATE SCHEMA \"{schema}\""))).execute(&mut *tx).await?;
+            }
+        }
         Ok(tx)
     }
 
@@ -335,15 +473,16 @@ impl Backend for PostgresBackend {
 
     async fn registered_version<'a>(
         tx: &'a mut Transaction<'static, Postgres>,
-        table: &'a str,
+        table: &'a Table,
     ) -> Result<Option<i64>, sqlx::Error> {
-        sqlx::raw_sql(
-            "CREATE TABLE IF NOT EXISTS idempotent_schema (name text PRIMARY KEY NOT NULL, version integer NOT NULL)",
-        )
-        .execute(&mut **tx)
-        .await?;
-        let version: Option<i32> = sqlx::query_scalar("SELECT version FROM idempotent_schema WHERE name = $1")
-            .bind(table)
+        let registry = table.registry();
+        let create =
+            format!("CREATE TABLE IF NOT EXISTS {registry} (name text PRIMARY KEY NOT NULL, version integer NOT NULL)");
+        sqlx::raw_sql(AssertSqlSafe(create)).execute(&mut **tx).await?;
+        let select = format!("SELECT version FROM {registry} WHERE name = $1");
+        let version: Option<i32> = sqlx::query_scalar(AssertSqlSafe(select))
+            .persistent(false)
+            .bind(table.name())
             .fetch_optional(&mut **tx)
             .await?;
         Ok(version.map(i64::from))
@@ -351,35 +490,41 @@ impl Backend for PostgresBackend {
 
     async fn register<'a>(
         tx: &'a mut Transaction<'static, Postgres>,
-        table: &'a str,
+        table: &'a Table,
         version: i64,
     ) -> Result<(), sqlx::Error> {
         let version = i32::try_from(version).unwrap_or(i32::MAX);
-        sqlx::query("INSERT INTO idempotent_schema (name, version) VALUES ($1, $2)")
-            .bind(table)
+        let insert = format!("INSERT INTO {} (name, version) VALUES ($1, $2)", table.registry());
+        sqlx::query(AssertSqlSafe(insert))
+            .persistent(false)
+            .bind(table.name())
             .bind(version)
             .execute(&mut **tx)
             .await
             .map(drop)
     }
 
-    async fn exists<'a>(tx: &'a mut Transaction<'static, Postgres>, table: &'a str) -> Result<bool, sqlx::Error> {
-        sqlx::query_scalar("SELECT to_regclass(format('%I.%I', current_schema(), $1::text)) IS NOT NULL")
-            .bind(table)
+    async fn exists<'a>(tx: &'a mut Transaction<'static, Postgres>, table: &'a Table) -> Result<bool, sqlx::Error> {
+        sqlx::query_scalar("SELECT to_regclass(format('%I.%I', coalesce($2, current_schema()), $1::text)) IS NOT NULL")
+            .persistent(false)
+            .bind(table.name())
+            .bind(table.schema())
             .fetch_one(&mut **tx)
             .await
     }
 
     async fn columns<'a>(
         tx: &'a mut Transaction<'static, Postgres>,
-        table: &'a str,
+        table: &'a Table,
     ) -> Result<Vec<String>, sqlx::Error> {
         let columns: Vec<(String, String)> = sqlx::query_as(
             "SELECT a.attname::text, format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
-             WHERE a.attrelid = to_regclass(format('%I.%I', current_schema(), $1::text)) AND a.attnum > 0 \
+             WHERE a.attrelid = to_regclass(format('%I.%I', coalesce($2, current_schema()), $1::text)) AND a.attnum > 0 \
              AND NOT a.attisdropped ORDER BY a.attnum",
         )
-        .bind(table)
+        .persistent(false)
+        .bind(table.name())
+        .bind(table.schema())
         .fetch_all(&mut **tx)
         .await?;
         Ok(columns.into_iter().map(|(name, ty)| format!("{name} {ty}")).collect())
@@ -389,12 +534,12 @@ impl Backend for PostgresBackend {
         COLUMNS.iter().map(|(name, ty)| format!("{name} {ty}")).collect()
     }
 
-    fn create_records(table: &str) -> String {
+    fn create_records(table: &Table) -> String {
         format!(
-            "CREATE TABLE \"{table}\" (\n\
+            "CREATE TABLE {table} (\n\
              key bytea PRIMARY KEY NOT NULL CHECK (length(key) = 32),\n\
              fingerprint bytea NOT NULL,\n\
-             state text NOT NULL CONSTRAINT \"{table}_state_check\" CHECK (state IN ({STATES})),\n\
+             state text NOT NULL CONSTRAINT \"{name}_state_check\" CHECK (state IN ({STATES})),\n\
              token text NOT NULL,\n\
              fence bigint NOT NULL,\n\
              attempt bigint NOT NULL,\n\
@@ -408,14 +553,15 @@ impl Backend for PostgresBackend {
              created_at bigint NOT NULL DEFAULT 0,\n\
              updated_at bigint NOT NULL DEFAULT 0\n\
              ) WITH (fillfactor = 90);\n\
-             CREATE INDEX \"{table}_expires_at\" ON \"{table}\" (expires_at);\n\
-             CREATE INDEX \"{table}_run_id\" ON \"{table}\" (run_id, key)"
+             CREATE INDEX \"{name}_expires_at\" ON {table} (expires_at);\n\
+             CREATE INDEX \"{name}_run_id\" ON {table} (run_id, key)",
+            name = table.name()
         )
     }
 
-    fn create_state(table: &str) -> String {
+    fn create_state(table: &Table) -> String {
         format!(
-            "CREATE TABLE \"{table}\" (\n\
+            "CREATE TABLE {table} (\n\
              scope bytea PRIMARY KEY NOT NULL CHECK (length(scope) = 32),\n\
              tenant text,\n\
              name text NOT NULL,\n\

@@ -9,6 +9,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePo
 use super::{SqliteBackend, SqliteStore};
 use crate::error::Error;
 use crate::store::sql::migrate::plain_table_name;
+use crate::store::sql::table::Table;
 use crate::store::sql::{Backend, SqlStore};
 
 /// Where a [`SqliteStore`] gets its connections.
@@ -89,7 +90,7 @@ impl SqliteStoreBuilder {
                 (pool, describe, busy_timeout)
             }
         };
-        let store = SqliteStore::on(pool, describe, self.table, busy_timeout);
+        let store = SqliteStore::on(pool, describe, Table::new(None, self.table), busy_timeout, None);
         store.migrate().await?;
         Ok(store)
     }

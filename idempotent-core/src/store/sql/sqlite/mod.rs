@@ -23,6 +23,7 @@ use sqlx::{Row, SqlStr, Sqlite, Transaction};
 use super::backend::{Backend, Failed, sealed};
 use super::driver::{Driver, Value};
 use super::statements::sql;
+use super::table::Table;
 use super::{CommitsWith, SqlStore};
 use crate::error::Error;
 
@@ -103,8 +104,8 @@ impl Backend for SqliteBackend {
     const NOW_US: &'static str = NOW_US;
     const GREATEST: &'static str = "max";
 
-    fn acquire_sql(table: &str) -> String {
-        let t = format!("\"{table}\"");
+    fn acquire_sql(table: &Table) -> String {
+        let t = table;
         // The existing row is `r`; `excluded` the row acquire would insert.
         let now = "excluded.fence";
         let expired = format!("r.expires_at <= {now}");
@@ -146,8 +147,8 @@ impl Backend for SqliteBackend {
         )
     }
 
-    fn purge_for(table: &str) -> SqlitePurge {
-        let t = format!("\"{table}\"");
+    fn purge_for(table: &Table) -> SqlitePurge {
+        let t = table;
         let range = format!(
             "SELECT max(rowid) FROM (SELECT rowid FROM {t} WHERE rowid > ?1 ORDER BY rowid LIMIT {PURGE_BATCH})"
         );
@@ -268,7 +269,7 @@ impl Backend for SqliteBackend {
 
     async fn registered_version<'a>(
         tx: &'a mut Transaction<'static, Sqlite>,
-        table: &'a str,
+        table: &'a Table,
     ) -> Result<Option<i64>, sqlx::Error> {
         sqlx::raw_sql(
             "CREATE TABLE IF NOT EXISTS idempotent_schema (name TEXT PRIMARY KEY NOT NULL, version INTEGER NOT NULL)",
@@ -276,42 +277,48 @@ impl Backend for SqliteBackend {
         .execute(&mut **tx)
         .await?;
         sqlx::query_scalar("SELECT version FROM idempotent_schema WHERE name = ?1")
-            .bind(table)
+            .bind(table.name())
             .fetch_optional(&mut **tx)
             .await
     }
 
     async fn register<'a>(
         tx: &'a mut Transaction<'static, Sqlite>,
-        table: &'a str,
+        table: &'a Table,
         version: i64,
     ) -> Result<(), sqlx::Error> {
         sqlx::query("INSERT INTO idempotent_schema (name, version) VALUES (?1, ?2)")
-            .bind(table)
+            .bind(table.name())
             .bind(version)
             .execute(&mut **tx)
             .await
             .map(drop)
     }
 
-    async fn exists<'a>(tx: &'a mut Transaction<'static, Sqlite>, table: &'a str) -> Result<bool, sqlx::Error> {
+    async fn exists<'a>(tx: &'a mut Transaction<'static, Sqlite>, table: &'a Table) -> Result<bool, sqlx::Error> {
         sqlx::query_scalar("SELECT count(*) > 0 FROM sqlite_master WHERE name = ?1")
-            .bind(table)
+            .bind(table.name())
             .fetch_one(&mut **tx)
             .await
     }
 
-    async fn columns<'a>(tx: &'a mut Transaction<'static, Sqlite>, table: &'a str) -> Result<Vec<String>, sqlx::Error> {
-        sqlx::query_scalar("SELECT name FROM pragma_table_info(?1) ORDER BY cid").bind(table).fetch_all(&mut **tx).await
+    async fn columns<'a>(
+        tx: &'a mut Transaction<'static, Sqlite>,
+        table: &'a Table,
+    ) -> Result<Vec<String>, sqlx::Error> {
+        sqlx::query_scalar("SELECT name FROM pragma_table_info(?1) ORDER BY cid")
+            .bind(table.name())
+            .fetch_all(&mut **tx)
+            .await
     }
 
     fn expected_columns() -> Vec<String> {
         COLUMNS.map(str::to_owned).to_vec()
     }
 
-    fn create_records(table: &str) -> String {
+    fn create_records(table: &Table) -> String {
         format!(
-            "CREATE TABLE \"{table}\" (\n\
+            "CREATE TABLE {table} (\n\
              key BLOB PRIMARY KEY NOT NULL CHECK (length(key) = 32),\n\
              fingerprint BLOB NOT NULL,\n\
              state TEXT NOT NULL CHECK (state IN ('running', 'released', 'done', 'needs_attention')),\n\
@@ -331,9 +338,9 @@ impl Backend for SqliteBackend {
         )
     }
 
-    fn create_state(table: &str) -> String {
+    fn create_state(table: &Table) -> String {
         format!(
-            "CREATE TABLE \"{table}\" (\n\
+            "CREATE TABLE {table} (\n\
              scope BLOB PRIMARY KEY NOT NULL CHECK (length(scope) = 32),\n\
              tenant TEXT,\n\
              name TEXT NOT NULL,\n\
