@@ -38,7 +38,8 @@ pub async fn run_all(store: SharedStateStore) {
     racing_creation_creates_once(&store, 64).await;
     the_history_bound_holds(&store).await;
     an_unanswered_update_says_it_may_have_run(&store).await;
-    assert_eq!(counter(&store, 64, 100).await, 6400);
+    // 32 writers of 25 updates each: every commit but the first contended.
+    assert_eq!(counter(&store, 32, 25).await, 800);
 }
 
 /// Absent is version 0; a commit on it creates version 1; a commit on a version that is not
