@@ -6,9 +6,10 @@
 //! batched), `builder` its settings, `preflight` the start-up check of the server, `conn`
 //! connections and transport, `script` the Lua scripts and how they are called (a function
 //! library, or `EVALSHA`), `sentinel` how a store through Sentinel finds its master, `clock`
-//! the estimate of the server's clock that fences keys taken by `SET NX`, `arg` the arguments
-//! written into commands, and `layout` (with `layout.lua`, the prelude of every script) where
-//! each field of a record sits.
+//! the estimate of the server's clock that fences keys taken by `SET NX`, `native` the plain
+//! completion where the server compares and sets (`SET … IFEQ`), `arg` the arguments written
+//! into commands, `redact` URLs without their passwords, and `layout` (with `layout.lua`, the
+//! prelude of every script) where each field of a record sits.
 
 use std::fmt;
 use std::sync::Arc;
@@ -36,6 +37,7 @@ pub mod layout;
 mod native;
 mod preflight;
 mod reads;
+mod redact;
 pub(crate) mod script;
 #[cfg(feature = "sentinel")]
 pub(crate) mod sentinel;

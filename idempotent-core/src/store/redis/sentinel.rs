@@ -77,7 +77,7 @@ impl Asking<'_> {
 }
 
 fn urls_redacted(urls: &[&str]) -> String {
-    urls.iter().map(|u| super::builder::redact(u)).collect::<Vec<_>>().join(",")
+    urls.iter().map(|u| super::redact::redact(u)).collect::<Vec<_>>().join(",")
 }
 
 /// `redis+sentinel://host1:port1,host2:port2/mymaster`: the sentinels' `redis://` URLs (port
@@ -87,7 +87,7 @@ pub(crate) fn parse_url(url: &str) -> Result<(Vec<String>, String), Error> {
     let bad = |why: &str| {
         Error::Config(format!(
             "cannot use {:?}: {why} (expected redis+sentinel://host1:port1,host2:port2/master-name)",
-            super::builder::redact(url)
+            super::redact::redact(url)
         ))
     };
     let rest = url.strip_prefix("redis+sentinel://").ok_or_else(|| bad("not a redis+sentinel:// URL"))?;
