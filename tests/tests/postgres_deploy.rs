@@ -101,6 +101,29 @@ async fn a_port_nobody_listens_on_is_unavailable_at_once_with_the_refusal() {
     assert!(!reason.contains("secret"), "{reason}");
 }
 
+/// A database that goes away under an open store: every call fails closed at once, as a store
+/// failure, and once the pool holds no connection the error says the database refused (the
+/// pool alone would retry the refusal for the whole timeout and report only that it ran out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_gone_under_an_open_store_is_unavailable_at_once() {
+    let mut server = PgServer::start();
+    let store = PostgresStore::builder(server.url()).timeout(Duration::from_secs(5)).connect().await.unwrap();
+    let ctx = RunContext::new(store, "gone");
+    let v: u8 = ctx.step("s").run(&1, |_| async { Ok::<_, Error>(1) }).await.unwrap();
+    assert_eq!(v, 1);
+    server.kill9();
+    let mut refused = false;
+    for i in 2..8u8 {
+        let started = Instant::now();
+        let err = ctx.step("s").run(&i, |_| async move { Ok::<_, Error>(i) }).await.unwrap_err();
+        let took = started.elapsed();
+        assert!(matches!(err, Error::Unavailable { .. }), "call {i}: {err} after {took:?}");
+        assert!(took < Duration::from_secs(2), "call {i} took {took:?} of its 5 s timeout: {err}");
+        refused |= err.to_string().to_lowercase().contains("connection refused");
+    }
+    assert!(refused, "no call said that the database refused");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_stores_in_two_schemas_of_one_database_keep_separate_records() {
     let server = PgServer::start();

@@ -35,7 +35,9 @@
 //! Opening the store opens one connection on its own first, so that a database that refuses it
 //! (nothing listening, a TLS or authentication failure) fails the open at once with
 //! [`Error::Unavailable`] and the driver's reason; the pool, which retries a refused connection
-//! until its timeout, would only say that it ran out.
+//! until its timeout, would only say that it ran out. The same holds for an open store whose pool
+//! has no connection left (the database went away): a call opens one directly first, and a
+//! refusal fails it at once, saying so.
 //!
 //! [`PostgresStoreBuilder::timeout`] (5 s unless set) bounds each call as a whole: taking a
 //! connection from the pool (opening one included: the TCP connect and the handshake) and running
@@ -73,9 +75,9 @@
 
 use sqlx::error::DatabaseError;
 use sqlx::pool::PoolConnection;
-use sqlx::postgres::{PgArguments, PgRow, Postgres};
+use sqlx::postgres::{PgArguments, PgConnection, PgRow, Postgres};
 use sqlx::query::Query;
-use sqlx::{AssertSqlSafe, Row, SqlStr, Transaction};
+use sqlx::{AssertSqlSafe, Connection, Row, SqlStr, Transaction};
 use tokio::time::Instant;
 
 use self::inline::inline;
@@ -168,8 +170,21 @@ fn serialization_failure(e: &sqlx::Error) -> bool {
 impl PostgresStore {
     /// A connection of the pool for one statement, counted, and the deadline of the call (the
     /// timeout from now), which taking the connection counts against.
+    ///
+    /// With no connection in the pool (none opened yet, or every one lost with the database),
+    /// one is opened directly first: the pool retries a refused connection until the timeout and
+    /// reports only that it ran out, where this says at once that, and why, the database refused.
     async fn connection(&self, op: &'static str) -> Result<(PoolConnection<Postgres>, Instant), Failed> {
         let deadline = Instant::now() + self.inner.timeout;
+        if self.inner.pool.size() == 0 {
+            let options = self.inner.pool.connect_options();
+            match tokio::time::timeout_at(deadline, PgConnection::connect_with(&options)).await {
+                // The pool opens its own; a failure to say goodbye changes nothing.
+                Ok(Ok(conn)) => drop(conn.close().await),
+                Ok(Err(e)) => return Err(Failed::not_sent(self.error(op, e))),
+                Err(_) => return Err(Failed::not_sent(self.timed_out(op))),
+            }
+        }
         match tokio::time::timeout_at(deadline, self.inner.pool.acquire()).await {
             Ok(Ok(conn)) => {
                 self.count();
