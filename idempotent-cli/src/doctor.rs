@@ -225,6 +225,12 @@ async fn redis_settings(redis: &RedisStore, args: &Doctor, checks: &mut Vec<Chec
         checks.push(check);
     }
     checks.push(match report.tls {
+        // `#insecure` (redis-rs's own URL fragment) turns every certificate check off.
+        Some(true) if idempotent_core::Store::describe(redis).contains("#insecure") => Check::noted(
+            "TLS",
+            "connections are encrypted but the server's certificate is not checked (#insecure): drop #insecure \
+             and trust its authority (SSL_CERT_FILE)",
+        ),
         Some(true) => {
             Check::passed("TLS", "connections are encrypted and the server's certificate verified (rediss://)")
         }
@@ -249,7 +255,7 @@ async fn redis_settings(redis: &RedisStore, args: &Doctor, checks: &mut Vec<Chec
         ),
         (None, Some(_)) => Check::failed(
             "Redis replicas",
-            "the server refused INFO replication, so the replicas connected could not be counted",
+            "INFO replication could not be read, so the replicas connected could not be counted",
             "check in the provider's settings that the master keeps the replicas the store waits for",
         ),
         (Some(0), None) => Check::noted(
@@ -264,7 +270,9 @@ async fn redis_settings(redis: &RedisStore, args: &Doctor, checks: &mut Vec<Chec
                 count(connected as usize, "replica")
             ),
         ),
-        (None, None) => Check::noted("Redis replicas", "INFO replication refused: the replicas could not be counted"),
+        (None, None) => {
+            Check::noted("Redis replicas", "INFO replication could not be read: the replicas were not counted")
+        }
     });
 }
 

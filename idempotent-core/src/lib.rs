@@ -52,8 +52,9 @@
 //! - [`Key`], [`Fingerprint`], [`canonical`]: deterministic keys over RFC 8785 canonical JSON.
 //! - [`Store`]: the record protocol ([`record`]), with [`MemoryStore`] and, under the `redis`
 //!   feature, [`RedisStore`] (standalone, cluster or through Sentinel; a replay and a first
-//!   acquisition are one plain `SET NX GET`, the other transitions Lua scripts judged by the
-//!   server clock; fail-closed timeouts; [`RedisStore::preflight`] with [`Preflight::ensure`]
+//!   acquisition are one plain `SET NX GET`, and so is a first execution's completion where the
+//!   server has `SET … IFEQ` (Valkey 8.1+, Redis 8.4+); the other transitions Lua scripts judged
+//!   by the server clock; fail-closed timeouts; [`RedisStore::preflight`] with [`Preflight::ensure`]
 //!   refuses at start-up a server that may lose records), under the `sqlite` feature,
 //!   `SqliteStore` (one file in WAL mode, shared by tasks and processes on one host), and under
 //!   the `postgres` feature, `PostgresStore` (one table, judged by the database clock; fail-closed

@@ -101,7 +101,7 @@ async fn a_foreign_state_table_is_refused() {
     assert!(err.to_string().contains("was not created by idempotent-core"), "{err}");
 }
 
-/// 64 × 100 updates through a proxy that loses 20% of Redis's replies: no update is lost or
+/// 32 × 25 updates through a proxy that loses 20% of Redis's replies: no update is lost or
 /// applied twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_counter_is_exact_when_replies_are_lost() {

@@ -82,3 +82,19 @@ async fn preflight_counts_the_replicas_a_waiting_store_needs() {
     assert_eq!(report.replicas, Some(1), "{report}");
     report.ensure().unwrap();
 }
+
+/// On a cluster every master answers `INFO replication`: the preflight counts the fewest
+/// replicas of any master (none here), and a store that waits for one fails it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preflight_counts_the_replicas_of_every_cluster_master() {
+    let cluster = tokio::task::spawn_blocking(idempotent_tests::RedisCluster::start).await.unwrap();
+    let waits = idempotent_core::RedisStore::cluster_builder(cluster.urls())
+        .command_timeout(std::time::Duration::from_secs(2))
+        .wait_for_replicas(1, std::time::Duration::from_millis(500))
+        .connect_lazy()
+        .unwrap();
+    let report = waits.preflight().await.unwrap();
+    assert_eq!(report.replicas, Some(0), "{report}");
+    let err = report.accept_risk(Risk::NoPersistence).ensure().unwrap_err().to_string();
+    assert!(err.contains("waits for 1, 0 connected"), "{err}");
+}

@@ -97,13 +97,11 @@ impl RedisStore {
                 Some(bytes) => Arg::Bytes(bytes),
                 None => Arg::New { fp: &fp, token, threshold, fence, labels },
             };
-            let sent = std::time::Instant::now();
             match self.set_get(key, record, ttl).await {
                 Ok(Written { reply: Value::Nil, replicas }) => {
                     self.replicated("acquire", replicas)?;
                     if let Some(record) = kept {
-                        let lease = Duration::from_millis(lease);
-                        self.inner.native.keep(token, Kept { record, sent, lease });
+                        self.inner.native.keep(token, Kept { record });
                     }
                     return Ok(Acquire::Acquired(Grant {
                         token: token.clone(),

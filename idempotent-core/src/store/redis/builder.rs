@@ -186,8 +186,7 @@ impl RedisStoreBuilder {
     /// the acquisition's token, until its completion, which then costs the server one `SET`
     /// instead of a script call. The key must still hold that record byte for byte; anything
     /// else (a takeover, a renewal, a repeat after a lost reply) goes to the script, as does a
-    /// completion sent later than its lease minus the command timeout, so that a lease is still
-    /// judged by the server's clock. The store asks the server whether it takes the form once,
+    /// completion while the store has no fresh estimate of the server's clock. The store asks the server whether it takes the form once,
     /// with its first measure of the server's clock; a server that refuses it (Redis 7.0) is sent
     /// scripts. Off, every completion is the script.
     pub fn native_compare_and_set(mut self, on: bool) -> Self {

@@ -14,13 +14,14 @@
 //! owner token, fences, `recovered`, verification, `WAIT` (the command goes out as the script
 //! would, with its `WAIT` behind it) and Cluster (one key) hold as on the script path.
 //!
-//! **The lease.** The script refuses a completion whose lease has passed by the server's clock,
-//! even when nobody has taken the key over. A `SET` cannot read the server's clock, so the store
-//! sends the plain command only while the lease cannot have passed when the server answers: the
-//! time since the acquisition was sent, plus the command timeout, is below the lease. Otherwise
-//! the script judges. (A command delivered after the client gave up on it — later than its
-//! timeout — may still land past the lease on the plain path; it lands only if nobody took the
-//! key over, so it stores the one execution's result, where the script would have refused it.)
+//! **Ownership, not deadlines.** As on the script path (DESIGN.md, "The record protocol"), what
+//! gates a completion is that the record is still the holder's: a completion that arrives after
+//! its lease passed, while nobody has taken the key over, stores the one execution's result on
+//! both paths; a takeover rewrites the record, and the comparison then fails.
+//!
+//! **The update time** is the client's estimate of the server's clock (`clock.rs`), never before
+//! the record's last change, as the script has it; without a fresh estimate the completion takes
+//! the script, which reads `TIME`.
 //!
 //! **Detection.** Before the first record is kept, with the first measure of the server's clock
 //! (`clock.rs`; [`RedisStore::warm_up`] makes it, else the first acquire starts it in the
@@ -37,7 +38,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use deadpool_redis::redis::{self, Value};
@@ -50,7 +51,9 @@ use crate::error::Error;
 use crate::key::Key;
 use crate::record::{Token, Transition};
 
-/// The most acquisitions whose records are kept at once: beyond it, new ones complete by script.
+/// The most acquisitions whose records are kept at once. A full map is emptied (its
+/// acquisitions then complete by script, as they may at any time): grants that never end (a
+/// `Store` user that drops them) cannot grow it without bound.
 const MAX_KEPT: usize = 1 << 16;
 
 /// Whether the server compares and sets: not asked yet.
@@ -73,10 +76,6 @@ pub(super) struct Native {
 pub(super) struct Kept {
     /// The record's bytes, as sent.
     pub(super) record: Vec<u8>,
-    /// When the `SET NX` went out (its lease began no earlier).
-    pub(super) sent: Instant,
-    /// The lease it took.
-    pub(super) lease: Duration,
 }
 
 impl Native {
@@ -108,16 +107,20 @@ impl Native {
     /// Keeps the record `token`'s acquisition wrote.
     pub(super) fn keep(&self, token: &Token, kept: Kept) {
         let mut map = self.lock();
-        if map.len() < MAX_KEPT {
-            map.insert(token.clone(), kept);
+        if map.len() >= MAX_KEPT {
+            tracing::debug!(
+                kept = map.len(),
+                "idempotent.redis: forgetting the kept records of unfinished acquisitions; they complete by script"
+            );
+            map.clear();
         }
+        map.insert(token.clone(), kept);
     }
 
-    /// The record `token` wrote, if kept and still usable for a plain completion within `timeout`
-    /// (see the module docs); it is forgotten either way.
-    pub(super) fn take(&self, token: &Token, timeout: Duration) -> Option<Kept> {
+    /// The record `token` wrote, if kept (and the plain form is on); it is forgotten either way.
+    pub(super) fn take(&self, token: &Token) -> Option<Kept> {
         let kept = self.lock().remove(token)?;
-        (self.is_on() && kept.sent.elapsed().saturating_add(timeout) < kept.lease).then_some(kept)
+        self.is_on().then_some(kept)
     }
 
     /// Forgets the record of `token` (renewed, released, abandoned: no longer as written).
@@ -148,9 +151,11 @@ impl RedisStore {
                 self.inner.native.found(true);
                 Ok(())
             }
-            Err(Error::Unavailable { reason, .. }) if reason.contains("syntax error") => {
+            // Any refusal by the server (a syntax error before Valkey 8.1 / Redis 8.4, a proxy's
+            // own wording): the scripts. A failure to reach it says nothing, and is reported.
+            Err(Error::Unavailable { reason, source, .. }) if refused_by_server(source.as_deref()) => {
                 self.inner.native.found(false);
-                tracing::debug!(store = %self.inner.describe, "idempotent.redis: the server has no SET … IFEQ (before Valkey 8.1 or Redis 8.4); completions run the complete script");
+                tracing::debug!(store = %self.inner.describe, %reason, "idempotent.redis: the server refuses SET … IFEQ; completions run the complete script");
                 Ok(())
             }
             Err(e) => Err(e),
@@ -166,12 +171,12 @@ impl RedisStore {
         key: &Key,
         kept: &Kept,
         result: &Bytes,
-        updated: Option<u64>,
+        updated: u64,
         retention: Duration,
     ) -> Result<Option<Transition>, Error> {
         // Never before the record's last change, as the script has it.
         let last = super::layout::digits(&kept.record[UPDATED]).unwrap_or(0);
-        let updated = updated.unwrap_or(0).max(last);
+        let updated = updated.max(last);
         let done = Arg::Done { running: &kept.record, updated, result };
         let len = 3 + self.inner.prefix.len() + 64 + done.len() + 4 + kept.record.len() + 2 + 20;
         let mut cmd = redis::Cmd::with_capacity(7, len);
@@ -193,4 +198,11 @@ impl RedisStore {
             Err(e) => Err(e),
         }
     }
+}
+
+/// Whether `source` is the server's own error reply (not a connection or a timeout failure).
+fn refused_by_server(source: Option<&(dyn std::error::Error + Send + Sync + 'static)>) -> bool {
+    source
+        .and_then(|e| e.downcast_ref::<redis::RedisError>())
+        .is_some_and(|e| !e.is_io_error() && !e.is_timeout() && !e.is_connection_dropped())
 }

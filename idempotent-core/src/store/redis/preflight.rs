@@ -143,10 +143,11 @@ pub struct Preflight {
     /// Risks that could not be ruled out, because their settings could not be read (`CONFIG`
     /// disabled or not permitted, as on managed Redis).
     pub unchecked: Vec<Risk>,
-    /// The replicas connected to the node that answered (`connected_slaves` of `INFO
-    /// replication`); `None` when `INFO` could not be read.
+    /// The replicas connected to the master (`connected_slaves` of `INFO replication`; on a
+    /// cluster, the fewest of any master); `None` when `INFO` could not be read.
     pub replicas: Option<u32>,
-    /// Whether the store's connections use TLS (a `rediss://` URL); `None` for a store on the
+    /// Whether the store's connections use TLS (a `rediss://` URL; one ending in `#insecure`
+    /// encrypts without checking the server's certificate); `None` for a store on the
     /// application's pool, whose URL the store does not know.
     pub tls: Option<bool>,
     accepted: Vec<Risk>,
@@ -244,7 +245,8 @@ impl RedisStore {
     /// replicas are connected and whether the store uses TLS ([`Preflight::replicas`],
     /// [`Preflight::tls`]). The `Err` of this call is only a failure
     /// to reach the server: the findings are in the [`Preflight`], which fails nothing until
-    /// [`Preflight::ensure`] is called. On a cluster, the node that answers is checked.
+    /// [`Preflight::ensure`] is called. On a cluster, the node that answers `CONFIG GET` is
+    /// checked for eviction and persistence, and every master for its replicas.
     pub async fn preflight(&self) -> Result<Preflight, Error> {
         let describe = self.describe();
         let tls = if describe.starts_with("redis (pool)") || describe.starts_with("redis cluster (pool)") {
@@ -289,14 +291,20 @@ impl RedisStore {
         Ok(report)
     }
 
-    /// `connected_slaves` of `INFO replication`; `None` when `INFO` is refused.
+    /// `connected_slaves` of `INFO replication`: on a cluster, where every master answers, the
+    /// fewest of any master; `None` when `INFO` is refused.
     async fn connected_replicas(&self) -> Result<Option<u32>, Error> {
         let mut cmd = redis::cmd("INFO");
         cmd.arg("replication");
+        let count = |info: &str| -> Option<u32> {
+            info.lines().find_map(|line| line.trim().strip_prefix("connected_slaves:")?.parse().ok())
+        };
         match self.run("preflight", cmd).await {
-            Ok(value) => Ok(text(&value).and_then(|info| {
-                info.lines().find_map(|line| line.trim().strip_prefix("connected_slaves:")?.parse().ok())
-            })),
+            Ok(Value::Map(nodes)) => {
+                let counts: Option<Vec<u32>> = nodes.iter().map(|(_, info)| count(&text(info)?)).collect();
+                Ok(counts.and_then(|counts| counts.into_iter().min()))
+            }
+            Ok(value) => Ok(text(&value).and_then(|info| count(&info))),
             Err(Error::Unavailable { reason, source, .. }) if refused(&reason, source.as_deref()) => Ok(None),
             Err(e) => Err(e),
         }

@@ -102,7 +102,8 @@ impl Store for RedisStore {
             // a `TIME` inside the script costs Redis more than the rest of the check. Without a
             // fresh estimate the script reads `TIME`.
             let updated = self.known_server_micros().map(|us| us / 1000);
-            if let Some(kept) = self.inner.native.take(token, self.inner.timeout)
+            // Without a fresh estimate of the clock the script reads `TIME` (`native.rs`).
+            if let (Some(kept), Some(updated)) = (self.inner.native.take(token), updated)
                 && let Some(done) = self.complete_native(key, &kept, &result, updated, retention).await?
             {
                 return Ok(done);

@@ -221,6 +221,10 @@ struct Inner<B: Backend> {
     /// Whether acquire reads first.
     order: AcquireOrder,
     purging: AtomicBool,
+    /// A call failed on the way to the database and none has succeeded since (PostgreSQL,
+    /// `postgres/mod.rs`: the next calls open a connection directly first).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    troubled: AtomicBool,
 }
 
 impl<B: Backend> SqlStore<B> {
@@ -240,6 +244,7 @@ impl<B: Backend> SqlStore<B> {
                 statements: AtomicU64::new(0),
                 order: AcquireOrder::default(),
                 purging: AtomicBool::new(false),
+                troubled: AtomicBool::new(false),
             }),
         }
     }

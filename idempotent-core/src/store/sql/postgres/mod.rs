@@ -35,9 +35,12 @@
 //! Opening the store opens one connection on its own first, so that a database that refuses it
 //! (nothing listening, a TLS or authentication failure) fails the open at once with
 //! [`Error::Unavailable`] and the driver's reason; the pool, which retries a refused connection
-//! until its timeout, would only say that it ran out. The same holds for an open store whose pool
-//! has no connection left (the database went away): a call opens one directly first, and a
-//! refusal fails it at once, saying so.
+//! until its timeout, would only say that it ran out. The same holds for an open store whose
+//! database went away: while the pool has no connection left, or after a call failed on its
+//! connection and none has succeeded since, a record call (acquire, complete, and the other
+//! transitions and reads of records) opens one directly first, and a refusal fails it at once,
+//! saying so. Versioned-state calls and the `BEGIN` of
+//! `run_in_transaction` take the pool's connections as they are.
 //!
 //! [`PostgresStoreBuilder::timeout`] (5 s unless set) bounds each call as a whole: taking a
 //! connection from the pool (opening one included: the TCP connect and the handshake) and running
@@ -72,6 +75,8 @@
 //! has room, which the table's `fillfactor = 90` leaves. Complete could keep acquire's expiry and
 //! be a HOT update too, but only by keeping a done record longer than its retention, which no
 //! other store does.
+
+use std::sync::atomic::Ordering;
 
 use sqlx::error::DatabaseError;
 use sqlx::pool::PoolConnection;
@@ -171,12 +176,17 @@ impl PostgresStore {
     /// A connection of the pool for one statement, counted, and the deadline of the call (the
     /// timeout from now), which taking the connection counts against.
     ///
-    /// With no connection in the pool (none opened yet, or every one lost with the database),
-    /// one is opened directly first: the pool retries a refused connection until the timeout and
-    /// reports only that it ran out, where this says at once that, and why, the database refused.
+    /// With no connection in the pool (none opened yet, or every one lost with the database), or
+    /// after a call failed on its connection and none has succeeded since, the call opens one
+    /// directly first: the pool retries a refused connection until the timeout and reports only
+    /// that it ran out, where this says at once that, and why, the database refused. (After a
+    /// quiet spell that emptied the pool, the first calls each pay for one connection more.)
+    /// After such a failure, the pool's connections are pinged before use until a call succeeds:
+    /// those the database dropped meanwhile are closed, not handed out.
     async fn connection(&self, op: &'static str) -> Result<(PoolConnection<Postgres>, Instant), Failed> {
         let deadline = Instant::now() + self.inner.timeout;
-        if self.inner.pool.size() == 0 {
+        let troubled = self.inner.troubled.load(Ordering::Relaxed);
+        if self.inner.pool.size() == 0 || troubled {
             let options = self.inner.pool.connect_options();
             match tokio::time::timeout_at(deadline, PgConnection::connect_with(&options)).await {
                 // The pool opens its own; a failure to say goodbye changes nothing.
@@ -185,14 +195,28 @@ impl PostgresStore {
                 Err(_) => return Err(Failed::not_sent(self.timed_out(op))),
             }
         }
-        match tokio::time::timeout_at(deadline, self.inner.pool.acquire()).await {
-            Ok(Ok(conn)) => {
-                self.count();
-                Ok((conn, deadline))
+        loop {
+            match tokio::time::timeout_at(deadline, self.inner.pool.acquire()).await {
+                Ok(Ok(mut conn)) => {
+                    if troubled && !matches!(tokio::time::timeout_at(deadline, conn.ping()).await, Ok(Ok(()))) {
+                        // Dropped by the database: closed, and another taken.
+                        conn.close_on_drop();
+                        continue;
+                    }
+                    self.count();
+                    return Ok((conn, deadline));
+                }
+                Ok(Err(e)) => return Err(Failed::not_sent(self.troubled(self.error(op, e)))),
+                Err(_) => return Err(Failed::not_sent(self.troubled(self.timed_out(op)))),
             }
-            Ok(Err(e)) => Err(Failed::not_sent(self.error(op, e))),
-            Err(_) => Err(Failed::not_sent(self.timed_out(op))),
         }
+    }
+
+    /// Notes that a call failed on the way to the database (the next calls open a connection
+    /// directly first, see [`connection`](Self::connection)), and passes `error` on.
+    fn troubled(&self, error: Error) -> Error {
+        self.inner.troubled.store(true, Ordering::Relaxed);
+        error
     }
 
     /// What a statement run on `conn` came to.
@@ -203,10 +227,18 @@ impl PostgresStore {
         outcome: Result<Result<T, sqlx::Error>, tokio::time::error::Elapsed>,
     ) -> Result<T, Failed> {
         match outcome {
-            Ok(Ok(done)) => Ok(done),
+            Ok(Ok(done)) => {
+                // A write only when it changes, so that calls share the line read-only.
+                if self.inner.troubled.load(Ordering::Relaxed) {
+                    self.inner.troubled.store(false, Ordering::Relaxed);
+                }
+                Ok(done)
+            }
             Ok(Err(e)) => {
                 let effect = if serialization_failure(&e) { Effect::RolledBack } else { Effect::Unknown };
-                Err(Failed { error: self.error(op, e), effect })
+                let error = self.error(op, e);
+                let error = if matches!(error, Error::Unavailable { .. }) { self.troubled(error) } else { error };
+                Err(Failed { error, effect })
             }
             Err(_) => {
                 // The statement may still be in the connection's pipe: never hand it out again.
