@@ -49,9 +49,15 @@ impl Authority {
         std::fs::read(&self.cert).expect("read the authority's certificate")
     }
 
-    /// Signs a server certificate for [`SERVER_NAME`]; writes `<name>.pem` and `<name>.key` in
-    /// `dir` and returns their paths (certificate, key).
+    /// Signs a server certificate for [`SERVER_NAME`] only; writes `<name>.pem` and `<name>.key`
+    /// in `dir` and returns their paths (certificate, key).
     pub fn server_cert(&self, dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+        self.server_cert_for(dir, name, &format!("DNS:{SERVER_NAME}"))
+    }
+
+    /// Signs a server certificate for the names `alt_names` lists (`subjectAltName`, as
+    /// `DNS:localhost,IP:127.0.0.1`), as [`server_cert`](Self::server_cert) does.
+    pub fn server_cert_for(&self, dir: &Path, name: &str, alt_names: &str) -> (PathBuf, PathBuf) {
         let (cert, key, csr, ext) = (
             dir.join(format!("{name}.pem")),
             dir.join(format!("{name}.key")),
@@ -63,7 +69,11 @@ impl Authority {
             &["req", "-new", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-subj"],
             &[&format!("/CN={SERVER_NAME}"), "-keyout", path(&key), "-out", path(&csr)],
         );
-        std::fs::write(&ext, format!("subjectAltName=DNS:{SERVER_NAME}\n")).expect("write the extensions file");
+        std::fs::write(
+            &ext,
+            format!("subjectAltName={alt_names}\nextendedKeyUsage=serverAuth\nbasicConstraints=CA:FALSE\n"),
+        )
+        .expect("write the extensions file");
         openssl(
             dir,
             &["x509", "-req", "-days", "1", "-CAcreateserial"],
