@@ -4,6 +4,9 @@ use std::time::Duration;
 
 use crate::canonical::CanonicalError;
 
+#[cfg(feature = "rmcp")]
+mod rmcp;
+
 /// A boxed error from a store's driver.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
