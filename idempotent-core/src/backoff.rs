@@ -56,6 +56,31 @@ impl Backoff {
     }
 }
 
+impl Backoff {
+    /// The jitter to add to a wait the server asked for (HTTP's `Retry-After`, gRPC's pushback,
+    /// the `retryAfterMs` of an MCP error): `random` (a uniformly drawn `u64`) mapped onto whole
+    /// milliseconds from zero to a tenth of `wait`, kept within 50 ms ..= 250 ms. Enough to
+    /// spread clients that were told the same wait, too little to matter to the server that
+    /// asked for it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idempotent_core::Backoff;
+    ///
+    /// assert_eq!(Backoff::hint_jitter(Duration::from_secs(1), 0), Duration::ZERO);
+    /// assert_eq!(Backoff::hint_jitter(Duration::from_secs(1), u64::MAX), Duration::from_millis(100));
+    /// assert_eq!(Backoff::hint_jitter(Duration::from_secs(60), u64::MAX), Duration::from_millis(250));
+    /// assert_eq!(Backoff::hint_jitter(Duration::ZERO, u64::MAX), Duration::from_millis(50));
+    /// ```
+    pub fn hint_jitter(wait: Duration, random: u64) -> Duration {
+        let spread = (wait / 10).clamp(HINT_JITTER.0, HINT_JITTER.1).as_millis() as u64;
+        Duration::from_millis(((u128::from(random) * (u128::from(spread) + 1)) >> 64) as u64)
+    }
+}
+
+/// The bounds of [`Backoff::hint_jitter`].
+const HINT_JITTER: (Duration, Duration) = (Duration::from_millis(50), Duration::from_millis(250));
+
 impl Default for Backoff {
     /// 100 ms base, 10 s cap, 4 attempts.
     fn default() -> Self {

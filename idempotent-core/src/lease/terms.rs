@@ -12,6 +12,11 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
 /// Default bound on waiting for another caller's attempt under [`OnInFlight::Wait`].
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(30);
 
+/// The longest wait a server tells a client whose duplicate is in flight (HTTP's `Retry-After`
+/// on a 409, the `retryAfterMs` of an MCP error), however long the running attempt's lease has
+/// left: the attempt usually finishes well before its lease runs out, and a client told the whole
+/// lease would wait that long for nothing.
+pub const IN_FLIGHT_HINT: Duration = Duration::from_secs(1);
 /// The shortest lease: a shorter one would run out as it is taken.
 pub const MIN_LEASE: Duration = Duration::from_millis(1);
 /// The longest lease: one day (the heartbeat renews it for longer work).

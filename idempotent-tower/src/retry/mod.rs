@@ -123,18 +123,6 @@ mod http;
 pub use grpc::GrpcRetryPolicy;
 pub use http::HttpRetryPolicy;
 
-/// The bounds of the jitter added to a server-requested wait.
-const RETRY_AFTER_JITTER: (Duration, Duration) = (Duration::from_millis(50), Duration::from_millis(250));
-
-/// Drawn uniformly from zero to a tenth of `wait`, kept within [`RETRY_AFTER_JITTER`]: enough to
-/// spread clients that were told the same `Retry-After`, too little to matter to the server
-/// that asked for the wait.
-fn retry_after_jitter(wait: Duration, rng: &mut fastrand::Rng) -> Duration {
-    let spread = (wait / 10).clamp(RETRY_AFTER_JITTER.0, RETRY_AFTER_JITTER.1);
-    // Whole milliseconds, the resolution of tokio's timer.
-    Duration::from_millis(rng.u64(0..=spread.as_millis() as u64))
-}
-
 /// Decides whether an error from the inner service is worth a retry.
 ///
 /// Implemented by [`AllErrorsTransient`] (the default) and by every `Fn(&E) -> bool`.
@@ -261,7 +249,7 @@ impl Common {
         let delay = {
             let mut rng = self.rng.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
             match wait {
-                Some(wait) => wait.saturating_add(retry_after_jitter(wait, &mut rng)),
+                Some(wait) => wait.saturating_add(Backoff::hint_jitter(wait, rng.u64(..))),
                 None => self.backoff.delay(self.retries, rng.u64(..)),
             }
         };

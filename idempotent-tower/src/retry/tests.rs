@@ -13,7 +13,7 @@ use tower::retry::budget::{Budget, TpsBudget};
 use tower::retry::{Policy, RetryLayer};
 use tower::{ServiceBuilder, ServiceExt, service_fn};
 
-use super::{Backoff, GrpcCode, GrpcRetryPolicy, HttpRetryPolicy, retry_after, retry_after_jitter};
+use super::{Backoff, GrpcCode, GrpcRetryPolicy, HttpRetryPolicy, retry_after};
 use crate::header::key_digest;
 
 /// An error from the scripted service.
@@ -133,7 +133,7 @@ async fn a_seed_makes_the_delays_reproducible_and_different_seeds_differ() {
 
 /// The delay a policy seeded with `seed` adds to a server-requested `wait` on its first retry.
 fn seeded_jitter(seed: u64, wait: Duration) -> Duration {
-    retry_after_jitter(wait, &mut fastrand::Rng::with_seed(seed))
+    Backoff::hint_jitter(wait, fastrand::Rng::with_seed(seed).u64(..))
 }
 
 #[tokio::test(start_paused = true)]
@@ -166,7 +166,7 @@ async fn clients_told_the_same_retry_after_do_not_come_back_together() {
 #[test]
 fn retry_after_jitter_is_a_tenth_of_the_wait_within_50_to_250_ms() {
     let mut rng = fastrand::Rng::with_seed(5);
-    let max = |wait: Duration, rng: &mut fastrand::Rng| (0..2000).map(|_| retry_after_jitter(wait, rng)).max().unwrap();
+    let max = |wait: Duration, rng: &mut fastrand::Rng| (0..2000).map(|_| Backoff::hint_jitter(wait, rng.u64(..))).max().unwrap();
     let near = |d: Duration, ms: u64| d <= Duration::from_millis(ms) && d > Duration::from_millis(ms * 9 / 10);
     assert!(near(max(Duration::ZERO, &mut rng), 50));
     assert!(near(max(Duration::from_secs(1), &mut rng), 100));

@@ -33,9 +33,6 @@ use super::problem::Refusal;
 #[derive(Debug, Clone, Copy)]
 struct Handled;
 
-/// The longest `Retry-After` suggested to a duplicate of a running request: the first request
-/// usually finishes long before its lease runs out, which is all the store can vouch for.
-const IN_FLIGHT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// The middleware made by [`IdempotencyLayer`](super::IdempotencyLayer).
 ///
@@ -241,7 +238,7 @@ where
             refuse(Refusal::Mismatch { header: header() })
         }
         Ok(Taken::InFlight { retry_after }) => {
-            refuse(Refusal::InFlight { header: header(), retry_after: retry_after.min(IN_FLIGHT_RETRY_AFTER) })
+            refuse(Refusal::InFlight { header: header(), retry_after: retry_after.min(idempotent_core::IN_FLIGHT_HINT) })
         }
         Ok(Taken::NeedsAttention { attempt, .. }) => refuse(Refusal::NeedsAttention { header: header(), attempt }),
         Ok(other) => {
