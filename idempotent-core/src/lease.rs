@@ -45,8 +45,8 @@ pub use acquire::{Taken, acquire, call_end, count_acquired};
 pub use finish::FinishOnDrop;
 use finish::poll_once;
 pub use terms::{
-    DEFAULT_LEASE, DEFAULT_RETENTION, DEFAULT_WAIT, FailMode, IN_FLIGHT_HINT, MAX_LEASE, MAX_RETENTION, MIN_LEASE, MIN_RETENTION,
-    OnInFlight, Terms,
+    DEFAULT_LEASE, DEFAULT_RETENTION, DEFAULT_WAIT, FailMode, IN_FLIGHT_HINT, MAX_LEASE, MAX_RETENTION, MIN_LEASE,
+    MIN_RETENTION, OnInFlight, Terms,
 };
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 pub(crate) use transaction::ReleaseOnDrop;

@@ -124,8 +124,8 @@ pub use error::{BoxError, Error};
 pub use executor::{DEFAULT_MAX_RESULT_BYTES, Provenance, RunContext, Step, StepOptions, Verified};
 pub use key::{DownstreamKey, Fingerprint, Key, KeyScope, ShortKey};
 pub use lease::{
-    DEFAULT_LEASE, DEFAULT_RETENTION, DEFAULT_WAIT, FailMode, IN_FLIGHT_HINT, MAX_LEASE, MAX_RETENTION, MIN_LEASE, MIN_RETENTION,
-    OnInFlight, Terms,
+    DEFAULT_LEASE, DEFAULT_RETENTION, DEFAULT_WAIT, FailMode, IN_FLIGHT_HINT, MAX_LEASE, MAX_RETENTION, MIN_LEASE,
+    MIN_RETENTION, OnInFlight, Terms,
 };
 pub use reconcile::Reconciler;
 pub use state::{

@@ -32,7 +32,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idempotent_core::Backoff;
-use rmcp::model::{CallToolRequest, CallToolRequestParams, CallToolResult, ClientRequest, RequestMetaObject, ServerResult};
+use rmcp::model::{
+    CallToolRequest, CallToolRequestParams, CallToolResult, ClientRequest, RequestMetaObject, ServerResult,
+};
 use rmcp::service::{PeerRequestOptions, RoleClient, ServiceError};
 use rmcp::{ErrorData, Peer};
 use serde_json::Value;

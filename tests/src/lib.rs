@@ -24,6 +24,7 @@ pub mod hooked;
 pub mod identity;
 pub mod ledger;
 pub mod matrix;
+pub mod mcp;
 pub mod pg_tls;
 pub mod pgbouncer;
 pub mod postgres;

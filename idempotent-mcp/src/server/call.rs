@@ -9,7 +9,7 @@ use idempotent_core::record::{Abandon, Labels, Transition};
 use idempotent_core::{Attempt, Error, FailMode, Fingerprint, Key, KeyScope, RunContext};
 use rmcp::model::{CallToolRequest, CallToolResult, ClientRequest, JsonObject, ListToolsResult, ServerResult};
 use rmcp::service::RequestContext;
-use rmcp::{ErrorData, RoleServer, Service, ServerHandler};
+use rmcp::{ErrorData, RoleServer, ServerHandler, Service};
 
 use super::refusal::Refusal;
 use super::{Config, Unprotected};
@@ -177,7 +177,13 @@ async fn forward<S: ServerHandler>(
 }
 
 /// Puts the call's identity in its context: the attempt and a run context keyed on the call.
-fn identify(context: &mut RequestContext<RoleServer>, config: &Config, key: &Key, tenant: Option<&str>, attempt: Attempt) {
+fn identify(
+    context: &mut RequestContext<RoleServer>,
+    config: &Config,
+    key: &Key,
+    tenant: Option<&str>,
+    attempt: Attempt,
+) {
     let ctx = RunContext::new(config.store.clone(), format!("{}/{}", config.scope, key.to_hex()));
     let ctx = match tenant {
         Some(tenant) => ctx.tenant(tenant),

@@ -93,11 +93,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idempotent_core::{FailMode, IntoSharedStore, OnInFlight, OnRecovered, SharedStore, Terms};
-use rmcp::model::{ClientRequest, ServerConfig, ServerResult};
-use rmcp::service::{NotificationContext, RequestContext};
-use rmcp::{ErrorData, RoleServer, Service, ServerHandler};
+use rmcp::service::RequestContext;
+use rmcp::{RoleServer, ServerHandler};
 
 mod call;
+mod handler;
 mod refusal;
 
 type TenantFn = dyn Fn(&RequestContext<RoleServer>) -> Option<String> + Send + Sync;
@@ -139,10 +139,10 @@ pub(crate) struct Config {
 /// An rmcp server whose `tools/call` runs each keyed call once: see the [module
 /// docs](self) for what a call does.
 ///
-/// Serve it as the handler itself would be served: `IdempotentServer` implements rmcp's
-/// [`Service<RoleServer>`](rmcp::Service), so `serve`, `serve_server` and the streamable HTTP
-/// service take it. Every request but `tools/call` (and the `idempotentHint` of `tools/list`)
-/// goes to the handler unchanged.
+/// Serve it as the handler itself would be served: `IdempotentServer` is an rmcp
+/// [`ServerHandler`], so `serve`, `serve_server` and the streamable HTTP service take it. Every
+/// request but `tools/call` (and the `idempotentHint`s of `tools/list`) goes to the handler
+/// unchanged.
 ///
 /// ```
 /// use idempotent_core::{MemoryStore, OnInFlight};
@@ -291,38 +291,5 @@ impl<S: ServerHandler> IdempotentServer<S> {
     pub fn store_tool_errors(mut self, store: bool) -> Self {
         self.config().store_tool_errors = store;
         self
-    }
-}
-
-impl<S: ServerHandler> Service<RoleServer> for IdempotentServer<S> {
-    async fn handle_request(
-        &self,
-        request: ClientRequest,
-        context: RequestContext<RoleServer>,
-    ) -> Result<ServerResult, ErrorData> {
-        match request {
-            ClientRequest::CallToolRequest(call) => call::handle(&self.inner, &self.config, call, context).await,
-            ClientRequest::ListToolsRequest(list) => {
-                let result = Service::handle_request(&self.inner, ClientRequest::ListToolsRequest(list), context).await;
-                result.map(|result| call::advertise(&self.inner, &self.config, result))
-            }
-            other => Service::handle_request(&self.inner, other, context).await,
-        }
-    }
-
-    async fn handle_notification(
-        &self,
-        notification: rmcp::model::ClientNotification,
-        context: NotificationContext<RoleServer>,
-    ) -> Result<(), ErrorData> {
-        Service::handle_notification(&self.inner, notification, context).await
-    }
-
-    fn get_info(&self) -> ServerConfig {
-        Service::get_info(&self.inner)
-    }
-
-    fn supported_protocol_versions(&self) -> std::borrow::Cow<'static, [rmcp::model::ProtocolVersion]> {
-        Service::supported_protocol_versions(&self.inner)
     }
 }

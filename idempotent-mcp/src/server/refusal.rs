@@ -45,7 +45,9 @@ impl From<Refusal> for ErrorData {
             ),
             Refusal::InvalidKey { tool, why } => invalid(
                 "invalidKey",
-                format!("tools/call `{tool}`: {why}; the tool was not run. Send a string of 1 to 255 printable characters"),
+                format!(
+                    "tools/call `{tool}`: {why}; the tool was not run. Send a string of 1 to 255 printable characters"
+                ),
             ),
             Refusal::Mismatch { tool, key } => invalid(
                 "mismatch",
@@ -58,7 +60,11 @@ impl From<Refusal> for ErrorData {
             Refusal::InFlight { tool, key, retry_after } => {
                 // The hint is capped as the HTTP layer's `Retry-After` is.
                 let retry_after = retry_after.min(idempotent_core::IN_FLIGHT_HINT);
-                ErrorData::from(Error::InFlight { step: format!("tools/call {tool}"), key: key.to_string(), retry_after })
+                ErrorData::from(Error::InFlight {
+                    step: format!("tools/call {tool}"),
+                    key: key.to_string(),
+                    retry_after,
+                })
             }
             Refusal::NeedsAttention { tool, key, attempt, fence, record_key } => {
                 let downstream_key = idempotent_core::Key::from_hex(&record_key)

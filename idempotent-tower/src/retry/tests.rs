@@ -166,7 +166,9 @@ async fn clients_told_the_same_retry_after_do_not_come_back_together() {
 #[test]
 fn retry_after_jitter_is_a_tenth_of_the_wait_within_50_to_250_ms() {
     let mut rng = fastrand::Rng::with_seed(5);
-    let max = |wait: Duration, rng: &mut fastrand::Rng| (0..2000).map(|_| Backoff::hint_jitter(wait, rng.u64(..))).max().unwrap();
+    let max = |wait: Duration, rng: &mut fastrand::Rng| {
+        (0..2000).map(|_| Backoff::hint_jitter(wait, rng.u64(..))).max().unwrap()
+    };
     let near = |d: Duration, ms: u64| d <= Duration::from_millis(ms) && d > Duration::from_millis(ms * 9 / 10);
     assert!(near(max(Duration::ZERO, &mut rng), 50));
     assert!(near(max(Duration::from_secs(1), &mut rng), 100));

@@ -2,7 +2,6 @@ use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::request::Parts;
@@ -32,7 +31,6 @@ use super::problem::Refusal;
 /// of its own to another protected service, whose layer must still protect that request.
 #[derive(Debug, Clone, Copy)]
 struct Handled;
-
 
 /// The middleware made by [`IdempotencyLayer`](super::IdempotencyLayer).
 ///
@@ -237,9 +235,10 @@ where
             tracing::info!(key = %short, "idempotent.mismatch: the key was used with another request");
             refuse(Refusal::Mismatch { header: header() })
         }
-        Ok(Taken::InFlight { retry_after }) => {
-            refuse(Refusal::InFlight { header: header(), retry_after: retry_after.min(idempotent_core::IN_FLIGHT_HINT) })
-        }
+        Ok(Taken::InFlight { retry_after }) => refuse(Refusal::InFlight {
+            header: header(),
+            retry_after: retry_after.min(idempotent_core::IN_FLIGHT_HINT),
+        }),
         Ok(Taken::NeedsAttention { attempt, .. }) => refuse(Refusal::NeedsAttention { header: header(), attempt }),
         Ok(other) => {
             tracing::error!(key = %short, answer = ?other, "idempotent.store_error: unknown answer to acquire");
