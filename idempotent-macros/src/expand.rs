@@ -20,24 +20,12 @@ use syn::ext::IdentExt;
 use syn::spanned::Spanned;
 use syn::visit_mut::VisitMut;
 use syn::{
-    AttrStyle, Block, FnArg, GenericParam, Ident, ItemFn, Pat, PatIdent, PatType, Path, ReturnType, Signature, Type,
-    TypeImplTrait, TypePath,
+    AttrStyle, Block, FnArg, GenericParam, Ident, ItemFn, Pat, Path, ReturnType, Signature, Type, TypeImplTrait,
+    TypePath,
 };
 
-use crate::attr::{Args, ContextArg, InFlight, Recovered, SelfField};
-
-/// A typed parameter (not `self`).
-struct Param<'a> {
-    /// The name, when the pattern is a plain binding.
-    ident: Option<&'a Ident>,
-    arg: &'a PatType,
-}
-
-impl Param<'_> {
-    fn is_named(&self, name: &Ident) -> bool {
-        self.ident.is_some_and(|i| i.unraw() == name.unraw())
-    }
-}
+use crate::attr::{Args, InFlight, Recovered};
+use crate::params::{Context, Param, context, is_context_type, params};
 
 /// The annotated function, rewritten, or the first misuse found.
 pub(crate) fn expand(args: Args, item: ItemFn) -> syn::Result<TokenStream> {
@@ -75,9 +63,9 @@ fn gen_function(item: &ItemFn, transaction: Option<&TransactionParam<'_>>, body:
 /// What the expansion takes from a signature that passed every check.
 struct Checked<'a> {
     ret: ResultType<'a>,
-    /// Borrows the run context (`&ctx`, `&self.ctx`); anything that derefs to `RunContext`.
-    ctx: TokenStream,
-    /// The payload parameters, in order.
+    /// Where the run context is.
+    ctx: Context<'a>,
+    /// The payload: the names the parameters bind, in order.
     payload: Vec<&'a Ident>,
     /// The parameter `transaction = ..` names.
     transaction: Option<TransactionParam<'a>>,
@@ -93,6 +81,13 @@ struct TransactionParam<'a> {
 /// Checks the signature against the options: every misuse is an error at its token.
 fn check<'a>(args: &'a Args, sig: &'a Signature) -> syn::Result<Checked<'a>> {
     if sig.asyncness.is_none() {
+        if returns_boxed_future(sig) {
+            return Err(syn::Error::new(
+                sig.fn_token.span,
+                "`#[idempotent]` only works on an `async fn`, and an attribute above it (rmcp's `#[tool]`) has \
+                 already made this one return a boxed future; place `#[idempotent(..)]` above that attribute",
+            ));
+        }
         return Err(syn::Error::new(
             sig.fn_token.span,
             "`#[idempotent]` only works on an `async fn`: the step waits on the store; make this function `async fn`",
@@ -102,41 +97,36 @@ fn check<'a>(args: &'a Args, sig: &'a Signature) -> syn::Result<Checked<'a>> {
         return Err(syn::Error::new_spanned(variadic, "`#[idempotent]` does not support variadic functions"));
     }
     let ret = result_type(sig)?;
-    let params: Vec<Param<'_>> = sig
-        .inputs
-        .iter()
-        .filter_map(|a| match a {
-            FnArg::Typed(arg) => Some(Param { ident: plain_ident(&arg.pat), arg }),
-            FnArg::Receiver(_) => None,
-        })
-        .collect();
+    let params = params(sig)?;
     let has_receiver = sig.inputs.iter().any(|a| matches!(a, FnArg::Receiver(_)));
     let ctx = context(args, sig, has_receiver, &params)?;
     let transaction = transaction(args, &params, &ctx)?;
     check_listed(args, has_receiver, &params, &ctx)?;
     let payload = payload(args, sig, &params, &ctx)?;
     let transaction = transaction.map(|p| TransactionParam { pat: &p.arg.pat, ty: &p.arg.ty });
-    Ok(Checked { ret, ctx: ctx.borrow(), payload, transaction })
+    Ok(Checked { ret, ctx, payload, transaction })
 }
 
 /// The parameter `transaction = name` names: it exists, is not the context, and is a `&mut`
 /// borrow of a type whose name ends in `Transaction` (`sqlx::Transaction<'_, DB>`,
 /// `sqlx::SqliteTransaction<'_>`, an alias).
-fn transaction<'p, 'a>(
-    args: &Args,
-    params: &'p [Param<'a>],
-    ctx: &Context<'_, '_>,
-) -> syn::Result<Option<&'p Param<'a>>> {
+fn transaction<'p, 'a>(args: &Args, params: &'p [Param<'a>], ctx: &Context<'_>) -> syn::Result<Option<&'p Param<'a>>> {
     const WRITE: &str = "the transaction parameter is a `&mut` borrow of a sqlx transaction, e.g. \
                          `tx: &mut sqlx::SqliteTransaction<'_>` or `tx: &mut sqlx::Transaction<'_, sqlx::Postgres>`";
     let Some(name) = &args.transaction else { return Ok(None) };
     let Some(param) = params.iter().find(|p| p.is_named(name)) else {
+        if params.iter().any(|p| p.binding(name).is_some()) {
+            return Err(syn::Error::new(
+                name.span(),
+                format!("`transaction = {name}`: `{name}` is bound inside a pattern; {WRITE}"),
+            ));
+        }
         return Err(syn::Error::new(
             name.span(),
             format!("`transaction = {name}`: this function has no parameter named `{name}`; add one ({WRITE})"),
         ));
     };
-    if ctx.is(param) {
+    if ctx.is_named(name) {
         return Err(syn::Error::new(
             name.span(),
             format!("`transaction = {name}`: `{name}` is the run context; {WRITE}"),
@@ -195,8 +185,8 @@ fn ungroup_type(ty: &Type) -> &Type {
 }
 
 /// `skip(..)` and `key(..)` name parameters that exist, and `key(..)` only payload ones.
-fn check_listed(args: &Args, has_receiver: bool, params: &[Param<'_>], ctx: &Context<'_, '_>) -> syn::Result<()> {
-    let exists = |name: &Ident| (name == "self" && has_receiver) || params.iter().any(|p| p.is_named(name));
+fn check_listed(args: &Args, has_receiver: bool, params: &[Param<'_>], ctx: &Context<'_>) -> syn::Result<()> {
+    let exists = |name: &Ident| (name == "self" && has_receiver) || params.iter().any(|p| p.binding(name).is_some());
     let skip = args.skip.as_deref().unwrap_or_default();
     for name in skip {
         if !exists(name) {
@@ -234,14 +224,10 @@ fn check_listed(args: &Args, has_receiver: bool, params: &[Param<'_>], ctx: &Con
     Ok(())
 }
 
-/// The parameters that make up the payload: all but the context, any other `RunContext` and
-/// the skipped ones. Each needs a name and a concrete type.
-fn payload<'a>(
-    args: &Args,
-    sig: &Signature,
-    params: &[Param<'a>],
-    ctx: &Context<'_, '_>,
-) -> syn::Result<Vec<&'a Ident>> {
+/// The names that make up the payload: those the parameters bind, but for the context, any
+/// other `RunContext` parameter, the transaction and the skipped ones. Each parameter left in
+/// needs a name and a concrete type.
+fn payload<'a>(args: &Args, sig: &Signature, params: &[Param<'a>], ctx: &Context<'_>) -> syn::Result<Vec<&'a Ident>> {
     let skip = args.skip.as_deref().unwrap_or_default();
     let generics: Vec<Ident> = sig
         .generics
@@ -255,7 +241,7 @@ fn payload<'a>(
         .collect();
     let mut payload = Vec::new();
     for param in params {
-        if ctx.is(param) || is_context_type(&param.arg.ty) {
+        if is_context_type(&param.arg.ty) {
             continue;
         }
         if let Some(tx) = &args.transaction
@@ -263,20 +249,21 @@ fn payload<'a>(
         {
             continue;
         }
-        if let Some(ident) = param.ident
-            && skip.iter().any(|s| s.unraw() == ident.unraw())
-        {
-            continue;
-        }
-        let Some(ident) = param.ident else {
+        if param.bindings.is_empty() {
             return Err(syn::Error::new_spanned(
                 &param.arg.pat,
-                "this parameter is part of the idempotency payload, which records arguments by name; \
-                 bind it to a name (`point: Point`) and destructure it inside the body",
+                "this parameter binds no name, so it cannot be part of the idempotency payload, which records \
+                 arguments by name; bind it to a name (`point: Point`) or name what the pattern holds \
+                 (`Parameters(args)`), and `skip(..)` that name if it should not change the key",
             ));
-        };
-        check_concrete(ident, &param.arg.ty, &generics)?;
-        payload.push(ident);
+        }
+        for &ident in &param.bindings {
+            if ctx.is(ident) || skip.iter().any(|s| s.unraw() == ident.unraw()) {
+                continue;
+            }
+            check_concrete(ident, &param.arg.ty, &generics)?;
+            payload.push(ident);
+        }
     }
     Ok(payload)
 }
@@ -295,13 +282,13 @@ fn gen_block(args: &Args, checked: &Checked<'_>, block: &Block) -> TokenStream {
     let identity_var = local("__idempotent_identity");
     let id_var = local("__idempotent_id");
     let step_var = local("__idempotent_step");
-    let ctx_value = &checked.ctx;
+    let ctx_value = checked.ctx.value(&p, &krate(args), args.step());
     let payload = gen_payload(&p, &checked.payload, args.key.as_deref().unwrap_or_default());
     let step = args.step();
     let options = gen_options(args, &p);
     let call = gen_call(args, checked, block);
     quote! {
-        let #ctx_var: #p::RunContext = #p::RunContext::clone(#ctx_value);
+        let #ctx_var: #p::RunContext = #ctx_value;
         let (#payload_var, #identity_var) = #payload;
         let #step_var = #ctx_var.step(#step) #options;
         let #step_var = match &#identity_var {
@@ -312,9 +299,15 @@ fn gen_block(args: &Args, checked: &Checked<'_>, block: &Block) -> TokenStream {
     }
 }
 
-/// The path of `idempotent_core::__private`, or of its renamed dependency.
-fn private(args: &Args) -> TokenStream {
+/// The path of `idempotent_core`, or of its renamed dependency.
+fn krate(args: &Args) -> TokenStream {
     let krate: Path = args.krate.clone().unwrap_or_else(|| syn::parse_quote!(::idempotent_core));
+    krate.into_token_stream()
+}
+
+/// The path of `idempotent_core::__private`, or of its renamed dependency's.
+fn private(args: &Args) -> TokenStream {
+    let krate = krate(args);
     quote!(#krate::__private)
 }
 
@@ -405,17 +398,22 @@ fn gen_call(args: &Args, checked: &Checked<'_>, block: &Block) -> TokenStream {
     let payload_at_ret = Ident::new("__idempotent_payload", Span::mixed_site().located_at(ret.span));
     // The transaction is the async closure's parameter, with the user's pattern and type, so
     // that the body's uses of it resolve to it and the closure's type names the database.
+    // With a `Json<T>` outcome the action unwraps the `T` that the step stores.
+    let body = match &ret.json {
+        None => quote_spanned!(at_ret=> #fake_return #block),
+        Some(_) => quote_spanned! {at_ret=>
+            ::core::result::Result::map(async move { #fake_return #block }.await, |__idempotent_json| __idempotent_json.0)
+        },
+    };
     let action = match &checked.transaction {
         Some(TransactionParam { pat, ty }) => quote_spanned! {at_ret=>
             async move |#pat: #ty, _| {
-                #fake_return
-                #block
+                #body
             }
         },
         None => quote_spanned! {at_ret=>
             move |_| async move {
-                #fake_return
-                #block
+                #body
             }
         },
     };
@@ -424,9 +422,13 @@ fn gen_call(args: &Args, checked: &Checked<'_>, block: &Block) -> TokenStream {
     // on `T` a second time.
     // `verify` turns the `Step` into a `Verified` step, so it comes after every other option.
     let verify = args.verify.as_ref().map(|path| quote!(.verify(#path)));
-    quote_spanned! {at_ret=>
+    let call = quote_spanned! {at_ret=>
         (#step_at_ret #verify).#run(&#payload_at_ret, #action)
         .await
+    };
+    match &ret.json {
+        None => call,
+        Some(json) => quote_spanned!(at_ret=> ::core::result::Result::map(#call, #json)),
     }
 }
 
@@ -456,6 +458,38 @@ fn gen_fake_return(ret: &ResultType<'_>) -> TokenStream {
 struct ResultType<'a> {
     ty: &'a Type,
     span: Span,
+    /// The constructor of the `Ok` type when it is `Json<T>` (rmcp's, which is neither
+    /// `Serialize` nor `Deserialize`): the step stores the `T` inside, and the function returns it
+    /// wrapped again.
+    json: Option<Path>,
+}
+
+/// `Json` (the path as written, without its generic arguments) when `result` is
+/// `Result<Json<T>, E>`.
+fn json_constructor(result: &Path) -> Option<Path> {
+    let syn::PathArguments::AngleBracketed(args) = &result.segments.last()?.arguments else { return None };
+    let Some(syn::GenericArgument::Type(Type::Path(TypePath { qself: None, path, .. }))) = args.args.first() else {
+        return None;
+    };
+    let last = path.segments.last()?;
+    let syn::PathArguments::AngleBracketed(inner) = &last.arguments else { return None };
+    if last.ident != "Json" || inner.args.len() != 1 {
+        return None;
+    }
+    let mut ctor = path.clone();
+    if let Some(last) = ctor.segments.last_mut() {
+        last.arguments = syn::PathArguments::None;
+    }
+    Some(ctor)
+}
+
+/// A non-async function returning `Pin<Box<dyn Future ..>>`, as rmcp's `#[tool]` rewrites an
+/// `async fn`.
+fn returns_boxed_future(sig: &Signature) -> bool {
+    let ReturnType::Type(_, ty) = &sig.output else { return false };
+    let Type::Path(TypePath { path, .. }) = ungroup_type(ty) else { return false };
+    path.segments.last().is_some_and(|s| s.ident == "Pin")
+        && ty.to_token_stream().into_iter().any(|t| matches!(&t, proc_macro2::TokenTree::Ident(i) if i == "Future"))
 }
 
 /// The declared return type, which must look like a `Result`.
@@ -491,109 +525,11 @@ fn result_type(sig: &Signature) -> syn::Result<ResultType<'_>> {
             format!("{NEED}; this type is not a `Result` (a type alias works when its name ends in `Result`)"),
         ));
     }
-    Ok(ResultType { ty, span: ty.span() })
-}
-
-/// Where the run context is.
-enum Context<'p, 'a> {
-    /// A parameter with a plain name: found by its type, or named by `ctx = name`.
-    Param(&'p Param<'a>, &'a Ident),
-    /// A field of the receiver, named by `ctx = self.ctx`.
-    Field(&'a SelfField),
-}
-
-impl Context<'_, '_> {
-    fn is(&self, param: &Param<'_>) -> bool {
-        matches!(self, Context::Param(ctx, _) if std::ptr::eq(ctx.arg, param.arg))
-    }
-
-    fn is_named(&self, name: &Ident) -> bool {
-        matches!(self, Context::Param(ctx, _) if ctx.is_named(name))
-    }
-
-    /// `&ctx` or `&self.ctx`, spanned at the user's tokens so that a context of the wrong type
-    /// is reported there.
-    fn borrow(&self) -> TokenStream {
-        match self {
-            Context::Param(_, ident) => quote_spanned!(ident.span()=> &#ident),
-            Context::Field(field) => quote_spanned!(field.receiver.span=> &#field),
-        }
-    }
-}
-
-/// The run context: the parameter or field `ctx = ..` names, else the one parameter typed
-/// `RunContext`.
-fn context<'p, 'a>(
-    args: &'a Args,
-    sig: &Signature,
-    has_receiver: bool,
-    params: &'p [Param<'a>],
-) -> syn::Result<Context<'p, 'a>> {
-    match &args.ctx {
-        Some(ContextArg::Param(name)) => {
-            let found = params.iter().find(|p| p.is_named(name));
-            return match found {
-                Some(param) => Ok(Context::Param(param, param.ident.expect("found by its name"))),
-                None => Err(syn::Error::new(
-                    name.span(),
-                    format!("`ctx = {name}`: this function has no parameter named `{name}`"),
-                )),
-            };
-        }
-        Some(ContextArg::Field(field)) if !has_receiver => {
-            return Err(syn::Error::new(
-                field.receiver.span,
-                format!(
-                    "`ctx = {field}`: this function has no `self`; make it a method, or name a parameter with `ctx = name`"
-                ),
-            ));
-        }
-        Some(ContextArg::Field(field)) => return Ok(Context::Field(field)),
-        None => {}
-    }
-    let mut found = params.iter().filter(|p| is_context_type(&p.arg.ty));
-    let Some(ctx) = found.next() else {
-        return Err(syn::Error::new(
-            sig.paren_token.span.join(),
-            "no context parameter: `#[idempotent]` takes the store and the run id from a parameter of \
-             type `&RunContext` (or `RunContext`); add one, or say where the context is with `ctx = name` \
-             (a parameter) or `ctx = self.ctx` (a field)",
-        ));
-    };
-    if let Some(other) = found.next() {
-        return Err(syn::Error::new_spanned(
-            &other.arg.pat,
-            "more than one `RunContext` parameter; choose the one the step runs in with `ctx = name`",
-        ));
-    }
-    let Some(ident) = ctx.ident else {
-        return Err(syn::Error::new_spanned(
-            &ctx.arg.pat,
-            "the context parameter needs a plain name (`ctx: &RunContext`), so the step can use it",
-        ));
-    };
-    Ok(Context::Param(ctx, ident))
-}
-
-/// `name` or `mut name`, without a subpattern.
-fn plain_ident(pat: &Pat) -> Option<&Ident> {
-    match pat {
-        Pat::Ident(PatIdent { ident, subpat: None, .. }) => Some(ident),
+    let json = match inner {
+        Type::Path(TypePath { path, .. }) => json_constructor(path),
         _ => None,
-    }
-}
-
-/// `RunContext`, `&RunContext`, `idempotent_core::RunContext`, ... .
-fn is_context_type(ty: &Type) -> bool {
-    match ty {
-        Type::Reference(r) => is_context_type(&r.elem),
-        Type::Paren(p) => is_context_type(&p.elem),
-        Type::Group(g) => is_context_type(&g.elem),
-        Type::Path(TypePath { qself: None, path, attrs: _ }) => {
-            path.segments.last().is_some_and(|s| s.ident == "RunContext")
-        }
-        _ => false,
-    }
+    };
+    Ok(ResultType { ty, span: ty.span(), json })
 }
 
 /// Refuses payload parameters whose type is generic: their serialized form, and so the key,

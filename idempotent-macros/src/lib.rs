@@ -13,6 +13,7 @@ use quote::ToTokens;
 
 mod attr;
 mod expand;
+mod params;
 
 /// The README's example is compiled and run as a doc test.
 #[cfg(doctest)]
@@ -55,10 +56,13 @@ struct ReadmeDoctest;
 /// - Every other parameter is the **payload**, by name: `self` (see
 ///   [below](#self-is-not-part-of-the-key)), the context (and any other `RunContext`
 ///   parameter), the `transaction` parameter and the parameters listed in `skip(..)` are left
-///   out. Payload parameters are
-///   serialized to canonical JSON and hashed into the key, so they must implement
-///   `serde::Serialize`; forgetting to skip a
-///   client or a connection is a compile error at that parameter. Their types must be concrete:
+///   out. A destructured parameter (`Parameters(args): Parameters<RefundArgs>`,
+///   `(x, y): (i32, i32)`, `Point { x, .. }: Point`) contributes the names its pattern binds,
+///   each by its name (which `key(..)`, `skip(..)` and `ctx = name` can list); what the pattern
+///   leaves out (`_`, `..`) is not part of the payload, and a pattern that binds no name is an
+///   error. Payload parameters are serialized to canonical JSON and hashed into the key, so they
+///   must implement `serde::Serialize`; forgetting to skip a client or a connection is a compile
+///   error at that parameter. Their types must be concrete:
 ///   a generic or `impl Trait` parameter must be skipped, since its serialized form would depend
 ///   on the caller. (Generic parameters of an enclosing `impl` block are not visible to the
 ///   macro; they are accepted when they implement `Serialize`.)
@@ -115,7 +119,7 @@ struct ReadmeDoctest;
 /// | `version = 2` | part of the key: bumping it makes every operation of the step run afresh | 0 |
 /// | `on_in_flight = "wait"` or `"reject"` | while another attempt runs: `"wait"` polls the store for up to 30 s and returns the other attempt's result once it is stored; it takes over (runs the body) only if the other attempt's lease runs out, or it frees the key, within those 30 s, and otherwise fails with `Error::InFlight`. `"reject"` fails with `Error::InFlight` at once | the context's default (wait) |
 /// | `store_errors` | store and replay `Err` outcomes too (`E: Serialize + DeserializeOwned`); without it an `Err` frees the key so a retry runs the body again | off |
-/// | `ctx = name` | the parameter that holds the `RunContext` (when its type is not spelled `RunContext`, e.g. an `Arc<RunContext>`) | the parameter typed `RunContext` |
+/// | `ctx = name` | the parameter that holds the `RunContext` (when its type is not spelled `RunContext`, e.g. an `Arc<RunContext>`), or a name bound inside a parameter's pattern (`Extension(ctx): Extension<RunContext>`), or rig's `&mut ToolContext` parameter (see [below](#with-rmcps-tool-and-rigs-rig_tool)) | the plain parameter typed `RunContext` |
 /// | `ctx = self.ctx` | the field of the receiver that holds it (`self.ctx`, `self.inner.ctx`, `self.0`), of any type that derefs to `RunContext` (`RunContext`, `Arc<RunContext>`) | the parameter typed `RunContext` |
 /// | `transaction = tx` | run the body in a transaction of the store's database that also stores the result (see [below](#transaction--tx-writes-that-commit-with-the-record)): `tx` names a parameter of type `&mut sqlx::SqliteTransaction<'_>` or `&mut sqlx::PgTransaction<'_>` (or `&mut sqlx::Transaction<'_, DB>`), which leaves the signature; callers do not pass it | no transaction |
 /// | `verify = path` | an `async fn(Attempt) -> Result<Verdict<T>, E>` called instead of the body when the previous attempt's outcome is uncertain (see [below](#verify--path-when-the-previous-attempt-may-have-run)) | none |
@@ -125,9 +129,9 @@ struct ReadmeDoctest;
 /// Every misuse (a sync fn, a missing `step`, an option given twice or empty, an unknown option,
 /// a `retention` or `lease` that is not a positive integer, `skip`/`key` naming a parameter that
 /// does not exist, a `ctx` that is neither a parameter nor a field of `self`, no context, a return
-/// type that is not a `Result`, a generic parameter in the payload, a `transaction` that names no
-/// parameter or one that is not a `&mut` transaction, `transaction` with `store_errors`) is a
-/// compile error at the offending token.
+/// type that is not a `Result`, a generic parameter in the payload, a pattern that binds no name,
+/// a `transaction` that names no plain parameter or one that is not a `&mut` transaction,
+/// `transaction` with `store_errors`) is a compile error at the offending token.
 ///
 /// The upper bounds of `retention` and `lease` are the executor's, the same for every way of
 /// running a step: one above them compiles, and each call fails with `Error::Config` (naming the
@@ -378,6 +382,97 @@ struct ReadmeDoctest;
 /// # Ok(()) }
 /// ```
 ///
+/// # With rmcp's `#[tool]` and rig's `#[rig_tool]`
+///
+/// **rmcp**: write `#[idempotent(..)]` **above** `#[tool]`, on a `&self` method of a
+/// `#[tool_router]` impl. `#[idempotent]` then expands first and leaves the `async fn`'s
+/// signature, its doc comments (the tool's description when `#[tool]` has none) and its other
+/// attributes, `#[tool]` included, in place and in order; `#[tool]` then boxes the future, which
+/// is `Send` when the server type is `Send + Sync` and the arguments are `Send`. (Below
+/// `#[tool]`, it would see the boxed future instead of an `async fn`: a compile error says to
+/// move it.) `#[tool_router]` finds the tool as it would without `#[idempotent]`.
+///
+/// - The context: `Extension(ctx): Extension<RunContext>` with `ctx = ctx` (the server inserts
+///   a `RunContext` into each request's extensions), or a field of the server with
+///   `ctx = self.ctx`.
+/// - The payload: the names the extractors' patterns bind, `args` in
+///   `Parameters(args): Parameters<RefundArgs>` (so `RefundArgs: Serialize` as well as
+///   `Deserialize + JsonSchema`), or the fields of `Parameters(RefundArgs { order_id, cents })`,
+///   which `key(order_id)` can then key on.
+/// - The error type: `rmcp::ErrorData`, which converts from `idempotent_core::Error` with
+///   idempotent-core's `rmcp` feature. A mismatch becomes `-32602 Invalid params`.
+/// - The outcome: `String`, `CallToolResult` or any other `Serialize + DeserializeOwned` type;
+///   `Json<T>` (neither) is stored as its `T` and wrapped again on return, so `T` must be
+///   `Serialize + DeserializeOwned` (and a `verify` function returns `Verdict<T>`).
+///
+/// ```
+/// use idempotent_core::{idempotent, MemoryStore, RunContext};
+/// use rmcp::handler::server::{tool::Extension, wrapper::Parameters};
+/// use rmcp::{tool, tool_router, ErrorData};
+///
+/// #[derive(serde::Serialize, serde::Deserialize, rmcp::schemars::JsonSchema)]
+/// #[schemars(crate = "rmcp::schemars")]
+/// struct RefundArgs { order_id: String, cents: u64 }
+///
+/// struct Payments;
+///
+/// #[tool_router]
+/// impl Payments {
+///     /// Refunds an order once, however often the call is retried.
+///     #[idempotent(step = "refund", ctx = ctx)]
+///     #[tool]
+///     async fn refund(
+///         &self,
+///         Parameters(args): Parameters<RefundArgs>,
+///         Extension(ctx): Extension<RunContext>,
+///     ) -> Result<String, ErrorData> {
+///         Ok(format!("re_{}_{}", args.order_id, args.cents))
+///     }
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), ErrorData> {
+/// let tools = Payments::tool_router().list_all();
+/// assert_eq!(tools[0].description.as_deref(), Some("Refunds an order once, however often the call is retried."));
+/// let ctx = RunContext::new(MemoryStore::new(), "mcp-request-1");
+/// let args = || Parameters(RefundArgs { order_id: "o-7".into(), cents: 1500 });
+/// let first = Payments.refund(args(), Extension(ctx.clone())).await?;
+/// assert_eq!(Payments.refund(args(), Extension(ctx)).await?, first); // replayed
+/// # Ok(()) }
+/// ```
+///
+/// **rig**: `#[idempotent(..)]` goes above or below `#[rig_tool]`; neither changes the signature
+/// the other reads. rig calls the function with its `&mut ToolContext` and the model's
+/// arguments, so the context is the `RunContext` the host attached to that `ToolContext` as a
+/// scope, `ToolContext::default().with_scope(Arc::new(run_context))` (an `Arc<RunContext>`
+/// exactly), and `ctx = tool_ctx` names the `ToolContext` parameter (a parameter whose type's
+/// last segment is `ToolContext`; the call fails with `Error::Config` before anything runs
+/// when no such scope is attached). The model's arguments are the payload; the error type is
+/// any `E: From<idempotent_core::Error>` that rig accepts (`std::error::Error + Send + Sync`),
+/// `idempotent_core::Error` itself included.
+///
+/// ```
+/// use std::sync::Arc;
+/// use idempotent_core::{idempotent, Error, MemoryStore, RunContext};
+/// use rig_core::tool::{Tool, ToolContext};
+///
+/// /// Refunds an order.
+/// #[idempotent(step = "refund", ctx = tool_ctx)]
+/// #[rig_core::rig_tool]
+/// async fn refund(tool_ctx: &mut rig_core::tool::ToolContext, order_id: String, cents: u64) -> Result<String, Error> {
+///     Ok(format!("re_{order_id}_{cents}"))
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Error> {
+/// let run = RunContext::new(MemoryStore::new(), "agent-turn-3");
+/// let mut tool_ctx = ToolContext::default().with_scope(Arc::new(run));
+/// let args = || RefundParameters { order_id: "o-7".into(), cents: 1500 };
+/// let first = Refund.call(&mut tool_ctx, args()).await?;
+/// assert_eq!(Refund.call(&mut tool_ctx, args()).await?, first); // replayed
+/// # Ok(()) }
+/// ```
+///
 /// # How it expands
 ///
 /// The body becomes the step's action, wrapped in an `async move` block whose type is the
@@ -385,8 +480,9 @@ struct ReadmeDoctest;
 /// clones the context, serializes each payload argument to canonical JSON, and calls
 /// `Step::run` (or `run_storing_errors`) with the payload's digest; with `transaction = tx` it
 /// calls `Step::run_in_transaction` with an async closure whose first parameter is `tx`, typed
-/// as written. It names only `idempotent_core::__private` items (or those under
-/// `crate = "path"`).
+/// as written. With a `Json<T>` outcome the action maps the body's `Ok(Json(t))` to `Ok(t)` and
+/// the function maps the step's `Ok(t)` back to `Ok(Json(t))`, with the `Json` path as written. It names only `idempotent_core::__private` items, and `idempotent_core::Error` for
+/// a `ToolContext` without a `RunContext` scope (or those under `crate = "path"`).
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let original = proc_macro2::TokenStream::from(item.clone());
