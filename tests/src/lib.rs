@@ -94,7 +94,7 @@ pub(crate) fn wait_until(timeout: Duration, what: impl Fn() -> String, mut done:
 }
 
 /// Sends `sig` (a name: `KILL`, `STOP`, `CONT`) to the process `pid`.
-pub(crate) fn signal(pid: i32, sig: &str) {
+pub fn signal(pid: i32, sig: &str) {
     // `unsafe_code` is forbidden in the workspace, so signals go through the `kill` command.
     let status = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).status().expect("run kill");
     assert!(status.success(), "kill -{sig} {pid} failed");

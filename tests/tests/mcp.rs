@@ -354,7 +354,7 @@ async fn the_tool_runs_under_the_calls_attempt_and_every_other_request_reaches_t
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_cannot_be_reached_fails_the_call_closed_as_retryable() {
     let port = idempotent_tests::free_port(false);
-    let store: SharedStore = Arc::new(RedisStore::connect_lazy(&format!("redis://127.0.0.1:{port}")).unwrap());
+    let store: SharedStore = Arc::new(RedisStore::connect_lazy(format!("redis://127.0.0.1:{port}")).unwrap());
     let setup = Setup::start(store, configure(|s| s)).await;
     let error = refused(setup.once(refund("o-11", 100), "k-11").await);
     let data = error.data.as_ref().unwrap();

@@ -6,10 +6,10 @@ use std::pin::pin;
 use bytes::Bytes;
 use idempotent_core::lease::{self, End, Taken};
 use idempotent_core::record::{Abandon, Labels, Transition};
-use idempotent_core::{Attempt, Error, FailMode, Fingerprint, Key, KeyScope, RunContext};
-use rmcp::model::{CallToolRequest, CallToolResult, ClientRequest, JsonObject, ListToolsResult, ServerResult};
+use idempotent_core::{Attempt, Error, FailMode, Fingerprint, Key, KeyScope, RunContext, StepOptions};
+use rmcp::model::{CallToolRequestParams, CallToolResponse, CallToolResult, JsonObject, ListToolsResult};
 use rmcp::service::RequestContext;
-use rmcp::{ErrorData, RoleServer, ServerHandler, Service};
+use rmcp::{ErrorData, RoleServer, ServerHandler};
 
 use super::refusal::Refusal;
 use super::{Config, Unprotected};
@@ -39,11 +39,8 @@ fn protection<S: ServerHandler>(inner: &S, config: &Config, tool: &str) -> Prote
 
 /// `tools/list` as the handler answers it, with `idempotentHint: true` on every tool that is
 /// protected for every call (its key derived, or keys required).
-pub(super) fn advertise<S: ServerHandler>(inner: &S, config: &Config, result: ServerResult) -> ServerResult {
-    let ServerResult::ListToolsResult(ListToolsResult { mut tools, next_cursor, meta, .. }) = result else {
-        return result;
-    };
-    for tool in &mut tools {
+pub(super) fn advertise<S: ServerHandler>(inner: &S, config: &Config, mut list: ListToolsResult) -> ListToolsResult {
+    for tool in &mut list.tools {
         let always = match protection(inner, config, &tool.name) {
             Protection::None => false,
             Protection::Keyed => config.require_key,
@@ -53,20 +50,17 @@ pub(super) fn advertise<S: ServerHandler>(inner: &S, config: &Config, result: Se
             tool.annotations.get_or_insert_with(Default::default).idempotent_hint = Some(true);
         }
     }
-    let mut list = ListToolsResult::with_all_items(tools);
-    list.next_cursor = next_cursor;
-    list.meta = meta;
-    ServerResult::ListToolsResult(list)
+    list
 }
 
 /// One `tools/call`.
 pub(super) async fn handle<S: ServerHandler>(
     inner: &S,
     config: &Config,
-    call: CallToolRequest,
+    call: CallToolRequestParams,
     mut context: RequestContext<RoleServer>,
-) -> Result<ServerResult, ErrorData> {
-    let tool = call.params.name.to_string();
+) -> Result<CallToolResponse, ErrorData> {
+    let tool = call.name.to_string();
     let protection = protection(inner, config, &tool);
     if protection == Protection::None {
         return forward(inner, call, context).await;
@@ -74,7 +68,7 @@ pub(super) async fn handle<S: ServerHandler>(
     // rmcp moves a request's `_meta` into the context; a request made by hand may keep it in
     // its params.
     let sent = match meta::key(&context.meta) {
-        Ok(None) => call.params.meta.as_ref().map_or(Ok(None), meta::key),
+        Ok(None) => call.meta.as_ref().map_or(Ok(None), meta::key),
         found => found,
     };
     let client_key = match sent {
@@ -82,7 +76,7 @@ pub(super) async fn handle<S: ServerHandler>(
         Err(why) => return Err(Refusal::InvalidKey { tool, why }.into()),
     };
     let tenant = config.tenant.as_ref().and_then(|name| name(&context));
-    let fingerprint = fingerprint(&tool, call.params.arguments.as_ref())?;
+    let fingerprint = fingerprint(&tool, call.arguments.as_ref())?;
     let key = match client_key {
         Some(client_key) => Key::from_client_key(tenant.as_deref(), &config.scope, &client_key),
         None if protection == Protection::Derived => {
@@ -127,7 +121,7 @@ pub(super) async fn handle<S: ServerHandler>(
         }
         Err(e) if e.is_store_failure() && fail_open => {
             tracing::warn!(key = %short, tool, error = %e, "idempotent.store_error: failing open, running the tool unprotected");
-            let attempt = Attempt::unprotected(key.clone());
+            let attempt = Attempt::unprotected(key);
             identify(&mut context, config, &key, tenant.as_deref(), attempt.clone());
             context.extensions.insert(Unprotected::StoreUnavailable);
             return attempt.scope(forward(inner, call, context)).await;
@@ -143,7 +137,7 @@ pub(super) async fn handle<S: ServerHandler>(
     // derives from the call's key.
     let outcome = lease.run(pin!(attempt.scope(forward(inner, call, context)))).await;
     let stored = match &outcome {
-        Ok(ServerResult::CallToolResult(result)) if config.store_tool_errors || result.is_error != Some(true) => {
+        Ok(CallToolResponse::Complete(result)) if config.store_tool_errors || result.is_error != Some(true) => {
             match serde_json::to_vec(result) {
                 Ok(bytes) => Some(Bytes::from(bytes)),
                 Err(error) => {
@@ -158,10 +152,10 @@ pub(super) async fn handle<S: ServerHandler>(
     let answer = lease.end(stored.map_or(End::Release, End::Complete)).await;
     idempotent_core::metrics::ended(&config.scope, &*config.store, wanted, &answer);
     match outcome {
-        Ok(ServerResult::CallToolResult(mut result)) if wanted && !matches!(answer, Ok(Transition::Ok)) => {
+        Ok(CallToolResponse::Complete(mut result)) if wanted && !matches!(answer, Ok(Transition::Ok)) => {
             tracing::warn!(key = %short, tool, answer = ?answer, "idempotent.not_stored: the store did not take the result; a retry may run the tool again");
             meta::mark(&mut result, STORED, false);
-            Ok(ServerResult::CallToolResult(result))
+            Ok(CallToolResponse::Complete(result))
         }
         other => other,
     }
@@ -170,13 +164,14 @@ pub(super) async fn handle<S: ServerHandler>(
 /// The handler's own answer to the call.
 async fn forward<S: ServerHandler>(
     inner: &S,
-    call: CallToolRequest,
+    call: CallToolRequestParams,
     context: RequestContext<RoleServer>,
-) -> Result<ServerResult, ErrorData> {
-    Service::handle_request(inner, ClientRequest::CallToolRequest(call), context).await
+) -> Result<CallToolResponse, ErrorData> {
+    inner.call_tool(call, context).await
 }
 
-/// Puts the call's identity in its context: the attempt and a run context keyed on the call.
+/// Puts the call's identity in its context: the attempt and a run context keyed on the call,
+/// whose steps take the server's lease and retention.
 fn identify(
     context: &mut RequestContext<RoleServer>,
     config: &Config,
@@ -184,7 +179,10 @@ fn identify(
     tenant: Option<&str>,
     attempt: Attempt,
 ) {
-    let ctx = RunContext::new(config.store.clone(), format!("{}/{}", config.scope, key.to_hex()));
+    let mut defaults = StepOptions::default();
+    defaults.lease = config.terms.lease;
+    defaults.retention = config.terms.retention;
+    let ctx = RunContext::new(config.store.clone(), format!("{}/{}", config.scope, key.to_hex())).defaults(defaults);
     let ctx = match tenant {
         Some(tenant) => ctx.tenant(tenant),
         None => ctx,
@@ -201,12 +199,12 @@ fn fingerprint(tool: &str, arguments: Option<&JsonObject>) -> Result<Fingerprint
 }
 
 /// A stored result, as a retry gets it.
-fn replay(bytes: &[u8], short: &idempotent_core::ShortKey) -> Result<ServerResult, ErrorData> {
+fn replay(bytes: &[u8], short: &idempotent_core::ShortKey) -> Result<CallToolResponse, ErrorData> {
     match serde_json::from_slice::<CallToolResult>(bytes) {
         Ok(mut result) => {
             tracing::debug!(key = %short, "idempotent.replayed");
             meta::mark(&mut result, REPLAYED, true);
-            Ok(ServerResult::CallToolResult(result))
+            Ok(CallToolResponse::Complete(result))
         }
         Err(error) => {
             tracing::error!(key = %short, %error, "idempotent.corrupt: the stored result cannot be decoded; it was not replayed");
