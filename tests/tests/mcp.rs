@@ -276,6 +276,20 @@ async fn tool_errors_are_stored_unless_told_not_to_and_protocol_errors_never_are
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_larger_than_the_cap_is_not_stored_and_says_so() {
+    let setup = Setup::start(memory(), configure(|s| s.max_result_bytes(16))).await;
+    for _ in 0..2 {
+        let result = setup.once(refund("o-12", 100), "k-12").await.unwrap();
+        assert!(meta::is_unstored(&result), "{result:?}");
+        assert!(!meta::is_replayed(&result));
+    }
+    assert_eq!(setup.payments.runs("refund", "o-12"), 2, "the key was given up");
+    let small = Setup::start(memory(), configure(|s| s)).await;
+    let result = small.once(refund("o-12", 100), "k-12").await.unwrap();
+    assert!(!meta::is_unstored(&result));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_derived_key_makes_one_operation_per_principal_and_is_advertised() {
     let store = memory();
     let setup = Setup::start(

@@ -6,7 +6,7 @@ use std::pin::pin;
 use bytes::Bytes;
 use idempotent_core::lease::{self, End, Taken};
 use idempotent_core::record::{Abandon, Labels, Transition};
-use idempotent_core::{Attempt, Error, FailMode, Fingerprint, Key, KeyScope, RunContext, StepOptions};
+use idempotent_core::{Attempt, Error, FailMode, Fingerprint, Key, KeyScope, RunContext, ShortKey, StepOptions};
 use rmcp::model::{CallToolRequestParams, CallToolResponse, CallToolResult, JsonObject, ListToolsResult};
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -136,28 +136,39 @@ pub(super) async fn handle<S: ServerHandler>(
     // The attempt is in scope for the whole of the tool's future, so that what the tool does
     // derives from the call's key.
     let outcome = lease.run(pin!(attempt.scope(forward(inner, call, context)))).await;
-    let stored = match &outcome {
+    // Whether the result is one to store, and its bytes when it can be stored.
+    let (meant, stored) = match &outcome {
         Ok(CallToolResponse::Complete(result)) if config.store_tool_errors || result.is_error != Some(true) => {
-            match serde_json::to_vec(result) {
-                Ok(bytes) => Some(Bytes::from(bytes)),
-                Err(error) => {
-                    tracing::error!(key = %short, tool, %error, "idempotent.not_stored: the result cannot be encoded");
-                    None
-                }
-            }
+            (true, encode(result, config.max_result_bytes, &short, &tool))
         }
-        _ => None,
+        _ => (false, None),
     };
     let wanted = stored.is_some();
     let answer = lease.end(stored.map_or(End::Release, End::Complete)).await;
     idempotent_core::metrics::ended(&config.scope, &*config.store, wanted, &answer);
     match outcome {
-        Ok(CallToolResponse::Complete(mut result)) if wanted && !matches!(answer, Ok(Transition::Ok)) => {
-            tracing::warn!(key = %short, tool, answer = ?answer, "idempotent.not_stored: the store did not take the result; a retry may run the tool again");
+        Ok(CallToolResponse::Complete(mut result)) if meant && !(wanted && matches!(answer, Ok(Transition::Ok))) => {
+            tracing::warn!(key = %short, tool, answer = ?answer, "idempotent.not_stored: the tool ran and its result was not stored; a retry may run it again");
             meta::mark(&mut result, STORED, false);
             Ok(CallToolResponse::Complete(result))
         }
         other => other,
+    }
+}
+
+/// The stored form of a result (its JSON), unless it cannot be encoded or is larger than `max`.
+fn encode(result: &CallToolResult, max: usize, short: &ShortKey, tool: &str) -> Option<Bytes> {
+    match serde_json::to_vec(result) {
+        Ok(bytes) if bytes.len() > max => {
+            let len = bytes.len();
+            tracing::warn!(key = %short, tool, len, max, "idempotent.not_stored: the result is larger than max_result_bytes; giving the key up");
+            None
+        }
+        Ok(bytes) => Some(Bytes::from(bytes)),
+        Err(error) => {
+            tracing::error!(key = %short, tool, %error, "idempotent.not_stored: the result cannot be encoded; giving the key up");
+            None
+        }
     }
 }
 
@@ -199,7 +210,7 @@ fn fingerprint(tool: &str, arguments: Option<&JsonObject>) -> Result<Fingerprint
 }
 
 /// A stored result, as a retry gets it.
-fn replay(bytes: &[u8], short: &idempotent_core::ShortKey) -> Result<CallToolResponse, ErrorData> {
+fn replay(bytes: &[u8], short: &ShortKey) -> Result<CallToolResponse, ErrorData> {
     match serde_json::from_slice::<CallToolResult>(bytes) {
         Ok(mut result) => {
             tracing::debug!(key = %short, "idempotent.replayed");

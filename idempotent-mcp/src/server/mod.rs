@@ -71,8 +71,10 @@
 //!   [`recovered`](idempotent_core::Attempt::recovered) attempt, or is refused with
 //!   `needsAttention` under [`on_recovered(OnRecovered::NeedsAttention)`](IdempotentServer::on_recovered).
 //! - A result the store does not take (the store failed after the tool ran, or the call
-//!   outlived its lease and another call took the key over) reaches the caller with
-//!   `_meta["dev.idempotent/stored"]: false` ([`meta::STORED`](crate::meta::STORED)).
+//!   outlived its lease and another call took the key over), or one larger than
+//!   [`max_result_bytes`](IdempotentServer::max_result_bytes), reaches the caller with
+//!   `_meta["dev.idempotent/stored"]: false` ([`meta::STORED`](crate::meta::STORED)); a retry
+//!   may run the tool again.
 //!
 //! # What the tool gets
 //!
@@ -94,7 +96,9 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idempotent_core::{FailMode, IntoSharedStore, OnInFlight, OnRecovered, SharedStore, Terms};
+use idempotent_core::{
+    DEFAULT_MAX_RESULT_BYTES, FailMode, IntoSharedStore, OnInFlight, OnRecovered, SharedStore, Terms,
+};
 use rmcp::service::RequestContext;
 use rmcp::{RoleServer, ServerHandler};
 
@@ -136,6 +140,7 @@ pub(crate) struct Config {
     pub(crate) fail_mode: FailMode,
     pub(crate) on_recovered: OnRecovered,
     pub(crate) store_tool_errors: bool,
+    pub(crate) max_result_bytes: usize,
 }
 
 /// An rmcp server whose `tools/call` runs each keyed call once: see the [module
@@ -194,6 +199,7 @@ impl<S: ServerHandler> IdempotentServer<S> {
             fail_mode: FailMode::default(),
             on_recovered: OnRecovered::default(),
             store_tool_errors: true,
+            max_result_bytes: DEFAULT_MAX_RESULT_BYTES,
         };
         IdempotentServer { inner, config: Arc::new(config) }
     }
@@ -285,6 +291,15 @@ impl<S: ServerHandler> IdempotentServer<S> {
     /// resolves the record.
     pub fn on_recovered(mut self, policy: OnRecovered) -> Self {
         self.config().on_recovered = policy;
+        self
+    }
+
+    /// The largest result that is stored, as JSON (default
+    /// [`DEFAULT_MAX_RESULT_BYTES`](idempotent_core::DEFAULT_MAX_RESULT_BYTES), the executor's
+    /// cap): a larger one reaches the caller marked `_meta["dev.idempotent/stored"]: false`, and
+    /// the key is given up, so that a retry runs the tool again.
+    pub fn max_result_bytes(mut self, max: usize) -> Self {
+        self.config().max_result_bytes = max;
         self
     }
 
