@@ -3,7 +3,7 @@
 //!
 //! A client that retries a `tools/call` whose reply it did not get (a timeout, a dropped
 //! connection, a proxy's 502) cannot tell whether the tool ran. Under one stable key in the
-//! call's `_meta` ([`meta::KEY`](crate::meta::KEY)), a server protected by
+//! call's `_meta` ([`meta::KEY`]), a server protected by
 //! [`IdempotentServer`](crate::IdempotentServer) runs the tool once and answers every retry with
 //! the first call's result, so the retry is safe. `ToolCaller` makes the key (a random UUID) and
 //! sends it with every attempt.

@@ -77,7 +77,7 @@
 //! # Ok(()) }
 //! ```
 //!
-//! See [`server`](IdempotentServer) for what a protected call does and which tools are
+//! See [`server`] for what a protected call does and which tools are
 //! protected, [`client`] for what is retried, and [`meta`] for the names in `_meta`.
 #![deny(unreachable_pub)]
 #![warn(missing_docs)]
@@ -85,6 +85,6 @@
 
 pub mod client;
 pub mod meta;
-mod server;
+pub mod server;
 
 pub use server::{DEFAULT_SCOPE, IdempotentServer, Unprotected};

@@ -189,6 +189,19 @@ impl Payments {
         Ok(CallToolResult::error(vec![ContentBlock::text(format!("card declined (run {n})"))]))
     }
 
+    /// Panics on its first run for an order, and answers after that.
+    #[tool]
+    async fn crash(
+        &self,
+        Parameters(order): Parameters<Order>,
+        extensions: Extensions,
+    ) -> Result<CallToolResult, ErrorData> {
+        let n = self.ran("crash", &order.order);
+        assert!(n > 1, "crash: the first run for {} panics", order.order);
+        let recovered = extensions.get::<Attempt>().is_some_and(Attempt::recovered);
+        Ok(CallToolResult::structured(json!({ "run": n, "recovered": recovered })))
+    }
+
     /// Reaches a provider that answers 502: a JSON-RPC error.
     #[tool]
     async fn explode(&self, Parameters(order): Parameters<Order>) -> Result<CallToolResult, ErrorData> {

@@ -275,6 +275,18 @@ async fn tool_errors_are_stored_unless_told_not_to_and_protocol_errors_never_are
     assert_eq!(not_stored.payments.runs("decline", "o-6"), 2);
 }
 
+/// A tool that panics stores nothing and gives nothing up: the call's lease runs out, and the
+/// retry runs the tool again as a recovered attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_that_panics_holds_its_key_until_the_lease_runs_out_then_the_retry_recovers() {
+    let setup = Setup::start(memory(), configure(|s| s.lease(Duration::from_millis(300)))).await;
+    let caller = setup.caller().timeout(Duration::from_millis(500));
+    let result = caller.call(call("crash", json!({ "order": "o-13" }))).await.expect("the retry answers");
+    assert_eq!(structured(&result)["run"], 2);
+    assert_eq!(structured(&result)["recovered"], true, "{result:?}");
+    assert_eq!(setup.payments.runs("crash", "o-13"), 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_result_larger_than_the_cap_is_not_stored_and_says_so() {
     let setup = Setup::start(memory(), configure(|s| s.max_result_bytes(16))).await;

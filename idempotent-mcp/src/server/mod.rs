@@ -295,7 +295,7 @@ impl<S: ServerHandler> IdempotentServer<S> {
     }
 
     /// The largest result that is stored, as JSON (default
-    /// [`DEFAULT_MAX_RESULT_BYTES`](idempotent_core::DEFAULT_MAX_RESULT_BYTES), the executor's
+    /// [`DEFAULT_MAX_RESULT_BYTES`], the executor's
     /// cap): a larger one reaches the caller marked `_meta["dev.idempotent/stored"]: false`, and
     /// the key is given up, so that a retry runs the tool again.
     pub fn max_result_bytes(mut self, max: usize) -> Self {
