@@ -388,6 +388,15 @@ async fn a_store_that_cannot_be_reached_fails_the_call_closed_as_retryable() {
     assert_eq!(data["retryable"], true);
     assert_eq!(data["actionMayHaveRun"], false);
     assert_eq!(setup.payments.runs("refund", "o-11"), 0);
+
+    // Failing open, the tool runs unprotected, under an attempt that says so.
+    let store: SharedStore = Arc::new(RedisStore::connect_lazy(format!("redis://127.0.0.1:{port}")).unwrap());
+    let open = Setup::start(store, configure(|s| s.fail_mode(idempotent_core::FailMode::Open))).await;
+    let result = open.once(refund("o-11", 100), "k-11").await.unwrap();
+    assert!(!meta::is_replayed(&result));
+    let attempts = open.payments.attempts();
+    assert_eq!(attempts.len(), 1);
+    assert!(attempts[0].is_unprotected() && attempts[0].fence() == 0);
 }
 
 /// 500 logical calls from 16 callers through a proxy that loses a third of the replies after the

@@ -182,7 +182,7 @@ async fn forward<S: ServerHandler>(
 }
 
 /// Puts the call's identity in its context: the attempt and a run context keyed on the call,
-/// whose steps take the server's lease and retention.
+/// whose steps take the server's lease, retention and fail mode.
 fn identify(
     context: &mut RequestContext<RoleServer>,
     config: &Config,
@@ -193,6 +193,7 @@ fn identify(
     let mut defaults = StepOptions::default();
     defaults.lease = config.terms.lease;
     defaults.retention = config.terms.retention;
+    defaults.fail_mode = config.fail_mode;
     let ctx = RunContext::new(config.store.clone(), format!("{}/{}", config.scope, key.to_hex())).defaults(defaults);
     let ctx = match tenant {
         Some(tenant) => ctx.tenant(tenant),

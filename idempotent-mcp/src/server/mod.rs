@@ -85,8 +85,9 @@
 //!   [`downstream_key`](idempotent_core::Attempt::downstream_key) to hand a payment provider;
 //! - a [`RunContext`](idempotent_core::RunContext) keyed on the call (tenant, scope and key) on
 //!   the server's store, so that the tool's own steps run once per call and a retry finds them;
-//!   its steps take the server's [lease](IdempotentServer::lease) and
-//!   [retention](IdempotentServer::retention) unless they set their own;
+//!   its steps take the server's [lease](IdempotentServer::lease),
+//!   [retention](IdempotentServer::retention) and [fail mode](IdempotentServer::fail_mode)
+//!   unless they set their own;
 //! - the attempt is also [`current_attempt`](idempotent_core::current_attempt) for the tool's
 //!   whole future, so that its state updates derive their tokens from the call's key.
 //!
