@@ -275,6 +275,15 @@ async fn tool_errors_are_stored_unless_told_not_to_and_protocol_errors_never_are
     assert_eq!(not_stored.payments.runs("decline", "o-6"), 2);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_out_of_bounds_refuses_every_protected_call_and_says_which_bound() {
+    let setup = Setup::start(memory(), configure(|s| s.lease(Duration::ZERO))).await;
+    let error = refused(setup.once(refund("o-14", 100), "k-14").await);
+    assert_eq!(error.data.as_ref().unwrap()["kind"], "config", "{error:?}");
+    assert!(error.message.contains("lease"), "{}", error.message);
+    assert_eq!(setup.payments.runs("refund", "o-14"), 0);
+}
+
 /// A tool that panics stores nothing and gives nothing up: the call's lease runs out, and the
 /// retry runs the tool again as a recovered attempt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

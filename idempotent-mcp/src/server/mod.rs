@@ -259,14 +259,25 @@ impl<S: ServerHandler> IdempotentServer<S> {
     }
 
     /// How long a call holds its key without renewing it (default
-    /// [`DEFAULT_LEASE`](idempotent_core::DEFAULT_LEASE)); it is renewed while the tool runs.
+    /// [`DEFAULT_LEASE`](idempotent_core::DEFAULT_LEASE)), within
+    /// [`MIN_LEASE`](idempotent_core::MIN_LEASE) ..= [`MAX_LEASE`](idempotent_core::MAX_LEASE):
+    /// out of bounds, every protected call is refused (`-32603`, `kind: "config"`).
+    ///
+    /// It is renewed every third of it while the tool runs, so it bounds how long a key stays
+    /// taken by a call that no longer runs (its server crashed, its tool panicked): a retry in
+    /// that window waits or is refused as [`on_in_flight`](Self::on_in_flight) says, and the
+    /// first retry after it runs the tool as a
+    /// [`recovered`](idempotent_core::Attempt::recovered) attempt.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.config().terms.lease = lease;
         self
     }
 
     /// How long a result is kept and replayed (default
-    /// [`DEFAULT_RETENTION`](idempotent_core::DEFAULT_RETENTION)).
+    /// [`DEFAULT_RETENTION`](idempotent_core::DEFAULT_RETENTION)), within
+    /// [`MIN_RETENTION`](idempotent_core::MIN_RETENTION) ..=
+    /// [`MAX_RETENTION`](idempotent_core::MAX_RETENTION): out of bounds, calls are refused as for
+    /// [`lease`](Self::lease).
     pub fn retention(mut self, retention: Duration) -> Self {
         self.config().terms.retention = retention;
         self
