@@ -88,3 +88,8 @@ pub mod meta;
 pub mod server;
 
 pub use server::{DEFAULT_SCOPE, IdempotentServer, Unprotected};
+
+/// The README's example is compiled and run as a doc test.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctest;
