@@ -91,7 +91,13 @@
 //! - the attempt is also [`current_attempt`](idempotent_core::current_attempt) for the tool's
 //!   whole future, so that its state updates derive their tokens from the call's key.
 //!
-//! An unprotected call carries [`Unprotected`] saying why.
+//! An unprotected call carries [`Unprotected`] saying why. It has no `Attempt` and, unless the
+//! store was down under [`FailMode::Open`], no `RunContext`: rmcp's `Extension<Attempt>`
+//! extractor refuses such a call (`-32602`, "missing extension") before the tool runs. A tool
+//! that also serves unprotected calls (a read-only tool, a keyless call without
+//! [`require_key`](IdempotentServer::require_key), a tool named
+//! [`unprotected`](IdempotentServer::unprotected)) takes rmcp's
+//! [`Extensions`](rmcp::model::Extensions) instead and looks the attempt up.
 
 use std::collections::HashSet;
 use std::sync::Arc;
