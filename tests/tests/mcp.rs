@@ -12,6 +12,7 @@ use std::time::Duration;
 use idempotent_core::{Backoff, MemoryStore, OnInFlight, RedisStore, SharedStore, SqliteStore};
 use idempotent_mcp::client::{KeyedCall, ToolCaller};
 use idempotent_mcp::{IdempotentServer, meta};
+use idempotent_tests::HookedStore;
 use idempotent_tests::ledger::Ledger;
 use idempotent_tests::mcp::{HttpEndpoint, Payments, call, http_client, refund};
 use idempotent_tests::proxy::LossyProxy;
@@ -294,6 +295,28 @@ async fn a_tool_that_panics_holds_its_key_until_the_lease_runs_out_then_the_retr
     assert_eq!(structured(&result)["run"], 2);
     assert_eq!(structured(&result)["recovered"], true, "{result:?}");
     assert_eq!(setup.payments.runs("crash", "o-13"), 2);
+}
+
+/// A result the store does not take (here, every `complete` fails) reaches the caller marked
+/// `stored: false`; the tool's run stays counted, and a retry may run it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_the_store_did_not_take_reaches_the_caller_marked_unstored() {
+    let failing: SharedStore = Arc::new(HookedStore::new(memory()).on_complete(|_call| {
+        Box::pin(async {
+            Err(idempotent_core::Error::Unavailable {
+                store: "hooked".into(),
+                op: "complete",
+                reason: "injected".into(),
+                source: None,
+            })
+        })
+    }));
+    let setup = Setup::start(failing, configure(|s| s.lease(Duration::from_millis(200)))).await;
+    // `decline` has no step of its own (`refund`'s charge step would fail on this store too).
+    let result = setup.once(call("decline", json!({ "order": "o-15" })), "k-15").await.unwrap();
+    assert!(meta::is_unstored(&result), "{result:?}");
+    assert_eq!(result.is_error, Some(true), "the tool's own answer");
+    assert_eq!(setup.payments.runs("decline", "o-15"), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
