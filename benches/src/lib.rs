@@ -17,6 +17,8 @@ use idempotent_core::redis::{self, aio::MultiplexedConnection};
 
 use serde::{Deserialize, Serialize};
 
+pub mod mcp;
+
 /// A refund request of about 200 bytes of JSON: the typical small step payload.
 ///
 /// Fields are declared in the order a person would write them, not sorted, so the canonical

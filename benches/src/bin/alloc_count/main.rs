@@ -21,6 +21,10 @@
 //! HTTP rows call the axum `Router` in process (`tower::ServiceExt::oneshot`), without hyper:
 //! they count what the layer adds, not the connection's buffers.
 //!
+//! MCP rows ([`mcp`]) come first: a `tools/call` through `IdempotentServer` on `MemoryStore` next
+//! to the bare rmcp tool, over an in-process pipe and over streamable HTTP on loopback, client and
+//! server counted together, `--mcp-calls` per row (default 5000).
+//!
 //! `--sql` adds the SQL stores' rows ([`sql`]: SQLite in a temporary file, PostgreSQL on a
 //! throwaway server), `--sql-calls` per row (default 2000); `--only` on a SQL row's name runs it
 //! alone.
@@ -49,6 +53,7 @@ use idempotent_tower::IdempotencyLayer;
 use sha2::{Digest, Sha256};
 use tower::ServiceExt;
 
+mod mcp;
 mod sql;
 
 struct Counting;
@@ -234,6 +239,9 @@ fn main() {
     // dhat); the Redis server starts only when a Redis row is among them.
     let only: String = arg("--only", String::new());
     let want = |name: &str| name.contains(only.as_str());
+    if mcp::MCP_ROWS.iter().any(|name| want(name)) {
+        rt.block_on(mcp::mcp_rows(arg("--mcp-calls", 5_000), &want));
+    }
     if idempotent_benches::flag("--sql") || (!only.is_empty() && sql::SQL_ROWS.iter().any(|name| want(name))) {
         rt.block_on(sql::sql_rows(arg("--sql-calls", 2_000), &want));
         if !only.is_empty() && !MEMORY_ROWS.iter().chain(&REDIS_ROWS).chain(&REDIS_HTTP_ROWS).any(|name| want(name)) {
