@@ -15,8 +15,8 @@ use rmcp::model::{
 use rmcp::service::{RoleClient, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+use rmcp::transport::streamable_http_server::StreamableHttpService;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData, ServerHandler, ServiceExt, tool, tool_handler, tool_router};
 use serde_json::{Value, json};
 
@@ -77,10 +77,7 @@ pub fn http_service<S>(handler: S) -> StreamableHttpService<S, LocalSessionManag
 where
     S: ServerHandler + Clone + Send + Sync + 'static,
 {
-    let mut config = StreamableHttpServerConfig::default().with_sse_keep_alive(None);
-    config.legacy_session_mode = false;
-    config.json_response = true;
-    StreamableHttpService::new(move || Ok(handler.clone()), Default::default(), config)
+    StreamableHttpService::new(move || Ok(handler.clone()), Default::default(), idempotent_tests::mcp::http_config())
 }
 
 /// Serves `router` on a free loopback port (`TCP_NODELAY` on), until the process ends.

@@ -62,10 +62,8 @@ impl KeyedCall {
     /// characters, none of them a control character (an error says which rule it breaks).
     pub fn with_key(params: CallToolRequestParams, key: impl Into<String>) -> Result<Self, ErrorData> {
         let key = key.into();
-        let mut probe = RequestMetaObject::default();
-        probe.insert(KEY.to_owned(), Value::String(key.clone()));
-        match meta::key(&probe) {
-            Ok(_) => Ok(KeyedCall { params, key }),
+        match meta::check(&key) {
+            Ok(()) => Ok(KeyedCall { params, key }),
             Err(why) => Err(ErrorData::invalid_params(format!("{why}; the call was not sent"), None)),
         }
     }

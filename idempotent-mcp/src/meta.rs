@@ -53,6 +53,12 @@ impl std::fmt::Display for BadKey {
 pub(crate) fn key(meta: &RequestMetaObject) -> Result<Option<&str>, BadKey> {
     let Some(value) = meta.get(KEY) else { return Ok(None) };
     let Value::String(key) = value else { return Err(BadKey::NotAString) };
+    check(key)?;
+    Ok(Some(key))
+}
+
+/// Whether `key` may be a call's key: 1 to [`MAX_KEY_CHARS`] characters, none a control character.
+pub(crate) fn check(key: &str) -> Result<(), BadKey> {
     if key.is_empty() {
         return Err(BadKey::Empty);
     }
@@ -63,7 +69,7 @@ pub(crate) fn key(meta: &RequestMetaObject) -> Result<Option<&str>, BadKey> {
     if key.chars().any(char::is_control) {
         return Err(BadKey::ControlCharacter);
     }
-    Ok(Some(key))
+    Ok(())
 }
 
 /// Sets `name` to `value` in the result's `_meta`, keeping what the tool put there.

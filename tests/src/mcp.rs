@@ -238,6 +238,16 @@ pub fn call(tool: &'static str, arguments: Value) -> CallToolRequestParams {
     CallToolRequestParams::new(tool).with_arguments(arguments)
 }
 
+/// The streamable HTTP server configuration the tests and benches serve with: stateless (no
+/// session) and answering with plain JSON (no SSE), so that every call is one HTTP request and
+/// one response.
+pub fn http_config() -> StreamableHttpServerConfig {
+    let mut config = StreamableHttpServerConfig::default().with_sse_keep_alive(None);
+    config.legacy_session_mode = false;
+    config.json_response = true;
+    config
+}
+
 /// A streamable HTTP MCP endpoint at `/mcp` on a free loopback port, serving what `make`
 /// makes (once per session); stops when dropped.
 pub struct HttpEndpoint {
@@ -247,8 +257,7 @@ pub struct HttpEndpoint {
 }
 
 impl HttpEndpoint {
-    /// Serves `make()` on `listener`, answering with plain JSON (no SSE) so that every reply is
-    /// one HTTP response.
+    /// Serves `make()` on `listener`, configured by [`http_config`].
     pub async fn serve<S, F>(listener: tokio::net::TcpListener, make: F) -> HttpEndpoint
     where
         S: ServerHandler,
@@ -256,9 +265,7 @@ impl HttpEndpoint {
     {
         let addr = listener.local_addr().expect("local address");
         let stop = tokio_util::sync::CancellationToken::new();
-        let mut config = StreamableHttpServerConfig::default().with_sse_keep_alive(None);
-        config.legacy_session_mode = false;
-        config.json_response = true;
+        let mut config = http_config();
         config.cancellation_token = stop.child_token();
         let service: StreamableHttpService<S, LocalSessionManager> =
             StreamableHttpService::new(move || Ok(make()), Default::default(), config);

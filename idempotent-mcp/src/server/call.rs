@@ -102,7 +102,7 @@ pub(super) async fn handle<S: ServerHandler>(
             let (attempt, fence) = (lease.attempt().number(), lease.attempt().fence());
             tracing::warn!(key = %short, tool, attempt, "idempotent.needs_attention: the previous call's outcome is uncertain and the server does not re-run it blindly");
             let _ = Box::pin(lease.end(End::Abandon(Abandon::NeedsAttention))).await;
-            return Err(Refusal::NeedsAttention { tool, key: short, attempt, fence, record_key: key.to_hex() }.into());
+            return Err(Refusal::NeedsAttention { tool, key, attempt, fence }.into());
         }
         Ok(Taken::Lease(lease)) => lease,
         Ok(Taken::Replay(bytes)) => return replay(&bytes, &short),
@@ -112,7 +112,7 @@ pub(super) async fn handle<S: ServerHandler>(
         }
         Ok(Taken::InFlight { retry_after }) => return Err(Refusal::InFlight { tool, key: short, retry_after }.into()),
         Ok(Taken::NeedsAttention { attempt, fence }) => {
-            return Err(Refusal::NeedsAttention { tool, key: short, attempt, fence, record_key: key.to_hex() }.into());
+            return Err(Refusal::NeedsAttention { tool, key, attempt, fence }.into());
         }
         Ok(other) => {
             tracing::error!(key = %short, answer = ?other, "idempotent.store_error: unknown answer to acquire");

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use idempotent_core::{Error, ShortKey};
+use idempotent_core::{DownstreamKey, Error, Key, ShortKey};
 use rmcp::ErrorData;
 use rmcp::model::ErrorCode;
 use serde_json::{Value, json};
@@ -25,7 +25,7 @@ pub(crate) enum Refusal {
     /// Another call with the key is running.
     InFlight { tool: String, key: ShortKey, retry_after: Duration },
     /// A previous attempt's outcome is uncertain; nothing runs until the record is resolved.
-    NeedsAttention { tool: String, key: ShortKey, attempt: u32, fence: u64, record_key: String },
+    NeedsAttention { tool: String, key: Key, attempt: u32, fence: u64 },
     /// The store failed (fail closed), holds a record this crate cannot read, or the terms are
     /// out of bounds.
     Store(Error),
@@ -66,19 +66,14 @@ impl From<Refusal> for ErrorData {
                     retry_after,
                 })
             }
-            Refusal::NeedsAttention { tool, key, attempt, fence, record_key } => {
-                let downstream_key = idempotent_core::Key::from_hex(&record_key)
-                    .map(|k| idempotent_core::DownstreamKey::of(&k).as_str().to_owned())
-                    .unwrap_or_default();
-                ErrorData::from(Error::NeedsAttention {
-                    step: format!("tools/call {tool}"),
-                    key: key.to_string(),
-                    attempt,
-                    fence,
-                    downstream_key,
-                    record_key,
-                })
-            }
+            Refusal::NeedsAttention { tool, key, attempt, fence } => ErrorData::from(Error::NeedsAttention {
+                step: format!("tools/call {tool}"),
+                key: key.short().to_string(),
+                attempt,
+                fence,
+                downstream_key: DownstreamKey::of(&key).as_str().to_owned(),
+                record_key: key.to_hex(),
+            }),
             Refusal::Store(error) => ErrorData::from(error),
         }
     }
