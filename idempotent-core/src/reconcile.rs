@@ -229,12 +229,12 @@ impl Reconciler {
     /// happened to each record is in the [`Pass`].
     pub async fn pass(&self) -> Result<Pass, Error> {
         self.terms.check()?;
-        let cursor = self.cursor.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let cursor = crate::store::lock(&self.cursor).clone();
         let mut filter = self.filter.clone();
         filter.state = Some(RecordState::Stuck);
         let page = self.store.scan(&filter, &cursor, self.batch).await?;
         let wrapped = page.next.is_none();
-        *self.cursor.lock().unwrap_or_else(|e| e.into_inner()) = page.next.unwrap_or_default();
+        *crate::store::lock(&self.cursor) = page.next.unwrap_or_default();
         let mut settled = Vec::with_capacity(page.records.len());
         for record in page.records {
             let outcome = self.settle(&record).await;

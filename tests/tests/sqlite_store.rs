@@ -21,6 +21,7 @@ use idempotent_tests::sql_store::{
 };
 use sqlx::{Connection, SqliteConnection};
 use tempfile::TempDir;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 
 fn wide_key(n: u32) -> Key {
     let mut k = [7; 32];
@@ -242,11 +243,14 @@ async fn a_garbage_row_is_a_corrupt_error_not_a_replay() {
     matrix::run(Kind::Sqlite, garbage_rows_are_corrupt_errors_not_replays::<SqliteBackend>).await;
 }
 
-/// Two OS processes × 32 tasks on one file, every task calling the step for each of 200 keys:
+/// Two OS processes × 32 tasks on one file, every task calling the step for each of 1000 keys
+/// (enough writes that each store's batches run back to back for longer than it holds the lock
+/// before it lets another process's writes in):
 /// each key's action runs once in all (counted in a ledger both processes append to), and every
 /// call in both processes returns that one execution's result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_processes_of_32_tasks_run_each_action_once() {
+    const KEYS: usize = 1000;
     let dir = TempDir::new().unwrap();
     let (db, ledger) = (dir.path().join("multi.db"), dir.path().join("ledger"));
     // The schema exists before the race (as after a deploy); creating it concurrently is covered
@@ -256,12 +260,33 @@ async fn two_processes_of_32_tasks_run_each_action_once() {
         tokio::process::Command::new(env!("CARGO_BIN_EXE_step_worker"))
             .arg(format!("sqlite://{}", db.display()))
             .arg(&ledger)
-            .args(["32", "200"])
-            .output()
+            .args(["32", &KEYS.to_string()])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
     };
-    let (a, b) = tokio::join!(spawn(), spawn());
+    let (mut a, mut b) = (spawn(), spawn());
+    // Each opens its store and says so; then both start at once (a store's first executions
+    // take less time than a process takes to start).
+    let mut outs = Vec::new();
+    for child in [&mut a, &mut b] {
+        let mut out = tokio::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).await.unwrap();
+        assert_eq!(line, "ready\n", "a worker did not start");
+        outs.push(out);
+    }
+    for child in [&mut a, &mut b] {
+        child.stdin.take().unwrap().write_all(b"go\n").await.unwrap();
+    }
     let mut results: HashMap<String, Vec<String>> = HashMap::new();
-    for out in [a.unwrap(), b.unwrap()] {
+    for (mut child, mut stdout) in [a, b].into_iter().zip(outs) {
+        let mut rest = Vec::new();
+        stdout.read_to_end(&mut rest).await.unwrap();
+        let mut out = child.wait_with_output().await.unwrap();
+        out.stdout = rest;
         assert!(out.status.success(), "a worker failed: {}", String::from_utf8_lossy(&out.stderr));
         for line in String::from_utf8(out.stdout).unwrap().lines() {
             let (key, result) = line.split_once('=').unwrap();
@@ -273,10 +298,10 @@ async fn two_processes_of_32_tasks_run_each_action_once() {
     for line in ledger.lines() {
         *runs.entry(line.split(' ').next().unwrap()).or_default() += 1;
     }
-    assert_eq!(runs.len(), 200, "some keys' actions never ran");
+    assert_eq!(runs.len(), KEYS, "some keys' actions never ran");
     let twice: Vec<_> = runs.iter().filter(|(_, n)| **n != 1).collect();
     assert!(twice.is_empty(), "actions ran more than once: {twice:?}");
-    assert_eq!(results.len(), 200);
+    assert_eq!(results.len(), KEYS);
     for (key, seen) in &results {
         assert_eq!(seen.len(), 64, "key {key}: one call per task of each process");
         assert!(seen.iter().all(|r| r == &seen[0]), "key {key}: calls saw different results: {seen:?}");

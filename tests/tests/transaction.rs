@@ -89,9 +89,10 @@ async fn a_key_taken_over_before_the_commit_rolls_the_loser_back() {
         .unwrap();
     let loser_store = SqliteStore::from_pool(pool).await.unwrap();
 
-    // The loser's acquire (its upsert, as a new store writes first: one hand-out) passes the
-    // gate; its `begin` is held there.
-    gate.pass.store(1, Ordering::SeqCst);
+    // The loser's acquire (its upsert, as a new store writes first) goes out on the store's
+    // writes' connection, not a hand-out of the pool; its `begin`, the first hand-out, is held at
+    // the gate.
+    gate.pass.store(0, Ordering::SeqCst);
     gate.armed.store(true, Ordering::SeqCst);
     let loser_ctx = RunContext::new(loser_store.clone(), "order-9");
     let loser = tokio::spawn(async move {

@@ -31,7 +31,7 @@ impl MemoryStateStore {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<[u8; 32], Entry>> {
-        self.states.lock().unwrap_or_else(|e| e.into_inner())
+        crate::store::lock(&self.states)
     }
 }
 

@@ -6,7 +6,8 @@
 //! its own offset, so the tasks of all processes race on every key. An execution appends
 //! `<key> <pid>\n` to `<ledger>` (one `write` on a file opened for appending, so lines of
 //! concurrent processes never interleave). Prints `<key>=<result>` for every call, and exits
-//! non-zero on any error.
+//! non-zero on any error. Once its store is open it prints `ready` and waits for a line on its
+//! standard input before the tasks start, so that a test starts its processes' races together.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -24,6 +25,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         None => return Err(format!("unknown store {store:?}").into()),
     };
     let (tasks, keys): (u64, u64) = (tasks.parse()?, keys.parse()?);
+    // Opening the store takes a process longer than the race: both start on the test's word.
+    println!("ready");
+    std::io::stdout().flush()?;
+    std::io::stdin().read_line(&mut String::new())?;
     let ledger = Arc::new(std::fs::OpenOptions::new().create(true).append(true).open(ledger)?);
     let ctx = RunContext::new(store, "multi");
     let pid = std::process::id();

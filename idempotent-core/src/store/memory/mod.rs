@@ -11,7 +11,7 @@ use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::admin::{Cursor, Deleted, Filter, MAX_PAGE, Page, RecordInfo, RecordState};
-use super::{BoxFuture, Store};
+use super::{BoxFuture, Store, lock};
 use crate::attempt::Attempt;
 use crate::error::Error;
 use crate::key::{Fingerprint, Key};
@@ -436,12 +436,6 @@ fn shard_of(key: &Key) -> usize {
 /// `now + d`, saturating far in the future instead of panicking on overflow.
 fn later(now: Instant, d: Duration) -> Instant {
     now.checked_add(d).unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 60 * 60))
-}
-
-fn lock(m: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
-    // A panic while holding the lock cannot leave a record half-written (every update is one
-    // assignment), so a poisoned shard is still consistent.
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Store for MemoryStore {

@@ -178,10 +178,7 @@ impl redis::aio::ConnectionLike for Conn {
     }
 }
 
-/// `m`'s guard, also after a panic while it was held (the values it guards stay consistent).
-pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+pub(super) use crate::store::lock;
 
 fn is_connection_error(e: &redis::RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()

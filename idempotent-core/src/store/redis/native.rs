@@ -135,7 +135,7 @@ impl Native {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Token, Kept>> {
-        self.kept.lock().unwrap_or_else(|e| e.into_inner())
+        crate::store::lock(&self.kept)
     }
 }
 

@@ -10,6 +10,7 @@
 //! (binding values, reading the rows both read the same way, the state calls, running DDL), in
 //! `driver.rs`.
 
+use std::borrow::Borrow;
 use std::future::Future;
 use std::time::Duration;
 
@@ -65,6 +66,9 @@ pub trait Backend: sealed::Sealed + Send + Sync + Sized + 'static {
     type Db: Driver;
     /// The backend's purge: its statements and where its sweep goes on from.
     type Purge: Send + Sync;
+    /// How the backend runs the store's writes (SQLite: one at a time from the process, and
+    /// together under load; PostgreSQL: nothing of its own).
+    type Writes: Default + Send + Sync;
 
     /// The name users write (`SqliteStore`), for `Debug` and error messages.
     const STORE: &'static str;
@@ -93,14 +97,19 @@ pub trait Backend: sealed::Sealed + Send + Sync + Sized + 'static {
     /// The store's error for the driver's `e` during `op`: [`Error::Timeout`] after `timeout`
     /// when the pool's wait ran out or [`is_timeout`](Self::is_timeout) says so,
     /// [`Error::Unavailable`] with its cause otherwise.
-    fn error(describe: &str, op: &'static str, timeout: Duration, e: sqlx::Error) -> Error {
-        if matches!(e, sqlx::Error::PoolTimedOut) || e.as_database_error().is_some_and(Self::is_timeout) {
+    /// `e` is the driver's error, or one shared by several calls (an `Arc` of it).
+    fn error<E>(describe: &str, op: &'static str, timeout: Duration, e: E) -> Error
+    where
+        E: Borrow<sqlx::Error> + std::error::Error + Send + Sync + 'static,
+    {
+        let driver = e.borrow();
+        if matches!(driver, sqlx::Error::PoolTimedOut) || driver.as_database_error().is_some_and(Self::is_timeout) {
             return Error::Timeout { store: describe.to_owned(), op, after: timeout };
         }
         Error::Unavailable {
             store: describe.to_owned(),
             op,
-            reason: Self::reason(&e),
+            reason: Self::reason(driver),
             source: Some(Box::new(e) as BoxError),
         }
     }
@@ -163,6 +172,13 @@ pub trait Backend: sealed::Sealed + Send + Sync + Sized + 'static {
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a {
         Self::Db::state_write(&store.inner.pool, sql, args)
+    }
+
+    /// Closes what the backend holds besides the pool, once the pool is closed (SQLite: the
+    /// writes' connection).
+    fn close(store: &SqlStore<Self>) -> impl Future<Output = ()> + Send + '_ {
+        let _ = store;
+        std::future::ready(())
     }
 
     /// Begins a step's transaction on the store's pool (SQLite: `BEGIN IMMEDIATE`).

@@ -37,6 +37,35 @@ pub enum Value<'a> {
     Int(i64),
 }
 
+impl Value<'_> {
+    /// The same value, owning what it binds (for a statement that runs after its caller's
+    /// values are gone: a queued write).
+    pub(crate) fn into_owned(self) -> Value<'static> {
+        match self {
+            Value::Bytes(b) | Value::OptBytes(Some(b)) => Value::OwnedBytes(b.to_vec()),
+            Value::OwnedBytes(b) => Value::OwnedBytes(b),
+            Value::OptBytes(None) => Value::OptBytes(None),
+            Value::Text(t) | Value::OptText(Some(t)) => Value::OwnedText(t.to_owned()),
+            Value::OwnedText(t) => Value::OwnedText(t),
+            Value::OptText(None) => Value::OptText(None),
+            Value::Int(n) => Value::Int(n),
+        }
+    }
+
+    /// The same value, borrowed from this one.
+    pub(crate) fn borrowed(&self) -> Value<'_> {
+        match self {
+            Value::Bytes(b) => Value::Bytes(b),
+            Value::OwnedBytes(b) => Value::Bytes(b),
+            Value::OptBytes(b) => Value::OptBytes(*b),
+            Value::Text(t) => Value::Text(t),
+            Value::OwnedText(t) => Value::Text(t),
+            Value::OptText(t) => Value::OptText(*t),
+            Value::Int(n) => Value::Int(*n),
+        }
+    }
+}
+
 /// A state row as a commit reads it: version, value, token history.
 pub(crate) type StateRow = (i64, Vec<u8>, Vec<u8>);
 

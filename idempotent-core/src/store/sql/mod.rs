@@ -16,7 +16,7 @@
 //! | `table.rs` | how the statements name the tables (quoted, in the store's schema if any) |
 //! | `state.rs` | the [`StateStore`](crate::state::StateStore) implementation |
 //! | `transaction.rs` | [`TransactionalStore`], [`CommitsWith`] |
-//! | `sqlite/mod.rs`, `sqlite/builder.rs` | the SQLite backend; [`SqliteStoreBuilder`] and `SqliteStore::connect`/`from_pool`/`builder`/`builder_with_pool` |
+//! | `sqlite/mod.rs`, `sqlite/builder.rs`, `sqlite/writes.rs` | the SQLite backend; [`SqliteStoreBuilder`] and `SqliteStore::connect`/`from_pool`/`builder`/`builder_with_pool`; its writes, one at a time and together under load |
 //! | `postgres/mod.rs`, `postgres/builder.rs`, `postgres/url.rs` | the PostgreSQL backend; [`PostgresStoreBuilder`] and `PostgresStore::connect`/`from_pool`/`builder`; the URL's own parameters (`schema`, `transaction_pooling`), the TLS check, descriptions without the password |
 //!
 //! # Layout (schema version 3)
@@ -60,9 +60,12 @@
 //!
 //! # Statements per transition
 //!
-//! Every call of the [`Store`](crate::Store) trait is one statement in autocommit (acquire: one
-//! or two), on a connection taken from the pool for that statement only and given back before the
-//! answer is, so no connection is held while the caller's action runs. Time is the database's,
+//! Every call of the [`Store`](crate::Store) trait is one statement (acquire: one or two), in
+//! autocommit on a connection taken from the pool for that statement only and given back before
+//! the answer is, so no connection is held while the caller's action runs. SQLite's writes are
+//! the exception in how they go out, not in what they do: they go out one at a time on a
+//! connection the store keeps for them, and those that arrive while one is out go out together in
+//! one transaction, synced once (group commit; `sqlite/writes.rs`). Time is the database's,
 //! read inside each statement and fixed for it (SQLite: `unixepoch('subsec')`, the host clock;
 //! PostgreSQL: `statement_timestamp()`), never the caller's. Fences are
 //! `greatest(previous fence + 1, now in µs)`, so they grow per key also after the row was purged, unless the clock steps
@@ -140,7 +143,8 @@
 //! again on the retry: exactly what the store is there to prevent.
 //!
 //! - SQLite: the file is in WAL mode with `synchronous = FULL`, each commit synced before it is
-//!   answered (`from_pool` refuses a pool with `NORMAL` or `OFF`).
+//!   answered (`from_pool` refuses a pool with `NORMAL` or `OFF`); a write that went out with
+//!   others is answered once their one commit is synced.
 //! - PostgreSQL: with `synchronous_commit = on` (the default) and `fsync = on`, a completion that
 //!   was answered survives a crash; do not turn `synchronous_commit` off for this database.
 //!
@@ -216,6 +220,7 @@ struct Inner<B: Backend> {
     pooled: Option<String>,
     sql: Statements,
     purge: B::Purge,
+    writes: B::Writes,
     acquisitions: AtomicU64,
     statements: AtomicU64,
     /// Whether acquire reads first.
@@ -237,6 +242,7 @@ impl<B: Backend> SqlStore<B> {
                 describe,
                 sql: Statements::new::<B>(&table),
                 purge: B::purge_for(&table),
+                writes: B::Writes::default(),
                 table,
                 timeout,
                 pooled,
@@ -277,10 +283,12 @@ impl<B: Backend> SqlStore<B> {
         B::purge(self).await
     }
 
-    /// Closes the pool's connections, waiting for the calls under way. On a store made on the
-    /// application's pool, this closes that pool.
+    /// Closes the pool's connections, waiting for the calls under way, and the connection a
+    /// `SqliteStore` writes on. On a store made on the application's pool, this closes that
+    /// pool. Calls after it fail.
     pub async fn close(&self) {
         self.inner.pool.close().await;
+        B::close(self).await;
     }
 
     /// Counts one statement in [`statements`](Self::statements) (the backends count as they run).
@@ -302,7 +310,10 @@ impl<B: Backend> SqlStore<B> {
     }
 
     /// The store's error for `e` during `op`.
-    fn error(&self, op: &'static str, e: sqlx::Error) -> Error {
+    fn error<E>(&self, op: &'static str, e: E) -> Error
+    where
+        E: std::borrow::Borrow<sqlx::Error> + std::error::Error + Send + Sync + 'static,
+    {
         B::error(&self.inner.describe, op, self.inner.timeout, e)
     }
 

@@ -305,6 +305,7 @@ impl CommitsWith for Postgres {
 impl Backend for PostgresBackend {
     type Db = Postgres;
     type Purge = SqlStr;
+    type Writes = ();
 
     const STORE: &'static str = "PostgresStore";
     const BUILDER_TABLE: &'static str = "PostgresStoreBuilder::table";

@@ -48,8 +48,9 @@ impl SqliteStoreBuilder {
         self
     }
 
-    /// The most connections the store opens on the file (default 8; at least 1). Ignored for a
-    /// store on the application's pool.
+    /// The most connections the store's pool opens on the file (default 8; at least 1), for its
+    /// reads and the application's queries; its writes go out on one more connection, of their
+    /// own. Ignored for a store on the application's pool (whose options that connection takes).
     pub fn max_connections(mut self, n: u32) -> Self {
         self.max_connections = n.max(1);
         self
@@ -158,8 +159,9 @@ impl SqlStore<SqliteBackend> {
     /// the transactions of [`Step::run_in_transaction`](crate::Step::run_in_transaction) then
     /// share one pool and one file.
     ///
-    /// The pool's settings are kept as they are (its size, its timeouts, its `busy_timeout`), with
-    /// one requirement: its connections sync every commit (`synchronous = FULL` or `EXTRA`; sqlx's
+    /// The pool's settings are kept as they are (its size, its timeouts, its `busy_timeout`); the
+    /// store's own writes go out on one connection more, opened with the pool's connect options,
+    /// which waits for the write lock up to that busy timeout. One requirement: its connections sync every commit (`synchronous = FULL` or `EXTRA`; sqlx's
     /// default is `FULL`). With `NORMAL` or `OFF` a power loss can undo a committed `done`, and the
     /// step runs again: [`connect`](SqliteStoreBuilder::connect) then fails with an
     /// [`Error::Config`] saying how to set it. WAL mode

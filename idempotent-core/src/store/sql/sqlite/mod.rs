@@ -7,9 +7,12 @@
 //!   write statement takes the file's one write lock whatever it changes, and a row written with
 //!   its own values writes no page. In `excluded`, the row the statement would insert, `fence`
 //!   holds the clock, so `excluded.fence` is "now" throughout the statement.
-//! - A statement waits for another connection's (or process's) write lock up to the busy timeout
-//!   (`SQLITE_BUSY` and `SQLITE_LOCKED` are [`Error::Timeout`]), and for a connection of the pool
-//!   as long; a failed statement changed nothing (the file is local: no reply is lost).
+//! - The store's writes go out one at a time on a connection of their own, and together under
+//!   load, in one transaction synced once (`writes.rs`). A write waits for another
+//!   connection's (or process's) write lock up to the busy timeout, looking again every
+//!   millisecond; reads wait for a connection of the pool as long (`SQLITE_BUSY` and
+//!   `SQLITE_LOCKED`, and a pool that stayed busy, are [`Error::Timeout`]). A failed statement
+//!   changed nothing (the file is local: no reply is lost).
 //! - The purge sweeps by `rowid`, 256 rows a batch (there is no index on `expires_at`).
 //! - A step's transaction is `BEGIN IMMEDIATE`, and the lease is not renewed while it holds the
 //!   write lock; migrations take the same lock.
@@ -28,8 +31,12 @@ use super::{CommitsWith, SqlStore};
 use crate::error::Error;
 
 mod builder;
+mod writes;
 
 pub use builder::SqliteStoreBuilder;
+#[doc(hidden)]
+pub use writes::Writes;
+use writes::{Want, Written};
 
 /// A store in one SQLite file, safe for many tasks and for several processes on one host.
 ///
@@ -80,6 +87,13 @@ const COLUMNS: [&str; 15] = [
     "updated_at",
 ];
 
+/// Whether the statement `sql` only reads (the store's reads begin with `SELECT`; its writes
+/// with `INSERT`, `UPDATE` or `DELETE`): reads go to the pool at once, writes through the
+/// store's queue (`writes.rs`).
+fn is_read(sql: &SqlStr) -> bool {
+    sql.as_str().starts_with("SELECT")
+}
+
 /// The purge's statements, and the last rowid the sweep examined (0: start a new pass).
 #[doc(hidden)]
 pub struct SqlitePurge {
@@ -97,6 +111,7 @@ impl CommitsWith for Sqlite {
 impl Backend for SqliteBackend {
     type Db = Sqlite;
     type Purge = SqlitePurge;
+    type Writes = Writes;
 
     const STORE: &'static str = "SqliteStore";
     const BUILDER_TABLE: &'static str = "SqliteStoreBuilder::table";
@@ -161,17 +176,20 @@ impl Backend for SqliteBackend {
         e.code().and_then(|c| c.parse::<i32>().ok()).is_some_and(|c| matches!(c & 0xff, 5 | 6))
     }
 
-    fn fetch_optional<'a>(
+    async fn fetch_optional<'a>(
         store: &'a SqliteStore,
         op: &'static str,
         sql: &'a SqlStr,
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
-    ) -> impl Future<Output = Result<Option<SqliteRow>, Failed>> + Send + 'a {
-        // Bound before the future, which then holds the query only.
-        let q = Sqlite::query(sql, args);
-        async move {
-            store.count();
-            q.fetch_optional(&store.inner.pool).await.map_err(|e| Failed::not_sent(store.error(op, e)))
+    ) -> Result<Option<SqliteRow>, Failed> {
+        store.count();
+        if is_read(sql) {
+            let q = Sqlite::query(sql, args);
+            return q.fetch_optional(&store.inner.pool).await.map_err(|e| Failed::not_sent(store.error(op, e)));
+        }
+        match store.write(op, sql, args, Want::Row).await? {
+            Written::Row(row) => Ok(row),
+            Written::Count(_) => unreachable!("a write asked for its row answers its row"),
         }
     }
 
@@ -188,17 +206,16 @@ impl Backend for SqliteBackend {
         }
     }
 
-    fn execute<'a>(
+    async fn execute<'a>(
         store: &'a SqliteStore,
         op: &'static str,
         sql: &'a SqlStr,
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
-    ) -> impl Future<Output = Result<u64, Failed>> + Send + 'a {
-        let q = Sqlite::query(sql, args);
-        async move {
-            store.count();
-            let done = q.execute(&store.inner.pool).await.map_err(|e| Failed::not_sent(store.error(op, e)))?;
-            Ok(done.rows_affected())
+    ) -> Result<u64, Failed> {
+        store.count();
+        match store.write(op, sql, args, Want::Count).await? {
+            Written::Count(n) => Ok(n),
+            Written::Row(_) => unreachable!("a write asked for its count answers its count"),
         }
     }
 
@@ -215,6 +232,10 @@ impl Backend for SqliteBackend {
             let done = q.execute(&mut **tx).await.map_err(|e| store.error(op, e))?;
             Ok(done.rows_affected())
         }
+    }
+
+    async fn close(store: &SqliteStore) {
+        store.close_writes().await;
     }
 
     async fn begin(store: &SqliteStore) -> Result<Transaction<'static, Sqlite>, Error> {

@@ -1,0 +1,338 @@
+//! The store's writes to the file: one at a time from this process, on a connection of their
+//! own, and together under load (group commit).
+//!
+//! SQLite lets one connection write at a time, and every write transaction syncs the WAL once
+//! (`synchronous = FULL`). So the store's writes do not race for the lock on the pool's
+//! connections. A write that finds none of the store's out goes at once, in autocommit, as it
+//! always did; the writes that arrive while one is out wait in the store, and when it ends they
+//! go out together, in one `BEGIN IMMEDIATE` transaction, synced once for all of them (at most
+//! [`MAX_BATCH`]). One caller pays nothing for the queue; many share a sync.
+//!
+//! Nothing changes about what a write does. Each is the same atomic statement, judged on the row
+//! as it is under the write lock, with the database's clock read inside it; in a batch, each sees
+//! the writes before it, as it would have had it run after them. Every write of a batch is
+//! answered once the batch committed, never before. A statement of a batch that fails rolls the
+//! batch back, and its writes go out again one at a time in autocommit, so that a failure
+//! answers its own write only. A `BEGIN` or `COMMIT` that fails answers every write of its
+//! batch with its error: nothing was committed (the file is local; no reply is lost).
+//!
+//! The writes go out on one connection the store opens for them, with the pool's options but no
+//! busy timeout of SQLite's: SQLite's busy handler sleeps 1, 2, 5, 10 … up to 100 ms between
+//! looks at a lock another process holds, and would rarely find it free between the batches of
+//! a busy process. Instead, a write that finds the lock taken looks again every [`POLL`], up to
+//! the store's timeout (the busy timeout). And after [`HOLD`] of batches back to back, the store
+//! lets the lock go for [`PAUSE`] before its next one, so that another process's store, looking
+//! every [`POLL`], takes it within about [`HOLD`] however busy this one is (the pause costs at
+//! most 3 ms in 23 of write time, and only while the store writes without a break). The
+//! application's own transactions on the pool keep SQLite's busy handler, and find the lock free
+//! at more of their looks for the pauses; reads never wait here.
+//!
+//! A batch runs in a task of its own, so that a caller that gives up never strands the others;
+//! a write that waits goes out even if its caller gave up (as a statement sent would have run).
+//! A caller that gives up while its own write is out closes the connection (the next write opens
+//! another), so that no statement of a dropped future is left on it.
+
+use std::borrow::Borrow;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sqlx::sqlite::{SqliteConnection, SqliteRow};
+use sqlx::{ConnectOptions, Executor, SqlStr, Sqlite};
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::{SqliteBackend, SqliteStore};
+use crate::error::Error;
+use crate::store::lock;
+use crate::store::sql::Backend;
+use crate::store::sql::backend::{Effect, Failed};
+use crate::store::sql::driver::{Driver, Value};
+
+/// The most writes one transaction carries; the rest wait for the next.
+const MAX_BATCH: usize = 64;
+
+/// How long the store writes batch after batch before it lets the lock go for [`PAUSE`].
+const HOLD: Duration = Duration::from_millis(20);
+
+/// How long the lock is let go, after [`HOLD`] of writing, for other processes' writes.
+const PAUSE: Duration = Duration::from_millis(3);
+
+/// How often a write looks again at a lock another connection holds.
+const POLL: Duration = Duration::from_millis(1);
+
+/// What a write answers: the statement's first row, or how many rows it changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Want {
+    Row,
+    Count,
+}
+
+/// A write's answer, as [`Want`] asked.
+#[derive(Debug)]
+pub(super) enum Written {
+    Row(Option<SqliteRow>),
+    Count(u64),
+}
+
+/// The store's writes: whether one is out, the connection they go out on, and the ones waiting
+/// to go out together.
+#[derive(Debug, Default)]
+pub struct Writes(Mutex<Queue>);
+
+#[derive(Debug, Default)]
+struct Queue {
+    /// A write (or a batch) is out.
+    out: bool,
+    /// Since when writes have gone out one after another without a break (or a pause).
+    since: Option<Instant>,
+    /// The writes' connection, while none is out (opened by the first write).
+    conn: Option<SqliteConnection>,
+    waiting: Vec<Waiter>,
+}
+
+/// A write waiting, its values its own.
+#[derive(Debug)]
+struct Waiter {
+    op: &'static str,
+    sql: SqlStr,
+    args: Vec<Value<'static>>,
+    want: Want,
+    reply: oneshot::Sender<Result<Written, Error>>,
+}
+
+/// The write out (a caller's own, or a batch) and the connection it took, until this is
+/// dropped: then, however it ended (answered, failed, cancelled, its task dropped unrun), the
+/// connection goes back (unless the write dropped it) and the writes that waited meanwhile go
+/// out. Holds the store by reference for a caller's own write, owned for a batch's task.
+struct Out<S: Borrow<SqliteStore>> {
+    store: S,
+    conn: Option<SqliteConnection>,
+}
+
+impl<S: Borrow<SqliteStore>> Drop for Out<S> {
+    fn drop(&mut self) {
+        let store = self.store.borrow();
+        let mut queue = lock(&store.inner.writes.0);
+        // Not kept for a store closed meanwhile.
+        if let Some(conn) = self.conn.take().filter(|_| !store.inner.pool.is_closed()) {
+            queue.conn = Some(conn);
+        }
+        if queue.waiting.is_empty() {
+            queue.out = false;
+            queue.since = None;
+            return;
+        }
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            // Dropped outside a runtime (one shutting down): nothing can be sent, and the
+            // waiters hear so.
+            queue.out = false;
+            queue.since = None;
+            let waiting = std::mem::take(&mut queue.waiting);
+            drop(queue);
+            for waiter in waiting {
+                let error = store.unsent(waiter.op);
+                let _ = waiter.reply.send(Err(error));
+            }
+            return;
+        };
+        let take = queue.waiting.len().min(MAX_BATCH);
+        let batch: Vec<Waiter> = queue.waiting.drain(..take).collect();
+        let now = Instant::now();
+        let pause = queue.since.is_some_and(|since| now.duration_since(since) >= HOLD);
+        if pause {
+            queue.since = Some(now + PAUSE);
+        }
+        // Out from here, with the connection: a task dropped before it runs still gives it back
+        // and lets the next batch go.
+        let out = Out { store: store.clone(), conn: queue.conn.take() };
+        drop(queue);
+        rt.spawn(async move {
+            let mut out = out;
+            if pause {
+                tokio::time::sleep(PAUSE).await;
+            }
+            commit(&mut out, batch).await;
+        });
+    }
+}
+
+impl<S: Borrow<SqliteStore>> Out<S> {
+    /// The writes' connection: the one this holds, or a new one (with no busy timeout of
+    /// SQLite's: [`locked`] waits instead).
+    async fn conn(&mut self) -> Result<SqliteConnection, sqlx::Error> {
+        if let Some(conn) = self.conn.take() {
+            return Ok(conn);
+        }
+        let options = self.store.borrow().inner.pool.connect_options();
+        options.as_ref().clone().busy_timeout(Duration::ZERO).connect().await
+    }
+}
+
+/// Whether `e` says the lock was taken (`SQLITE_BUSY`, `SQLITE_LOCKED`).
+fn is_busy(e: &sqlx::Error) -> bool {
+    e.as_database_error().is_some_and(SqliteBackend::is_timeout)
+}
+
+/// One write on `conn`, answered as `want` asks.
+async fn run(
+    conn: &mut SqliteConnection,
+    sql: &SqlStr,
+    args: impl IntoIterator<Item = Value<'_>>,
+    want: Want,
+) -> Result<Written, sqlx::Error> {
+    let q = Sqlite::query(sql, args);
+    Ok(match want {
+        Want::Row => Written::Row(q.fetch_optional(conn).await?),
+        Want::Count => Written::Count(q.execute(conn).await?.rows_affected()),
+    })
+}
+
+/// `statement` (a write, or `BEGIN IMMEDIATE`) on `conn`, looked at again every [`POLL`] while
+/// the lock is taken, until `timeout` has passed: a statement that found the lock taken did
+/// nothing.
+async fn locked<'a>(
+    conn: &mut SqliteConnection,
+    timeout: Duration,
+    sql: &SqlStr,
+    args: &'a [Value<'a>],
+    want: Want,
+) -> Result<Written, sqlx::Error> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match run(conn, sql, args.iter().map(Value::borrowed), want).await {
+            Err(e) if is_busy(&e) && Instant::now() + POLL < deadline => tokio::time::sleep(POLL).await,
+            answer => return answer,
+        }
+    }
+}
+
+/// The writes of `batch`, in one transaction (alone in autocommit when it is one), on `out`'s
+/// connection.
+async fn commit(out: &mut Out<SqliteStore>, batch: Vec<Waiter>) {
+    let store = out.store.clone();
+    let mut conn = match out.conn().await {
+        Ok(conn) => conn,
+        Err(e) => return answer_all(&store, batch, e),
+    };
+    if batch.len() == 1 {
+        one_by_one(&store, &mut conn, batch).await;
+        out.conn = Some(conn);
+        return;
+    }
+    let begin = crate::store::sql::statements::sql("BEGIN IMMEDIATE".to_owned());
+    if let Err(e) = locked(&mut conn, store.inner.timeout, &begin, &[], Want::Count).await {
+        out.conn = Some(conn);
+        return answer_all(&store, batch, e);
+    }
+    let mut written = Vec::with_capacity(batch.len());
+    for waiter in &batch {
+        match run(&mut conn, &waiter.sql, waiter.args.iter().map(Value::borrowed), waiter.want).await {
+            Ok(answer) => written.push(answer),
+            Err(e) => {
+                tracing::debug!(op = waiter.op, error = %e, "idempotent.sqlite: a write of a batch failed; the batch goes out again one write at a time");
+                // A connection that cannot roll back is closed, which rolls back.
+                if conn.execute("ROLLBACK").await.is_err() {
+                    drop(conn);
+                    conn = match out.conn().await {
+                        Ok(conn) => conn,
+                        Err(e) => return answer_all(&store, batch, e),
+                    };
+                }
+                one_by_one(&store, &mut conn, batch).await;
+                out.conn = Some(conn);
+                return;
+            }
+        }
+    }
+    match conn.execute("COMMIT").await {
+        Ok(_) => {
+            out.conn = Some(conn);
+            for (waiter, answer) in batch.into_iter().zip(written) {
+                let _ = waiter.reply.send(Ok(answer));
+            }
+        }
+        // Closed, which rolls back what is left of the transaction.
+        Err(e) => answer_all(&store, batch, e),
+    }
+}
+
+/// Each write of `batch` on its own, in autocommit.
+async fn one_by_one(store: &SqliteStore, conn: &mut SqliteConnection, batch: Vec<Waiter>) {
+    for waiter in batch {
+        let answer = locked(conn, store.inner.timeout, &waiter.sql, &waiter.args, waiter.want).await;
+        let _ = waiter.reply.send(answer.map_err(|e| store.error(waiter.op, e)));
+    }
+}
+
+/// Every write of `batch` answered by the error `e` of its connection, `BEGIN` or `COMMIT`.
+fn answer_all(store: &SqliteStore, batch: Vec<Waiter>, e: sqlx::Error) {
+    let e = Arc::new(e);
+    for waiter in batch {
+        let _ = waiter.reply.send(Err(store.error(waiter.op, e.clone())));
+    }
+}
+
+impl SqliteStore {
+    /// Runs the write `sql` with `args`: at once when none of the store's writes is out, or
+    /// else with the others that arrive meanwhile, in one transaction (see the
+    /// [module documentation](self)).
+    pub(super) async fn write<'a>(
+        &self,
+        op: &'static str,
+        sql: &'a SqlStr,
+        args: impl IntoIterator<Item = Value<'a>>,
+        want: Want,
+    ) -> Result<Written, Failed> {
+        if self.inner.pool.is_closed() {
+            return Err(Failed::not_sent(self.error(op, sqlx::Error::PoolClosed)));
+        }
+        let args: Vec<Value<'a>> = args.into_iter().collect();
+        let waiting = {
+            let mut queue = lock(&self.inner.writes.0);
+            if queue.out {
+                let (reply, waiting) = oneshot::channel();
+                let args = args.into_iter().map(Value::into_owned).collect();
+                queue.waiting.push(Waiter { op, sql: sql.clone(), args, want, reply });
+                Err(waiting)
+            } else {
+                queue.out = true;
+                queue.since = Some(Instant::now());
+                Ok((queue.conn.take(), args))
+            }
+        };
+        match waiting {
+            Ok((conn, args)) => {
+                let mut out = Out { store: self, conn };
+                let mut conn = out.conn().await.map_err(|e| Failed::not_sent(self.error(op, e)))?;
+                // Dropped here with the future if the caller gives up: closed, not reused.
+                let answer = locked(&mut conn, self.inner.timeout, sql, &args, want).await;
+                out.conn = Some(conn);
+                drop(out);
+                answer.map_err(|e| Failed::not_sent(self.error(op, e)))
+            }
+            Err(waiting) => match waiting.await {
+                Ok(answer) => answer.map_err(Failed::not_sent),
+                // Its batch's task was dropped (its runtime shut down): the write may have run.
+                Err(_) => Err(Failed { error: self.unsent(op), effect: Effect::Unknown }),
+            },
+        }
+    }
+
+    /// Closes the writes' connection (the pool is closed already: no write opens another).
+    pub(super) async fn close_writes(&self) {
+        let conn = lock(&self.inner.writes.0).conn.take();
+        if let Some(conn) = conn {
+            let _ = sqlx::Connection::close(conn).await;
+        }
+    }
+
+    /// What a waiting write hears when its batch could not run to its end.
+    fn unsent(&self, op: &'static str) -> Error {
+        Error::Unavailable {
+            store: self.inner.describe.clone(),
+            op,
+            reason: "the write's batch did not run to its end: its runtime shut down".into(),
+            source: None,
+        }
+    }
+}
