@@ -282,7 +282,7 @@ async fn two_processes_of_32_tasks_run_each_action_once() {
         child.stdin.take().unwrap().write_all(b"go\n").await.unwrap();
     }
     let mut results: HashMap<String, Vec<String>> = HashMap::new();
-    for (mut child, mut stdout) in [a, b].into_iter().zip(outs) {
+    for (child, mut stdout) in [a, b].into_iter().zip(outs) {
         let mut rest = Vec::new();
         stdout.read_to_end(&mut rest).await.unwrap();
         let mut out = child.wait_with_output().await.unwrap();
