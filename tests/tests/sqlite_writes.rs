@@ -8,13 +8,14 @@ use std::time::Duration;
 
 use idempotent_core::record::{Acquire, Labels, Transition};
 use idempotent_core::{Error, SqliteStore, Store};
+use idempotent_tests::sql::{SqlDb, SqliteBackend};
 use idempotent_tests::sql_store::{FP, KEEP, LEASE, key};
-use sqlx::{Connection, SqliteConnection};
+use sqlx::SqliteConnection;
 use tempfile::TempDir;
 
 /// A plain sqlx connection on the file, outside any store.
 async fn raw(path: &Path) -> SqliteConnection {
-    SqliteConnection::connect(&format!("sqlite://{}?mode=rwc", path.display())).await.unwrap()
+    SqliteBackend::connect(&format!("sqlite://{}", path.display())).await
 }
 
 /// Lets every task spawned so far on this current-thread runtime run until it waits: each
