@@ -110,7 +110,7 @@ impl<B: Backend> SqlStore<B> {
             }
         }
         for _ in 0..ACQUIRE_TRIES {
-            // The values are bound before the statement's future is made, and not kept in ours.
+            // The values borrow the caller's; a write that waits to go out copies them.
             let args = [
                 Value::Bytes(&key.as_bytes()[..]),
                 Value::Bytes(&fp.as_bytes()[..]),

@@ -93,6 +93,7 @@ impl SqliteStoreBuilder {
         };
         let store = SqliteStore::on(pool, describe, Table::new(None, self.table), busy_timeout, None);
         store.migrate().await?;
+        store.choose_writes().await?;
         Ok(store)
     }
 }
@@ -159,9 +160,11 @@ impl SqlStore<SqliteBackend> {
     /// the transactions of [`Step::run_in_transaction`](crate::Step::run_in_transaction) then
     /// share one pool and one file.
     ///
-    /// The pool's settings are kept as they are (its size, its timeouts, its `busy_timeout`); the
-    /// store's own writes go out on one connection more, opened with the pool's connect options,
-    /// which waits for the write lock up to that busy timeout. One requirement: its connections sync every commit (`synchronous = FULL` or `EXTRA`; sqlx's
+    /// The pool's settings are kept as they are (its size, its timeouts, its `busy_timeout`). On a
+    /// file in WAL mode the store's own writes go out on one connection more, opened with the
+    /// pool's connect options (not its `after_connect` hook), which waits for the write lock up
+    /// to that busy timeout; otherwise (the rollback journal, an in-memory database) they run on
+    /// the pool. One requirement: its connections sync every commit (`synchronous = FULL` or `EXTRA`; sqlx's
     /// default is `FULL`). With `NORMAL` or `OFF` a power loss can undo a committed `done`, and the
     /// step runs again: [`connect`](SqliteStoreBuilder::connect) then fails with an
     /// [`Error::Config`] saying how to set it. WAL mode

@@ -7,12 +7,15 @@
 //!   write statement takes the file's one write lock whatever it changes, and a row written with
 //!   its own values writes no page. In `excluded`, the row the statement would insert, `fence`
 //!   holds the clock, so `excluded.fence` is "now" throughout the statement.
-//! - The store's writes go out one at a time on a connection of their own, and together under
-//!   load, in one transaction synced once (`writes.rs`). A write waits for another
-//!   connection's (or process's) write lock up to the busy timeout, looking again every
-//!   millisecond; reads wait for a connection of the pool as long (`SQLITE_BUSY` and
-//!   `SQLITE_LOCKED`, and a pool that stayed busy, are [`Error::Timeout`]). A failed statement
-//!   changed nothing (the file is local: no reply is lost).
+//! - On a file in WAL mode, the store's writes go out one at a time on a connection of their
+//!   own, and together under load, in one transaction synced once (`writes.rs`); on an
+//!   application's pool in the rollback journal or in memory, each runs on the pool. A write
+//!   waits for another connection's (or process's) write lock up to the busy timeout (on its
+//!   own connection looking again every millisecond, on the pool in SQLite's busy handler);
+//!   reads wait for a connection of the pool as long (`SQLITE_BUSY` and `SQLITE_LOCKED`, and a
+//!   pool that stayed busy, are [`Error::Timeout`]). A failed statement changed nothing (the
+//!   file is local: no reply is lost); a write is stepped to its end, so that its commit's
+//!   error is its answer.
 //! - The purge sweeps by `rowid`, 256 rows a batch (there is no index on `expires_at`).
 //! - A step's transaction is `BEGIN IMMEDIATE`, and the lease is not renewed while it holds the
 //!   write lock; migrations take the same lock.

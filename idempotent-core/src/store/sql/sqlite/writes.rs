@@ -27,18 +27,28 @@
 //! application's own transactions on the pool keep SQLite's busy handler, and find the lock free
 //! at more of their looks for the pauses; reads never wait here.
 //!
-//! A batch runs in a task of its own, so that a caller that gives up never strands the others;
-//! a write that waits goes out even if its caller gave up (as a statement sent would have run).
-//! A caller that gives up while its own write is out closes the connection (the next write opens
-//! another), so that no statement of a dropped future is left on it.
+//! Every write is bounded by the store's timeout from when it was made, waiting in the queue
+//! included: one whose time ran out before its batch began is answered [`Error::Timeout`] and
+//! does not go out. A batch runs in a task of its own, so that a caller that gives up never
+//! strands the others; a write that waits goes out even if its caller gave up (as a statement
+//! sent would have run). A caller that gives up while its own write is out closes the
+//! connection (the next write opens another), so that no statement of a dropped future is left
+//! on it. `close` waits for the write out, answers those waiting with the pool's closed error,
+//! and closes the connection; no write goes out after it.
+//!
+//! Only a file in WAL mode is written this way (the store's own pool always is; an application's
+//! pool may not be). In the rollback journal a commit needs every reader gone, which a batch
+//! would wait on for all its writes, and an in-memory database is not reachable from a second
+//! connection: there each write runs on the pool, in autocommit, as before.
 
 use std::borrow::Borrow;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sqlx::sqlite::{SqliteConnection, SqliteRow};
+use sqlx::sqlite::{SqliteConnection, SqlitePool, SqliteRow};
 use sqlx::{ConnectOptions, Executor, SqlStr, Sqlite};
-use tokio::sync::oneshot;
+use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
 use super::{SqliteBackend, SqliteStore};
@@ -74,10 +84,15 @@ pub(super) enum Written {
     Count(u64),
 }
 
-/// The store's writes: whether one is out, the connection they go out on, and the ones waiting
-/// to go out together.
+/// The store's writes: whether they go out together (a file in WAL mode), whether one is out,
+/// the connection they go out on, and the ones waiting to go out together.
 #[derive(Debug, Default)]
-pub struct Writes(Mutex<Queue>);
+pub struct Writes {
+    grouped: AtomicBool,
+    queue: Mutex<Queue>,
+    /// Told when no write is out any more (`close` waits for it).
+    idle: Notify,
+}
 
 #[derive(Debug, Default)]
 struct Queue {
@@ -94,6 +109,8 @@ struct Queue {
 #[derive(Debug)]
 struct Waiter {
     op: &'static str,
+    /// The store's timeout from when the write was made.
+    deadline: Instant,
     sql: SqlStr,
     args: Vec<Value<'static>>,
     want: Want,
@@ -112,29 +129,37 @@ struct Out<S: Borrow<SqliteStore>> {
 impl<S: Borrow<SqliteStore>> Drop for Out<S> {
     fn drop(&mut self) {
         let store = self.store.borrow();
-        let mut queue = lock(&store.inner.writes.0);
+        let writes = &store.inner.writes;
+        let mut queue = lock(&writes.queue);
+        let closed = store.inner.pool.is_closed();
         // Not kept for a store closed meanwhile.
-        if let Some(conn) = self.conn.take().filter(|_| !store.inner.pool.is_closed()) {
+        if let Some(conn) = self.conn.take().filter(|_| !closed) {
             queue.conn = Some(conn);
         }
         if queue.waiting.is_empty() {
             queue.out = false;
             queue.since = None;
+            drop(queue);
+            writes.idle.notify_waiters();
             return;
         }
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            // Dropped outside a runtime (one shutting down): nothing can be sent, and the
-            // waiters hear so.
+        let rt = tokio::runtime::Handle::try_current();
+        if closed || rt.is_err() {
+            // A closed store, or dropped outside a runtime (one shutting down): nothing goes
+            // out, and the waiters hear why.
             queue.out = false;
             queue.since = None;
             let waiting = std::mem::take(&mut queue.waiting);
             drop(queue);
+            writes.idle.notify_waiters();
             for waiter in waiting {
-                let error = store.unsent(waiter.op);
+                let error =
+                    if closed { store.error(waiter.op, sqlx::Error::PoolClosed) } else { store.unsent(waiter.op) };
                 let _ = waiter.reply.send(Err(error));
             }
             return;
-        };
+        }
+        let Ok(rt) = rt else { return };
         let take = queue.waiting.len().min(MAX_BATCH);
         let batch: Vec<Waiter> = queue.waiting.drain(..take).collect();
         let now = Instant::now();
@@ -163,7 +188,11 @@ impl<S: Borrow<SqliteStore>> Out<S> {
         if let Some(conn) = self.conn.take() {
             return Ok(conn);
         }
-        let options = self.store.borrow().inner.pool.connect_options();
+        let pool = &self.store.borrow().inner.pool;
+        if pool.is_closed() {
+            return Err(sqlx::Error::PoolClosed);
+        }
+        let options = pool.connect_options();
         options.as_ref().clone().busy_timeout(Duration::ZERO).connect().await
     }
 }
@@ -182,22 +211,22 @@ async fn run(
 ) -> Result<Written, sqlx::Error> {
     let q = Sqlite::query(sql, args);
     Ok(match want {
-        Want::Row => Written::Row(q.fetch_optional(conn).await?),
+        // Stepped to its end (not stopped at the first row), so that an error of the statement's
+        // own commit is the answer, not dropped with the statement.
+        Want::Row => Written::Row(q.fetch_all(conn).await?.into_iter().next()),
         Want::Count => Written::Count(q.execute(conn).await?.rows_affected()),
     })
 }
 
 /// `statement` (a write, or `BEGIN IMMEDIATE`) on `conn`, looked at again every [`POLL`] while
-/// the lock is taken, until `timeout` has passed: a statement that found the lock taken did
-/// nothing.
+/// the lock is taken, until `deadline`: a statement that found the lock taken did nothing.
 async fn locked<'a>(
     conn: &mut SqliteConnection,
-    timeout: Duration,
+    deadline: Instant,
     sql: &SqlStr,
     args: &'a [Value<'a>],
     want: Want,
 ) -> Result<Written, sqlx::Error> {
-    let deadline = Instant::now() + timeout;
     loop {
         match run(conn, sql, args.iter().map(Value::borrowed), want).await {
             Err(e) if is_busy(&e) && Instant::now() + POLL < deadline => tokio::time::sleep(POLL).await,
@@ -206,10 +235,31 @@ async fn locked<'a>(
     }
 }
 
+/// One write on a connection of `pool`, as each went out before (a file not in WAL mode).
+async fn run_on_pool<'a>(
+    pool: &SqlitePool,
+    sql: &'a SqlStr,
+    args: impl IntoIterator<Item = Value<'a>>,
+    want: Want,
+) -> Result<Written, sqlx::Error> {
+    let mut conn = pool.acquire().await?;
+    run(&mut conn, sql, args, want).await
+}
+
 /// The writes of `batch`, in one transaction (alone in autocommit when it is one), on `out`'s
 /// connection.
 async fn commit(out: &mut Out<SqliteStore>, batch: Vec<Waiter>) {
     let store = out.store.clone();
+    if store.inner.pool.is_closed() {
+        return answer_all(&store, batch, sqlx::Error::PoolClosed);
+    }
+    // Those whose time ran out while they waited do not go out.
+    let now = Instant::now();
+    let (batch, late): (Vec<Waiter>, Vec<Waiter>) = batch.into_iter().partition(|w| w.deadline > now);
+    for waiter in late {
+        let _ = waiter.reply.send(Err(store.timed_out(waiter.op)));
+    }
+    let Some(first) = batch.iter().map(|w| w.deadline).min() else { return };
     let mut conn = match out.conn().await {
         Ok(conn) => conn,
         Err(e) => return answer_all(&store, batch, e),
@@ -220,7 +270,7 @@ async fn commit(out: &mut Out<SqliteStore>, batch: Vec<Waiter>) {
         return;
     }
     let begin = crate::store::sql::statements::sql("BEGIN IMMEDIATE".to_owned());
-    if let Err(e) = locked(&mut conn, store.inner.timeout, &begin, &[], Want::Count).await {
+    if let Err(e) = locked(&mut conn, first, &begin, &[], Want::Count).await {
         out.conn = Some(conn);
         return answer_all(&store, batch, e);
     }
@@ -259,8 +309,14 @@ async fn commit(out: &mut Out<SqliteStore>, batch: Vec<Waiter>) {
 /// Each write of `batch` on its own, in autocommit.
 async fn one_by_one(store: &SqliteStore, conn: &mut SqliteConnection, batch: Vec<Waiter>) {
     for waiter in batch {
-        let answer = locked(conn, store.inner.timeout, &waiter.sql, &waiter.args, waiter.want).await;
-        let _ = waiter.reply.send(answer.map_err(|e| store.error(waiter.op, e)));
+        let answer = if waiter.deadline > Instant::now() {
+            locked(conn, waiter.deadline, &waiter.sql, &waiter.args, waiter.want)
+                .await
+                .map_err(|e| store.error(waiter.op, e))
+        } else {
+            Err(store.timed_out(waiter.op))
+        };
+        let _ = waiter.reply.send(answer);
     }
 }
 
@@ -283,16 +339,22 @@ impl SqliteStore {
         args: impl IntoIterator<Item = Value<'a>>,
         want: Want,
     ) -> Result<Written, Failed> {
-        if self.inner.pool.is_closed() {
-            return Err(Failed::not_sent(self.error(op, sqlx::Error::PoolClosed)));
+        if !self.inner.writes.grouped.load(Ordering::Relaxed) {
+            let answer = run_on_pool(&self.inner.pool, sql, args, want).await;
+            return answer.map_err(|e| Failed::not_sent(self.error(op, e)));
         }
+        let deadline = Instant::now() + self.inner.timeout;
         let args: Vec<Value<'a>> = args.into_iter().collect();
         let waiting = {
-            let mut queue = lock(&self.inner.writes.0);
+            let mut queue = lock(&self.inner.writes.queue);
+            // Under the lock: `close` waits for the write out, so none begins after it.
+            if self.inner.pool.is_closed() {
+                return Err(Failed::not_sent(self.error(op, sqlx::Error::PoolClosed)));
+            }
             if queue.out {
                 let (reply, waiting) = oneshot::channel();
                 let args = args.into_iter().map(Value::into_owned).collect();
-                queue.waiting.push(Waiter { op, sql: sql.clone(), args, want, reply });
+                queue.waiting.push(Waiter { op, deadline, sql: sql.clone(), args, want, reply });
                 Err(waiting)
             } else {
                 queue.out = true;
@@ -305,7 +367,7 @@ impl SqliteStore {
                 let mut out = Out { store: self, conn };
                 let mut conn = out.conn().await.map_err(|e| Failed::not_sent(self.error(op, e)))?;
                 // Dropped here with the future if the caller gives up: closed, not reused.
-                let answer = locked(&mut conn, self.inner.timeout, sql, &args, want).await;
+                let answer = locked(&mut conn, deadline, sql, &args, want).await;
                 out.conn = Some(conn);
                 drop(out);
                 answer.map_err(|e| Failed::not_sent(self.error(op, e)))
@@ -318,12 +380,36 @@ impl SqliteStore {
         }
     }
 
-    /// Closes the writes' connection (the pool is closed already: no write opens another).
+    /// Waits for the write out, then closes the writes' connection (the pool is closed
+    /// already: no write begins after it, and those waiting were answered).
     pub(super) async fn close_writes(&self) {
-        let conn = lock(&self.inner.writes.0).conn.take();
+        let writes = &self.inner.writes;
+        let conn = loop {
+            let idle = writes.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            {
+                let mut queue = lock(&writes.queue);
+                if !queue.out {
+                    break queue.conn.take();
+                }
+            }
+            idle.await;
+        };
         if let Some(conn) = conn {
             let _ = sqlx::Connection::close(conn).await;
         }
+    }
+
+    /// Whether the file is in WAL mode, where the store's writes go out together; elsewhere each
+    /// runs on the pool (see the [module documentation](self)). Read once, when the store opens.
+    pub(super) async fn choose_writes(&self) -> Result<(), Error> {
+        let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(|e| self.error("open", e))?;
+        self.inner.writes.grouped.store(mode.eq_ignore_ascii_case("wal"), Ordering::Relaxed);
+        Ok(())
     }
 
     /// What a waiting write hears when its batch could not run to its end.
