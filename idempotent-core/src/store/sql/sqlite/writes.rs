@@ -46,7 +46,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sqlx::sqlite::{SqliteConnection, SqlitePool, SqliteRow};
+use sqlx::sqlite::{SqliteConnection, SqlitePool, SqliteRow, SqliteSynchronous};
 use sqlx::{ConnectOptions, Executor, SqlStr, Sqlite};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
@@ -183,7 +183,7 @@ impl<S: Borrow<SqliteStore>> Drop for Out<S> {
 
 impl<S: Borrow<SqliteStore>> Out<S> {
     /// The writes' connection: the one this holds, or a new one (with no busy timeout of
-    /// SQLite's: [`locked`] waits instead).
+    /// SQLite's: [`locked`] waits instead; and `synchronous = FULL`).
     async fn conn(&mut self) -> Result<SqliteConnection, sqlx::Error> {
         if let Some(conn) = self.conn.take() {
             return Ok(conn);
@@ -193,7 +193,11 @@ impl<S: Borrow<SqliteStore>> Out<S> {
             return Err(sqlx::Error::PoolClosed);
         }
         let options = pool.connect_options();
-        options.as_ref().clone().busy_timeout(Duration::ZERO).connect().await
+        // FULL whatever the options say: the pool was checked to sync every commit, but perhaps
+        // by its `after_connect` hook, which this connection does not run (in WAL mode, EXTRA
+        // syncs no more than FULL).
+        let options = options.as_ref().clone().busy_timeout(Duration::ZERO).synchronous(SqliteSynchronous::Full);
+        options.connect().await
     }
 }
 
