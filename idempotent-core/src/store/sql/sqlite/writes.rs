@@ -24,8 +24,9 @@
 //! lets the lock go for [`PAUSE`] before its next one, so that another process's store, looking
 //! every [`POLL`], takes it within about [`HOLD`] however busy this one is (the pause costs at
 //! most 3 ms in 23 of write time, and only while the store writes without a break). The
-//! application's own transactions on the pool keep SQLite's busy handler, and find the lock free
-//! at more of their looks for the pauses; reads never wait here.
+//! application's own transactions on the pool (a step's that commits with its record, a
+//! migration), the purge and the versioned state's commits keep SQLite's busy handler, and find
+//! the lock free at more of their looks for the pauses; reads never wait here.
 //!
 //! Every write is bounded by the store's timeout from when it was made, waiting in the queue
 //! included: one whose time ran out before its batch began is answered [`Error::Timeout`] and
