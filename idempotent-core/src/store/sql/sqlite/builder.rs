@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous};
 
-use super::{SqliteBackend, SqliteStore};
+use super::{SqliteBackend, SqliteStore, writes};
 use crate::error::Error;
 use crate::store::sql::migrate::plain_table_name;
 use crate::store::sql::table::Table;
@@ -74,15 +74,26 @@ impl SqliteStoreBuilder {
                     .journal_mode(SqliteJournalMode::Wal)
                     .synchronous(SqliteSynchronous::Full)
                     .busy_timeout(self.busy_timeout);
-                let pool = SqlitePoolOptions::new()
+                let pool_options = SqlitePoolOptions::new()
                     .max_connections(self.max_connections)
                     .min_connections(0)
                     .acquire_timeout(self.busy_timeout)
                     // A connection to a local file does not go stale: no ping before each statement.
-                    .test_before_acquire(false)
-                    .connect_with(options)
-                    .await
-                    .map_err(|e| SqliteBackend::error(&describe, "open", self.busy_timeout, e))?;
+                    .test_before_acquire(false);
+                // Several stores (or processes) opening a new file at once race to turn it to WAL
+                // mode, which SQLite answers `SQLITE_BUSY` at once rather than in its busy
+                // handler: looked at again until the busy timeout.
+                let deadline = tokio::time::Instant::now() + self.busy_timeout;
+                let pool = loop {
+                    match pool_options.clone().connect_with(options.clone()).await {
+                        Err(e) if writes::is_busy(&e) && tokio::time::Instant::now() + writes::POLL < deadline => {
+                            tokio::time::sleep(writes::POLL).await;
+                        }
+                        answer => {
+                            break answer.map_err(|e| SqliteBackend::error(&describe, "open", self.busy_timeout, e))?;
+                        }
+                    }
+                };
                 (pool, describe, self.busy_timeout)
             }
             Target::Pool(pool) => {

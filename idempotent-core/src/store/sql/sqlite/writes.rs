@@ -69,7 +69,7 @@ const HOLD: Duration = Duration::from_millis(20);
 const PAUSE: Duration = Duration::from_millis(3);
 
 /// How often a write looks again at a lock another connection holds.
-const POLL: Duration = Duration::from_millis(1);
+pub(super) const POLL: Duration = Duration::from_millis(1);
 
 /// What a write answers: the statement's first row, or how many rows it changed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -203,7 +203,7 @@ impl<S: Borrow<SqliteStore>> Out<S> {
 }
 
 /// Whether `e` says the lock was taken (`SQLITE_BUSY`, `SQLITE_LOCKED`).
-fn is_busy(e: &sqlx::Error) -> bool {
+pub(super) fn is_busy(e: &sqlx::Error) -> bool {
     e.as_database_error().is_some_and(SqliteBackend::is_timeout)
 }
 
@@ -409,10 +409,15 @@ impl SqliteStore {
     /// Whether the file is in WAL mode, where the store's writes go out together; elsewhere each
     /// runs on the pool (see the [module documentation](self)). Read once, when the store opens.
     pub(super) async fn choose_writes(&self) -> Result<(), Error> {
-        let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
-            .fetch_one(&self.inner.pool)
-            .await
-            .map_err(|e| self.error("open", e))?;
+        // Looked at again while the file is busy: a store opening beside others on a new file
+        // can find it so at once (SQLite's busy handler does not wait for every lock).
+        let deadline = Instant::now() + self.inner.timeout;
+        let mode: String = loop {
+            match sqlx::query_scalar("PRAGMA journal_mode").fetch_one(&self.inner.pool).await {
+                Err(e) if is_busy(&e) && Instant::now() + POLL < deadline => tokio::time::sleep(POLL).await,
+                answer => break answer.map_err(|e| self.error("open", e))?,
+            }
+        };
         self.inner.writes.grouped.store(mode.eq_ignore_ascii_case("wal"), Ordering::Relaxed);
         Ok(())
     }
