@@ -62,10 +62,10 @@
 //!
 //! Every call of the [`Store`](crate::Store) trait is one statement (acquire: one or two), in
 //! autocommit on a connection taken from the pool for that statement only and given back before
-//! the answer is, so no connection is held while the caller's action runs. SQLite's writes are
-//! the exception in how they go out, not in what they do: they go out one at a time on a
-//! connection the store keeps for them, and those that arrive while one is out go out together in
-//! one transaction, synced once (group commit; `sqlite/writes.rs`). Time is the database's,
+//! the answer is, so no connection is held while the caller's action runs. SQLite's writes on a
+//! file in WAL mode are the exception in how they go out, not in what they do: they go out one
+//! at a time on a connection the store keeps for them, and those that arrive while one is out go
+//! out together in one transaction, synced once (group commit; `sqlite/writes.rs`). Time is the database's,
 //! read inside each statement and fixed for it (SQLite: `unixepoch('subsec')`, the host clock;
 //! PostgreSQL: `statement_timestamp()`), never the caller's. Fences are
 //! `greatest(previous fence + 1, now in µs)`, so they grow per key also after the row was purged, unless the clock steps
