@@ -7,6 +7,7 @@
 //! and run so that machine noise hits both sides alike. See `BENCHMARKS.md` at the repository
 //! root for the commands and the figures.
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -288,6 +289,77 @@ impl Rounds {
     pub fn calls(&self) -> u64 {
         self.samples.iter().map(|s| s.calls).sum()
     }
+}
+
+/// One row's rounds of an [`interleaved`] run, with the process's CPU time over them.
+#[derive(Debug, Clone)]
+pub struct Measured<R> {
+    /// The row.
+    pub row: R,
+    /// Its rounds.
+    pub rounds: Rounds,
+    /// The process's CPU time over its measured calls (warm-ups not counted).
+    pub cpu: Duration,
+}
+
+impl<R> Measured<R> {
+    /// The process's CPU time per call, in microseconds.
+    pub fn cpu_per_call_us(&self) -> f64 {
+        self.cpu.as_secs_f64() * 1e6 / self.rounds.calls() as f64
+    }
+
+    /// The cells every bench table shows for a row, `|`-separated: the median rate, the
+    /// rounds' lowest and highest, p50 and p99 (µs), and the CPU time per call (µs).
+    pub fn cells(&self) -> String {
+        let (lo, hi) = self.rounds.rate_range();
+        format!(
+            "{} | {}–{} | {:.0} | {:.0} | {:.1}",
+            fmt_rate(self.rounds.median_rate()),
+            fmt_rate(lo),
+            fmt_rate(hi),
+            self.rounds.quantile_us(0.50),
+            self.rounds.quantile_us(0.99),
+            self.cpu_per_call_us()
+        )
+    }
+}
+
+/// Measures `rows` (each with its index in the bench's list of rows, and its label) at every
+/// concurrency, round by round: every row once, then every row again, `rounds` times.
+/// `measure(concurrency, row, measured)` makes one run of calls and returns its sample: a
+/// warm-up (`measured` false) and then the measured run, whose rate is printed to stderr.
+/// Answers the rows keyed by (concurrency, index).
+pub fn interleaved<R: Copy>(
+    rounds: usize,
+    concurrencies: &[usize],
+    rows: &[(usize, R, &str)],
+    unit: &str,
+    mut measure: impl FnMut(usize, R, bool) -> Sample,
+) -> BTreeMap<(usize, usize), Measured<R>> {
+    let mut table = BTreeMap::new();
+    for round in 0..rounds {
+        for &concurrency in concurrencies {
+            for &(idx, row, label) in rows {
+                measure(concurrency, row, false);
+                let cpu0 = process_cpu();
+                let sample = measure(concurrency, row, true);
+                let cpu = process_cpu().saturating_sub(cpu0);
+                eprintln!(
+                    "round {}/{rounds} c={concurrency:<3} {label:<58} {:>9} {unit}",
+                    round + 1,
+                    fmt_rate(sample.rate())
+                );
+                let entry = table.entry((concurrency, idx)).or_insert_with(|| Measured {
+                    row,
+                    rounds: Rounds::default(),
+                    cpu: Duration::ZERO,
+                });
+                entry.rounds.push(sample);
+                entry.cpu += cpu;
+            }
+        }
+    }
+    table
 }
 
 /// The `q` quantile of latencies given in nanoseconds, in microseconds (sorts `ns`).

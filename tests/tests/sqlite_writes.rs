@@ -12,6 +12,7 @@ use idempotent_tests::sql::{SqlDb, SqliteBackend};
 use idempotent_tests::sql_store::{FP, KEEP, LEASE, key};
 use sqlx::SqliteConnection;
 use tempfile::TempDir;
+use tokio::task::JoinHandle;
 
 /// A plain sqlx connection on the file, outside any store.
 async fn raw(path: &Path) -> SqliteConnection {
@@ -24,6 +25,27 @@ async fn let_spawned_tasks_run() {
     for _ in 0..8 {
         tokio::task::yield_now().await;
     }
+}
+
+/// An acquire of each key of `keys`, each in a task of its own.
+fn spawn_acquires(store: &SqliteStore, keys: std::ops::Range<u8>) -> Vec<JoinHandle<Result<Acquire, Error>>> {
+    keys.map(|n| {
+        let store = store.clone();
+        tokio::spawn(async move { store.acquire(&key(n), &FP, LEASE, KEEP).await })
+    })
+    .collect()
+}
+
+/// Takes key `n` (it must be free) and completes it with `result`.
+async fn take_and_complete(store: &SqliteStore, n: u8, result: &'static [u8]) {
+    let Acquire::Acquired(grant) = store.acquire(&key(n), &FP, LEASE, KEEP).await.unwrap() else { panic!("not free") };
+    let done = store.complete(&key(n), &grant.token, bytes::Bytes::from_static(result), KEEP).await;
+    assert_eq!(done.unwrap(), Transition::Ok);
+}
+
+/// The records in the file.
+async fn records(conn: &mut SqliteConnection) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM idempotent_records").fetch_one(conn).await.unwrap()
 }
 
 /// The step label of the writes the trigger below refuses.
@@ -75,8 +97,7 @@ async fn a_failing_write_of_a_batch_answers_its_own_caller_only() {
             assert!(matches!(answer, Ok(Acquire::Acquired(_))), "write {n}: {answer:?}");
         }
     }
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotent_records").fetch_one(&mut holder).await.unwrap();
-    assert_eq!(rows, 31, "every write but the refused one");
+    assert_eq!(records(&mut holder).await, 31, "every write but the refused one");
     let (writes, keys): (i64, i64) =
         sqlx::query_as("SELECT count(*), count(DISTINCT key) FROM written").fetch_one(&mut holder).await.unwrap();
     assert_eq!((writes, keys), (31, 31), "each write took effect once (the rolled-back batch's not at all)");
@@ -100,12 +121,7 @@ async fn writes_that_wait_together_share_one_commit() {
     sqlx::raw_sql("PRAGMA wal_checkpoint(TRUNCATE)").execute(&mut holder).await.unwrap();
     assert_eq!(wal_frames(&mut holder).await, 0);
     sqlx::raw_sql("BEGIN IMMEDIATE").execute(&mut holder).await.unwrap();
-    let calls: Vec<_> = (0..32u8)
-        .map(|n| {
-            let store = store.clone();
-            tokio::spawn(async move { store.acquire(&key(n), &FP, LEASE, KEEP).await })
-        })
-        .collect();
+    let calls = spawn_acquires(&store, 0..32);
     let_spawned_tasks_run().await;
     sqlx::raw_sql("ROLLBACK").execute(&mut holder).await.unwrap();
     for (n, call) in calls.into_iter().enumerate() {
@@ -160,12 +176,8 @@ async fn writes_behind_a_lock_held_past_the_busy_timeout_all_time_out() {
     let store = SqliteStore::builder(&path).busy_timeout(TIMEOUT).connect().await.unwrap();
     let mut holder = raw(&path).await;
     sqlx::raw_sql("BEGIN IMMEDIATE").execute(&mut holder).await.unwrap();
-    let mut calls = Vec::new();
     let started = std::time::Instant::now();
-    for n in 0..8u8 {
-        let store = store.clone();
-        calls.push(tokio::spawn(async move { store.acquire(&key(n), &FP, LEASE, KEEP).await }));
-    }
+    let calls = spawn_acquires(&store, 0..8);
     for (n, call) in calls.into_iter().enumerate() {
         let err = call.await.unwrap().unwrap_err();
         assert!(matches!(err, Error::Timeout { op: "acquire", .. }), "write {n}: {err:?}");
@@ -187,12 +199,7 @@ async fn close_waits_for_the_write_out_and_stops_those_waiting() {
     let store = SqliteStore::connect(&path).await.unwrap();
     let mut holder = raw(&path).await;
     sqlx::raw_sql("BEGIN IMMEDIATE").execute(&mut holder).await.unwrap();
-    let calls: Vec<_> = (0..10u8)
-        .map(|n| {
-            let store = store.clone();
-            tokio::spawn(async move { store.acquire(&key(n), &FP, LEASE, KEEP).await })
-        })
-        .collect();
+    let calls = spawn_acquires(&store, 0..10);
     let_spawned_tasks_run().await;
     let closing = tokio::spawn({
         let store = store.clone();
@@ -202,14 +209,12 @@ async fn close_waits_for_the_write_out_and_stops_those_waiting() {
     assert!(!closing.is_finished(), "close returned while a write was out");
     sqlx::raw_sql("ROLLBACK").execute(&mut holder).await.unwrap();
     closing.await.unwrap();
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotent_records").fetch_one(&mut holder).await.unwrap();
-    assert_eq!(rows, 1, "close returned before the write out was committed");
+    assert_eq!(records(&mut holder).await, 1, "close returned before the write out was committed");
     let answers: Vec<_> = futures_util::future::join_all(calls).await.into_iter().map(Result::unwrap).collect();
     let taken = answers.iter().filter(|a| matches!(a, Ok(Acquire::Acquired(_)))).count();
     assert_eq!(taken, 1, "the write out when close began, and only it: {answers:?}");
     assert!(answers.iter().filter(|a| a.is_err()).all(|a| a.as_ref().unwrap_err().is_store_failure()), "{answers:?}");
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM idempotent_records").fetch_one(&mut holder).await.unwrap();
-    assert_eq!(rows, 1, "nothing was written after close returned");
+    assert_eq!(records(&mut holder).await, 1, "nothing was written after close returned");
 }
 
 /// A closed store's writes fail at once (its writes' connection is closed with its pool), and
@@ -219,11 +224,7 @@ async fn a_closed_store_refuses_writes_and_the_next_store_reads_what_it_wrote() 
     let dir = TempDir::new().unwrap();
     let path = dir.path().join("closed.db");
     let store = SqliteStore::connect(&path).await.unwrap();
-    let Acquire::Acquired(grant) = store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap() else { panic!("not free") };
-    assert_eq!(
-        store.complete(&key(1), &grant.token, bytes::Bytes::from_static(b"7"), KEEP).await.unwrap(),
-        Transition::Ok
-    );
+    take_and_complete(&store, 1, b"7").await;
     store.close().await;
     let err = store.acquire(&key(2), &FP, LEASE, KEEP).await.unwrap_err();
     assert!(err.is_store_failure(), "{err:?}");
@@ -251,11 +252,7 @@ async fn in_the_rollback_journal_a_write_that_cannot_commit_is_an_error_not_a_ta
     let err = store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap_err();
     assert!(matches!(err, Error::Timeout { op: "acquire", .. }), "{err:?}");
     sqlx::raw_sql("COMMIT").execute(&mut reader).await.unwrap();
-    let Acquire::Acquired(grant) = store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap() else { panic!("not free") };
-    assert_eq!(
-        store.complete(&key(1), &grant.token, bytes::Bytes::from_static(b"1"), KEEP).await.unwrap(),
-        Transition::Ok
-    );
+    take_and_complete(&store, 1, b"1").await;
     assert!(matches!(store.acquire(&key(1), &FP, LEASE, KEEP).await.unwrap(), Acquire::Replay(_)));
 }
 
@@ -267,10 +264,6 @@ async fn on_an_in_memory_pool_the_writes_run_on_the_pool() {
     let options = sqlx::sqlite::SqliteConnectOptions::new().in_memory(true);
     let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect_with(options).await.unwrap();
     let store = SqliteStore::from_pool(pool).await.unwrap();
-    let Acquire::Acquired(grant) = store.acquire(&key(3), &FP, LEASE, KEEP).await.unwrap() else { panic!("not free") };
-    assert_eq!(
-        store.complete(&key(3), &grant.token, bytes::Bytes::from_static(b"3"), KEEP).await.unwrap(),
-        Transition::Ok
-    );
+    take_and_complete(&store, 3, b"3").await;
     assert!(matches!(store.acquire(&key(3), &FP, LEASE, KEEP).await.unwrap(), Acquire::Replay(b) if &b[..] == b"3"));
 }

@@ -27,7 +27,6 @@
 //! (under its 2 MiB default cap), then bodies of 8 MiB (over it: 413), with and without a
 //! `Content-Length`, reporting the peak after each phase.
 
-use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -46,8 +45,7 @@ use hyper::body::Frame;
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use idempotent_benches::{
-    REDIS_TIMEOUT, RawRedis, Refund, Rounds, RunOptions, Sample, arg, flag, fmt_rate, peak_rss_kib, process_cpu,
-    rss_kib,
+    REDIS_TIMEOUT, RawRedis, Refund, RunOptions, Sample, arg, flag, interleaved, peak_rss_kib, rss_kib,
 };
 use idempotent_core::redis::{self, Value};
 use idempotent_core::{MemoryStore, RedisStore};
@@ -275,31 +273,18 @@ fn main() {
         }
     });
 
-    let rows: Vec<(usize, Row)> =
-        Row::ALL.iter().copied().enumerate().filter(|(_, r)| r.label().contains(&only)).collect();
-    let mut table: BTreeMap<(usize, usize), (Row, Rounds, Duration)> = BTreeMap::new();
+    let rows: Vec<(usize, Row, &str)> = Row::ALL
+        .iter()
+        .copied()
+        .enumerate()
+        .filter(|(_, r)| r.label().contains(&only))
+        .map(|(idx, r)| (idx, r, r.label()))
+        .collect();
     let started = Instant::now();
-    for round in 0..rounds {
-        for &concurrency in &concurrencies {
-            for &(idx, row) in &rows {
-                let addr = servers.addr(row);
-                rt.block_on(load(addr, concurrency, warmup, row.keys(), body.clone(), StatusCode::CREATED));
-                let cpu0 = process_cpu();
-                let sample =
-                    rt.block_on(load(addr, concurrency, duration, row.keys(), body.clone(), StatusCode::CREATED));
-                let cpu = process_cpu().saturating_sub(cpu0);
-                eprintln!(
-                    "round {}/{rounds} c={concurrency:<3} {:<58} {:>9} req/s",
-                    round + 1,
-                    row.label(),
-                    fmt_rate(sample.rate())
-                );
-                let entry = table.entry((concurrency, idx)).or_insert_with(|| (row, Rounds::default(), Duration::ZERO));
-                entry.1.push(sample);
-                entry.2 += cpu;
-            }
-        }
-    }
+    let table = interleaved(rounds, &concurrencies, &rows, "req/s", |concurrency, row, measured| {
+        let time = if measured { duration } else { warmup };
+        rt.block_on(load(servers.addr(row), concurrency, time, row.keys(), body.clone(), StatusCode::CREATED))
+    });
 
     println!(
         "\nhttp_bench: axum on 127.0.0.1, HTTP/1.1 keep-alive, {}-byte JSON request body, redis-server on loopback \
@@ -310,7 +295,7 @@ fn main() {
     );
     let rate = |c: usize, row: Row| {
         let idx = Row::ALL.iter().position(|&r| r == row).unwrap();
-        table.get(&(c, idx)).map(|(_, r, _)| r.median_rate())
+        table.get(&(c, idx)).map(|m| m.rounds.median_rate())
     };
     let mut verdicts = Vec::new();
     for &concurrency in &concurrencies {
@@ -319,31 +304,20 @@ fn main() {
             "| row | requests/s (median) | min–max of rounds | p50 µs | p99 µs | process CPU µs/request | ÷ baseline |"
         );
         println!("|---|--:|--:|--:|--:|--:|--:|");
-        for ((_, _), (row, rounds, cpu)) in table.range((concurrency, 0)..(concurrency + 1, 0)) {
-            let (lo, hi) = rounds.rate_range();
-            let ratio = row.baseline().and_then(|(base, target)| {
-                let r = rate(concurrency, *row)? / rate(concurrency, base)?;
+        for m in table.range((concurrency, 0)..(concurrency + 1, 0)).map(|(_, m)| m) {
+            let ratio = m.row.baseline().and_then(|(base, target)| {
+                let r = rate(concurrency, m.row)? / rate(concurrency, base)?;
                 if let Some(t) = target {
                     verdicts.push(format!(
                         "- c={concurrency} {}: {r:.2}× {} (target ≥ {t}: {})",
-                        row.label(),
+                        m.row.label(),
                         base.label(),
                         if r >= t { "met" } else { "MISSED" }
                     ));
                 }
                 Some(format!("{r:.2} (÷ {})", short(base)))
             });
-            println!(
-                "| {} | {} | {}–{} | {:.0} | {:.0} | {:.1} | {} |",
-                row.label(),
-                fmt_rate(rounds.median_rate()),
-                fmt_rate(lo),
-                fmt_rate(hi),
-                rounds.quantile_us(0.50),
-                rounds.quantile_us(0.99),
-                cpu.as_secs_f64() * 1e6 / rounds.calls() as f64,
-                ratio.unwrap_or_default()
-            );
+            println!("| {} | {} | {} |", m.row.label(), m.cells(), ratio.unwrap_or_default());
         }
         println!();
     }

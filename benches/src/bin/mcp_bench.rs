@@ -45,13 +45,12 @@
 //! per call is the whole process's (client, server, SQLite's threads) over the measured runs. The
 //! load average (`/proc/loadavg`) is printed at the start and the end.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use idempotent_benches::mcp::{Refunds, http_client, http_service, refund_call, serve};
-use idempotent_benches::{Rounds, RunOptions, arg, closed_loop, flag, fmt_rate, process_cpu, wanted};
+use idempotent_benches::{Measured, RunOptions, arg, closed_loop, flag, interleaved, wanted};
 use idempotent_core::{MemoryStore, SqliteStore};
 use idempotent_mcp::{IdempotentServer, meta};
 use rmcp::Peer;
@@ -187,31 +186,18 @@ fn main() {
     let peers: Vec<Vec<Peer<RoleClient>>> =
         running.iter().map(|path| path.iter().map(|c| c.peer().clone()).collect()).collect();
 
-    let rows: Vec<(usize, Row)> =
-        Row::ALL.iter().copied().enumerate().filter(|(_, r)| wanted(&only, r.label())).collect();
-    let mut table: BTreeMap<(usize, usize), (Row, Rounds, Duration)> = BTreeMap::new();
+    let rows: Vec<(usize, Row, &str)> = Row::ALL
+        .iter()
+        .copied()
+        .enumerate()
+        .filter(|(_, r)| wanted(&only, r.label()))
+        .map(|(idx, r)| (idx, r, r.label()))
+        .collect();
     let started = Instant::now();
-    for round in 0..rounds {
-        for &concurrency in &concurrencies {
-            let on = &peers;
-            for &(idx, row) in &rows {
-                let peers = &on[row.path()][..concurrency.min(clients)];
-                rt.block_on(load(peers, concurrency, warmup, row, false));
-                let cpu0 = process_cpu();
-                let sample = rt.block_on(load(peers, concurrency, duration, row, true));
-                let cpu = process_cpu().saturating_sub(cpu0);
-                eprintln!(
-                    "round {}/{rounds} c={concurrency:<3} {:<50} {:>9} calls/s",
-                    round + 1,
-                    row.label(),
-                    fmt_rate(sample.rate())
-                );
-                let entry = table.entry((concurrency, idx)).or_insert_with(|| (row, Rounds::default(), Duration::ZERO));
-                entry.1.push(sample);
-                entry.2 += cpu;
-            }
-        }
-    }
+    let table = interleaved(rounds, &concurrencies, &rows, "calls/s", |concurrency, row, measured| {
+        let peers = &peers[row.path()][..concurrency.min(clients)];
+        rt.block_on(load(peers, concurrency, if measured { duration } else { warmup }, row, measured))
+    });
 
     println!(
         "\nmcp_bench: rmcp {} streamable HTTP (stateless, JSON replies) on 127.0.0.1{{/bare,/memory,/sqlite}}, rmcp's \
@@ -226,41 +212,29 @@ fn main() {
     );
     let rate = |c: usize, row: Row| {
         let idx = Row::ALL.iter().position(|&r| r == row).unwrap();
-        table.get(&(c, idx)).map(|(_, r, _)| r.median_rate())
+        table.get(&(c, idx)).map(|m| m.rounds.median_rate())
     };
-    let cpu_per_call = |rounds: &Rounds, cpu: &Duration| cpu.as_secs_f64() * 1e6 / rounds.calls() as f64;
     let mut verdicts = Vec::new();
     for &concurrency in &concurrencies {
         println!("concurrency {concurrency} (callers, on {} client(s) per path)\n", concurrency.min(clients));
         println!("| row | calls/s (median) | min–max of rounds | p50 µs | p99 µs | process CPU µs/call | ÷ floor |");
         println!("|---|--:|--:|--:|--:|--:|--:|");
-        let floor_cpu = table.get(&(concurrency, 0)).map(|(_, rounds, cpu)| cpu_per_call(rounds, cpu));
-        for (row, rounds, cpu) in table.range((concurrency, 0)..(concurrency + 1, 0)).map(|(_, v)| v) {
-            let (lo, hi) = rounds.rate_range();
-            let ratio = (*row != Row::Bare).then_some(()).and_then(|()| {
-                let r = rate(concurrency, *row)? / rate(concurrency, Row::Bare)?;
-                let ours = cpu_per_call(rounds, cpu);
-                let Some(target) = row.target() else { return Some(format!("{r:.2}")) };
+        let floor_cpu = table.get(&(concurrency, 0)).map(Measured::cpu_per_call_us);
+        for m in table.range((concurrency, 0)..(concurrency + 1, 0)).map(|(_, m)| m) {
+            let ratio = (m.row != Row::Bare).then_some(()).and_then(|()| {
+                let r = rate(concurrency, m.row)? / rate(concurrency, Row::Bare)?;
+                let Some(target) = m.row.target() else { return Some(format!("{r:.2}")) };
                 verdicts.push(format!(
-                    "- c={concurrency} {}: {r:.2}× the floor (target ≥ {target}: {}); CPU {ours:.1} µs/call against \
+                    "- c={concurrency} {}: {r:.2}× the floor (target ≥ {target}: {}); CPU {:.1} µs/call against \
                      the floor's {:.1}",
-                    row.label(),
+                    m.row.label(),
                     if r >= target { "met" } else { "MISSED" },
+                    m.cpu_per_call_us(),
                     floor_cpu.unwrap_or(f64::NAN)
                 ));
                 Some(format!("{r:.2}"))
             });
-            println!(
-                "| {} | {} | {}–{} | {:.0} | {:.0} | {:.1} | {} |",
-                row.label(),
-                fmt_rate(rounds.median_rate()),
-                fmt_rate(lo),
-                fmt_rate(hi),
-                rounds.quantile_us(0.50),
-                rounds.quantile_us(0.99),
-                cpu_per_call(rounds, cpu),
-                ratio.unwrap_or_default()
-            );
+            println!("| {} | {} | {} |", m.row.label(), m.cells(), ratio.unwrap_or_default());
         }
         println!();
     }

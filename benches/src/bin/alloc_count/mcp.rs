@@ -45,8 +45,24 @@ async fn call(peer: &Peer<RoleClient>, key: Option<String>) -> bool {
     meta::is_replayed(&result)
 }
 
-/// The three rows of one transport: `bare` and `protected` are clients of the bare tool and of
-/// the protected one.
+/// The key of the `i`th first execution (a replay repeats one of the first 1000).
+fn first(i: u64) -> Option<String> {
+    Some(format!("first-{i}"))
+}
+
+/// Counts `calls` calls to `peer`, the `i`th under `key(i)`, each reply a replay exactly when
+/// `replayed`.
+async fn counted(
+    calls: u64,
+    peer: &Peer<RoleClient>,
+    key: fn(u64) -> Option<String>,
+    replayed: bool,
+) -> (f64, f64, f64) {
+    per_call(calls, |i| async move { assert_eq!(call(peer, key(i)).await, replayed) }).await
+}
+
+/// The rows of one transport: `bare` and `protected` are clients of the bare tool and of the
+/// protected one.
 async fn rows(
     calls: u64,
     want: &impl Fn(&str) -> bool,
@@ -57,42 +73,23 @@ async fn rows(
     let (bare, protected) = (bare.peer().clone(), protected.peer().clone());
     let mut floor = None;
     if want(floor_name) {
-        let counted = per_call(calls, |_| {
-            let bare = &bare;
-            async move { assert!(!call(bare, None).await) }
-        })
-        .await;
-        row(floor_name, counted, None);
-        floor = Some(counted);
+        let floor_counted = counted(calls, &bare, |_| None, false).await;
+        row(floor_name, floor_counted, None);
+        floor = Some(floor_counted);
     }
     if want(keyed_name) {
         // What carrying the key costs client and server, without the protection.
-        let counted = per_call(calls, |i| {
-            let bare = &bare;
-            async move { assert!(!call(bare, Some(format!("first-{i}"))).await) }
-        })
-        .await;
-        row(keyed_name, counted, floor);
+        row(keyed_name, counted(calls, &bare, first, false).await, floor);
     }
     if want(first_name) {
-        let counted = per_call(calls, |i| {
-            let protected = &protected;
-            async move { assert!(!call(protected, Some(format!("first-{i}"))).await) }
-        })
-        .await;
-        row(first_name, counted, floor);
+        row(first_name, counted(calls, &protected, first, false).await, floor);
     } else if want(replay_name) {
         for i in 0..1000 {
-            call(&protected, Some(format!("first-{i}"))).await;
+            call(&protected, first(i)).await;
         }
     }
     if want(replay_name) {
-        let counted = per_call(calls, |i| {
-            let protected = &protected;
-            async move { assert!(call(protected, Some(format!("first-{}", i % 1000))).await) }
-        })
-        .await;
-        row(replay_name, counted, floor);
+        row(replay_name, counted(calls, &protected, |i| first(i % 1000), true).await, floor);
     }
 }
 

@@ -37,9 +37,9 @@ mod builder;
 mod writes;
 
 pub use builder::SqliteStoreBuilder;
+use writes::Want;
 #[doc(hidden)]
 pub use writes::Writes;
-use writes::{Want, Written};
 
 /// A store in one SQLite file, safe for many tasks and for several processes on one host.
 ///
@@ -190,10 +190,7 @@ impl Backend for SqliteBackend {
             let q = Sqlite::query(sql, args);
             return q.fetch_optional(&store.inner.pool).await.map_err(|e| Failed::not_sent(store.error(op, e)));
         }
-        match store.write(op, sql, args, Want::Row).await? {
-            Written::Row(row) => Ok(row),
-            Written::Count(_) => unreachable!("a write asked for its row answers its row"),
-        }
+        Ok(store.write(op, sql, args, Want::Row).await?.row)
     }
 
     fn fetch_all<'a>(
@@ -216,10 +213,7 @@ impl Backend for SqliteBackend {
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
     ) -> Result<u64, Failed> {
         store.count();
-        match store.write(op, sql, args, Want::Count).await? {
-            Written::Count(n) => Ok(n),
-            Written::Row(_) => unreachable!("a write asked for its count answers its count"),
-        }
+        Ok(store.write(op, sql, args, Want::Count).await?.changed)
     }
 
     fn execute_in<'a>(

@@ -78,11 +78,12 @@ pub(super) enum Want {
     Count,
 }
 
-/// A write's answer, as [`Want`] asked.
+/// A write's answer: its first row, when [`Want::Row`] asked for it, and how many rows it
+/// changed (under `Want::Row`, how many it returned).
 #[derive(Debug)]
-pub(super) enum Written {
-    Row(Option<SqliteRow>),
-    Count(u64),
+pub(super) struct Written {
+    pub(super) row: Option<SqliteRow>,
+    pub(super) changed: u64,
 }
 
 /// The store's writes: whether they go out together (a file in WAL mode), whether one is out,
@@ -218,8 +219,11 @@ async fn run(
     Ok(match want {
         // Stepped to its end (not stopped at the first row), so that an error of the statement's
         // own commit is the answer, not dropped with the statement.
-        Want::Row => Written::Row(q.fetch_all(conn).await?.into_iter().next()),
-        Want::Count => Written::Count(q.execute(conn).await?.rows_affected()),
+        Want::Row => {
+            let rows = q.fetch_all(conn).await?;
+            Written { changed: rows.len() as u64, row: rows.into_iter().next() }
+        }
+        Want::Count => Written { row: None, changed: q.execute(conn).await?.rows_affected() },
     })
 }
 
