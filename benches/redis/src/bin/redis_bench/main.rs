@@ -49,111 +49,23 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use idempotent_benches::{
-    REDIS_TIMEOUT, RawRedis, Refund, RefundResult, RefundView, Rounds, RunOptions, Sample, closed_loop, fmt_rate,
-    process_cpu,
+    REDIS_TIMEOUT, RawRedis, Refund, RefundResult, Rounds, RunOptions, Sample, closed_loop, fmt_rate, process_cpu,
 };
 use idempotent_core::record::{Acquire, Transition};
 use idempotent_core::redis::{self, Script, Value};
 use idempotent_core::{DEFAULT_LEASE, DEFAULT_RETENTION, Error, Fingerprint, Key, RedisStore, RunContext, Store};
-use idempotent_peer::entry::ExistingEntry;
-use idempotent_peer::fingerprint::{DefaultFingerprintStrategy, FingerprintStrategy};
 use idempotent_peer::store::valkey::ValkeyStore;
-use idempotent_peer::store::{IdempotencyStore, InsertResult};
-use idempotent_peer::{CachedResponse, IdempotencyEntry, IdempotencyKey, Metadata};
 use idempotent_tests::{Flavor, Monitored, RedisServer};
+use path::Path;
+use peer::Peer;
+use server_stats::{command_stats, info, sent_share, server_cpu};
+
+mod path;
+mod peer;
+mod server_stats;
 
 /// Keys pre-filled for the replay rows.
 const REPLAY_KEYS: u64 = 4096;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Path {
-    OursFirst {
-        heartbeat: bool,
-    },
-    /// `OursFirst` (heartbeat on) on a store of one connection (`pool_size(1)`).
-    OursFirstOne,
-    OursFirstEvalsha,
-    FloorSetSet,
-    /// `FloorSetSet` on one connection.
-    FloorSetSetOne,
-    FloorEvalEval,
-    /// `FloorSetSet` again, as a row of its own: how far two measures of the same work differ
-    /// in this run.
-    FloorSetSetAgain,
-    OursReplay,
-    /// `OursReplay` on a store of one connection.
-    OursReplayOne,
-    FloorGet,
-    /// `FloorGet` on one connection.
-    FloorGetOne,
-    FloorEvalGet,
-    /// `FloorGet` again (see `FloorSetSetAgain`).
-    FloorGetAgain,
-    StoreFirst,
-    StoreReplay,
-    OursFirstWait,
-    OursReplayWait,
-    FloorSetSetWait,
-    PeerFirst,
-    PeerReplay,
-}
-
-impl Path {
-    const ALL: [Path; 21] = [
-        Path::OursFirst { heartbeat: true },
-        Path::OursFirst { heartbeat: false },
-        Path::OursFirstOne,
-        Path::OursFirstEvalsha,
-        Path::StoreFirst,
-        Path::FloorSetSet,
-        Path::FloorSetSetOne,
-        Path::FloorEvalEval,
-        Path::PeerFirst,
-        Path::FloorSetSetAgain,
-        Path::OursReplay,
-        Path::OursReplayOne,
-        Path::StoreReplay,
-        Path::FloorGet,
-        Path::FloorGetOne,
-        Path::FloorEvalGet,
-        Path::PeerReplay,
-        Path::FloorGetAgain,
-        Path::OursFirstWait,
-        Path::FloorSetSetWait,
-        Path::OursReplayWait,
-    ];
-
-    /// Whether the row needs the replica (`--wait`).
-    fn waits(self) -> bool {
-        matches!(self, Path::OursFirstWait | Path::OursReplayWait | Path::FloorSetSetWait)
-    }
-
-    fn label(self) -> &'static str {
-        match self {
-            Path::OursFirst { heartbeat: true } => "first execution (ours, heartbeat on = default)",
-            Path::OursFirst { heartbeat: false } => "first execution (ours, heartbeat off)",
-            Path::OursFirstOne => "first execution (ours, pool_size 1)",
-            Path::OursFirstEvalsha => "first execution (ours, scripts by EVALSHA: functions off)",
-            Path::FloorSetSet => "floor: SET NX + SET (2 round trips)",
-            Path::FloorSetSetOne => "floor: SET NX + SET, 1 connection",
-            Path::FloorEvalEval => "floor: 2 × EVALSHA trivial SET script",
-            Path::FloorSetSetAgain => "control: the SET NX + SET floor again",
-            Path::OursReplay => "replay (ours)",
-            Path::OursReplayOne => "replay (ours, pool_size 1)",
-            Path::FloorGet => "floor: GET (1 round trip)",
-            Path::FloorGetOne => "floor: GET, 1 connection",
-            Path::FloorEvalGet => "floor: EVALSHA trivial GET script",
-            Path::FloorGetAgain => "control: the GET floor again",
-            Path::StoreFirst => "diag: RedisStore acquire + complete, no executor",
-            Path::StoreReplay => "diag: RedisStore acquire (replay), no executor",
-            Path::OursFirstWait => "first execution (ours, WAIT 1 replica)",
-            Path::OursReplayWait => "replay (ours, WAIT 1 replica)",
-            Path::FloorSetSetWait => "floor: (SET NX + WAIT 1) + (SET + WAIT 1), 2 round trips",
-            Path::PeerFirst => "peer: idempotent 0.3.0 first execution",
-            Path::PeerReplay => "peer: idempotent 0.3.0 replay",
-        }
-    }
-}
 
 struct Env {
     ctx: RunContext,
@@ -181,39 +93,6 @@ struct Env {
     /// The stored result, as the executor stores it.
     stored: Vec<u8>,
     peer: Peer,
-}
-
-/// The peer, `idempotent` 0.3.0's `ValkeyStore`, driven as its documentation shows: claim the
-/// key, run the action, complete with the response; or decode the stored response.
-struct Peer {
-    store: ValkeyStore,
-}
-
-impl Peer {
-    /// A call of `step` with `payload`: its body is the payload's JSON (and its fingerprint the
-    /// crate's default strategy over it), its key the run, the step and the payload's sequence
-    /// number (the crate takes keys from the caller; ours derives them from the payload).
-    async fn run(&self, step: &str, payload: &RefundView<'_>, action: impl FnOnce() -> RefundResult) -> RefundResult {
-        let body = serde_json::to_vec(payload).expect("payload JSON");
-        let fp = DefaultFingerprintStrategy.compute(step, &body);
-        let key = IdempotencyKey::new(format!("bench-run:{step}:{}", payload.seq)).expect("peer key");
-        // 0.3.0 has one TTL for the claim and the stored response: the retention.
-        let entry = IdempotencyEntry::new(fp, DEFAULT_RETENTION);
-        match self.store.try_insert(&key, entry.clone()).await.expect("peer claim") {
-            InsertResult::Claimed { fencing_token } => {
-                let result = action();
-                let body = Bytes::from(serde_json::to_vec(&result).expect("result JSON"));
-                let response = CachedResponse { status_code: 200, metadata: Metadata::default(), body };
-                self.store.complete(&key, entry.complete(response), fencing_token).await.expect("peer complete");
-                result
-            }
-            InsertResult::Exists(ExistingEntry::Completed(done)) => {
-                assert!(done.fingerprint_matches(fp), "peer: another payload under the key");
-                serde_json::from_slice(&done.response().body).expect("peer: stored result")
-            }
-            InsertResult::Exists(ExistingEntry::Processing(_)) => panic!("peer: the key is in flight"),
-        }
-    }
 }
 
 fn replay_index(task: usize, i: u64) -> u64 {
@@ -377,45 +256,6 @@ async fn run(env: &Arc<Env>, path: Path, concurrency: usize, duration: Duration)
     .await
 }
 
-/// The text of `INFO <section>`.
-fn info(server: &RedisServer, section: &str) -> String {
-    match server.cmd(&["INFO", section]) {
-        Value::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
-        Value::VerbatimString { text, .. } => text,
-        other => panic!("unexpected INFO reply {other:?}"),
-    }
-}
-
-/// The server's CPU time so far (`used_cpu_user + used_cpu_sys`).
-fn server_cpu(server: &RedisServer) -> Duration {
-    let info = info(server, "cpu");
-    let field = |name: &str| info.lines().find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok()).unwrap_or(0.0);
-    Duration::from_secs_f64(field("used_cpu_user:") + field("used_cpu_sys:"))
-}
-
-/// The share of `name`'s calls that clients sent, from the `MONITOR` pass (at concurrency 1). A
-/// command that pass did not see at all was sent by clients only under load (the store's `MGET`
-/// of reads that went out together), never by a script, which runs its commands at any load.
-fn sent_share(share: &BTreeMap<String, f64>, name: &str) -> f64 {
-    share.get(name).copied().unwrap_or(1.0)
-}
-
-/// `INFO commandstats`: command → (calls, usec), the stats commands themselves left out.
-fn command_stats(server: &RedisServer) -> BTreeMap<String, (u64, u64)> {
-    let mut stats = BTreeMap::new();
-    for line in info(server, "commandstats").lines() {
-        let Some((name, fields)) = line.strip_prefix("cmdstat_").and_then(|r| r.split_once(':')) else {
-            continue;
-        };
-        if name == "config|resetstat" || name == "info" {
-            continue;
-        }
-        let field = |f: &str| fields.split(',').find_map(|kv| kv.strip_prefix(f)?.parse::<u64>().ok()).unwrap_or(0);
-        stats.insert(name.to_owned(), (field("calls="), field("usec=")));
-    }
-    stats
-}
-
 /// Counts, with `MONITOR`, the commands one call of `path` sends (and those its scripts run),
 /// over a short pass at concurrency 1: (calls made, monitored commands).
 fn monitor_pass(rt: &tokio::runtime::Runtime, env: &Arc<Env>, server: &RedisServer, path: Path) -> (u64, Monitored) {
@@ -442,7 +282,8 @@ fn main() {
 
     let wait = idempotent_benches::flag("--wait");
     // `--valkey`: valkey-server 9 (SET … IFEQ: completions are plain commands) instead of Redis.
-    let flavor = if idempotent_benches::flag("--valkey") { Flavor::Valkey } else { Flavor::Redis };
+    let valkey = idempotent_benches::flag("--valkey");
+    let flavor = if valkey { Flavor::Valkey } else { Flavor::Redis };
     let server = RedisServer::start_flavor(flavor);
     // Attached for the whole run, so that every row runs against a master with a replica.
     let replica = wait.then(|| {
@@ -450,14 +291,16 @@ fn main() {
         replica.follow(&server);
         replica
     });
-    let store = RedisStore::builder(server.url()).pool_size(pool).command_timeout(REDIS_TIMEOUT).connect_lazy().unwrap();
+    let store =
+        RedisStore::builder(server.url()).pool_size(pool).command_timeout(REDIS_TIMEOUT).connect_lazy().unwrap();
     let store_evalsha = RedisStore::builder(server.url())
         .pool_size(pool)
         .command_timeout(REDIS_TIMEOUT)
         .functions(false)
         .connect_lazy()
         .unwrap();
-    let store_one = RedisStore::builder(server.url()).pool_size(1).command_timeout(REDIS_TIMEOUT).connect_lazy().unwrap();
+    let store_one =
+        RedisStore::builder(server.url()).pool_size(1).command_timeout(REDIS_TIMEOUT).connect_lazy().unwrap();
     let store_wait = wait.then(|| {
         RedisStore::builder(server.url())
             .pool_size(pool)
@@ -651,7 +494,8 @@ fn main() {
         for ((c, idx), row) in table.range((concurrency, 0)..(concurrency + 1, 0)) {
             debug_assert_eq!(*c, concurrency);
             let (per_call, _, _, share) = commands(*idx);
-            let server_usec: f64 = row.stats.iter().map(|(name, (_, usec))| *usec as f64 * sent_share(&share, name)).sum();
+            let server_usec: f64 =
+                row.stats.iter().map(|(name, (_, usec))| *usec as f64 * sent_share(&share, name)).sum();
             let (lo, hi) = row.rounds.rate_range();
             let calls = row.rounds.calls() as f64;
             let (raw, tail, eval) = match floors(concurrency, row.path) {
@@ -732,16 +576,27 @@ fn main() {
         }
     }
 
-    // Issue #21's targets, each against the better raw floor of this run (medians of the rounds).
-    println!("\nTargets:");
+    // The targets, each against the better raw floor of this run (medians of the rounds): issue
+    // #39's on Valkey (native completion), issue #21's on Redis. Next to each rate ratio, the
+    // same ratio by CPU per call (the floor's client + server CPU ÷ ours), which the machine's
+    // noise moves less, and on Valkey the server's CPU per first execution against the floor's.
+    println!("\nTargets ({}):", if valkey { "issue #39, Valkey" } else { "issue #21, Redis" });
     let verdict = |ok: Option<bool>| match ok {
         Some(true) => "met",
         Some(false) => "MISSED",
         None => "not measured",
     };
+    let per_call = |c: usize, p: Path, cpu: fn(&Row) -> Duration| {
+        row_of(c, p).map(|row| cpu(row).as_secs_f64() * 1e6 / row.rounds.calls() as f64)
+    };
+    let both = |row: &Row| row.client_cpu + row.server_cpu;
     let first = Path::OursFirst { heartbeat: true };
     for &c in &concurrencies {
-        let (min, tail) = if c == 1 { ((0.85, 0.95), None) } else { ((0.7, 0.7), Some(1.5)) };
+        let (min, tail) = match (c, valkey) {
+            (1, _) => ((0.85, 0.95), None),
+            (_, true) => ((0.75, 0.85), Some(1.5)),
+            (_, false) => ((0.7, 0.7), Some(1.5)),
+        };
         for (label, ours, peer, min) in
             [("first execution", first, Path::PeerFirst, min.0), ("replay", Path::OursReplay, Path::PeerReplay, min.1)]
         {
@@ -752,11 +607,21 @@ fn main() {
             let tail_part = tail.map_or(String::new(), |max| {
                 format!("; p99 {}× the floor's, target ≤ {max} ({})", show(t), verdict(t.map(|t| t <= max)))
             });
+            let by_cpu = per_call(c, floor, both).zip(per_call(c, ours, both)).map(|(f, o)| f / o);
+            let server = (valkey && c > 1 && ours == first)
+                .then(|| per_call(c, ours, |row| row.server_cpu).zip(per_call(c, floor, |row| row.server_cpu)))
+                .flatten()
+                .map_or(String::new(), |(o, f)| {
+                    let s = o / f;
+                    format!("; server CPU {s:.2}× the floor's, target ≤ 1.3 ({})", verdict(Some(s <= 1.3)))
+                });
             println!(
-                "- c={c} {label}: {}× {} (target ≥ {min}: {}){tail_part}; {}× the peer ({})",
+                "- c={c} {label}: {}× {} (target ≥ {min}: {}; by CPU per call {}: {}){tail_part}{server}; {}× the peer ({})",
                 show(r),
                 floor.label(),
                 verdict(r.map(|r| r >= min)),
+                show(by_cpu),
+                verdict(by_cpu.map(|r| r >= min)),
                 show(vs_peer),
                 verdict(vs_peer.map(|r| r > 1.0)),
             );
