@@ -19,6 +19,14 @@ async fn raw(path: &Path) -> SqliteConnection {
     SqliteBackend::connect(&format!("sqlite://{}", path.display())).await
 }
 
+/// A store on a new file `name` in `dir`, and a plain connection on the file beside it.
+async fn store_and_holder(dir: &TempDir, name: &str) -> (SqliteStore, SqliteConnection) {
+    let path = dir.path().join(name);
+    let store = SqliteStore::connect(&path).await.unwrap();
+    let holder = raw(&path).await;
+    (store, holder)
+}
+
 /// Lets every task spawned so far on this current-thread runtime run until it waits: each
 /// write is then out, or waiting in the store's queue.
 async fn let_spawned_tasks_run() {
@@ -58,9 +66,7 @@ const POISON: &str = "poison";
 #[tokio::test(flavor = "current_thread")]
 async fn a_failing_write_of_a_batch_answers_its_own_caller_only() {
     let dir = TempDir::new().unwrap();
-    let path = dir.path().join("batch.db");
-    let store = SqliteStore::connect(&path).await.unwrap();
-    let mut holder = raw(&path).await;
+    let (store, mut holder) = store_and_holder(&dir, "batch.db").await;
     let trigger = format!(
         "CREATE TRIGGER refuse BEFORE INSERT ON idempotent_records WHEN NEW.step = '{POISON}' \
          BEGIN SELECT RAISE(ABORT, 'refused by the test''s trigger'); END"
@@ -115,9 +121,7 @@ async fn wal_frames(conn: &mut SqliteConnection) -> i64 {
 #[tokio::test(flavor = "current_thread")]
 async fn writes_that_wait_together_share_one_commit() {
     let dir = TempDir::new().unwrap();
-    let path = dir.path().join("shared.db");
-    let store = SqliteStore::connect(&path).await.unwrap();
-    let mut holder = raw(&path).await;
+    let (store, mut holder) = store_and_holder(&dir, "shared.db").await;
     sqlx::raw_sql("PRAGMA wal_checkpoint(TRUNCATE)").execute(&mut holder).await.unwrap();
     assert_eq!(wal_frames(&mut holder).await, 0);
     sqlx::raw_sql("BEGIN IMMEDIATE").execute(&mut holder).await.unwrap();
@@ -195,9 +199,7 @@ async fn writes_behind_a_lock_held_past_the_busy_timeout_all_time_out() {
 #[tokio::test(flavor = "current_thread")]
 async fn close_waits_for_the_write_out_and_stops_those_waiting() {
     let dir = TempDir::new().unwrap();
-    let path = dir.path().join("closing.db");
-    let store = SqliteStore::connect(&path).await.unwrap();
-    let mut holder = raw(&path).await;
+    let (store, mut holder) = store_and_holder(&dir, "closing.db").await;
     sqlx::raw_sql("BEGIN IMMEDIATE").execute(&mut holder).await.unwrap();
     let calls = spawn_acquires(&store, 0..10);
     let_spawned_tasks_run().await;

@@ -120,14 +120,26 @@ pub trait Backend: sealed::Sealed + Send + Sync + Sized + 'static {
         e.to_string()
     }
 
-    /// Runs `sql` with `args` on a connection of the store's pool, counted in
-    /// [`statements`](SqlStore::statements), and returns its first row.
+    /// Runs `sql` with `args`, counted in [`statements`](SqlStore::statements), and returns its
+    /// first row: on a connection of the store's pool (SQLite: a statement that may write goes
+    /// through the store's writes; one that only reads is [`read_optional`](Self::read_optional)).
     fn fetch_optional<'a>(
         store: &'a SqlStore<Self>,
         op: &'static str,
         sql: &'a SqlStr,
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
     ) -> impl Future<Output = Result<Option<<Self::Db as Database>::Row>, Failed>> + Send + 'a;
+
+    /// [`fetch_optional`](Self::fetch_optional) for a statement that only reads (SQLite: on the
+    /// pool at once, not through the store's writes).
+    fn read_optional<'a>(
+        store: &'a SqlStore<Self>,
+        op: &'static str,
+        sql: &'a SqlStr,
+        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
+    ) -> impl Future<Output = Result<Option<<Self::Db as Database>::Row>, Failed>> + Send + 'a {
+        Self::fetch_optional(store, op, sql, args)
+    }
 
     /// [`fetch_optional`](Self::fetch_optional), all the rows.
     fn fetch_all<'a>(

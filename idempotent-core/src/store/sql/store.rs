@@ -98,7 +98,7 @@ impl<B: Backend> SqlStore<B> {
         let inner = &self.inner;
         if inner.order.read_first() {
             // A read takes nothing, so its failure leaves nothing to release.
-            let row = B::fetch_optional(self, "acquire", &inner.sql.acquire_read, [Value::Bytes(&key.as_bytes()[..])])
+            let row = B::read_optional(self, "acquire", &inner.sql.acquire_read, [Value::Bytes(&key.as_bytes()[..])])
                 .await
                 .map_err(|f| Failed::not_sent(f.error))?;
             if let Some(row) = row {
@@ -319,7 +319,7 @@ impl<B: Backend> Store for SqlStore<B> {
         Box::pin(async move {
             let args = [Value::Bytes(&key.as_bytes()[..])];
             let row =
-                B::fetch_optional(self, "inspect", &self.inner.sql.admin.inspect, args).await.map_err(|f| f.error)?;
+                B::read_optional(self, "inspect", &self.inner.sql.admin.inspect, args).await.map_err(|f| f.error)?;
             row.map(|row| B::Db::record(&row)).transpose()
         })
     }

@@ -84,16 +84,9 @@ impl SqliteStoreBuilder {
                 // mode, which SQLite answers `SQLITE_BUSY` at once rather than in its busy
                 // handler: looked at again until the busy timeout.
                 let deadline = tokio::time::Instant::now() + self.busy_timeout;
-                let pool = loop {
-                    match pool_options.clone().connect_with(options.clone()).await {
-                        Err(e) if writes::is_busy(&e) && tokio::time::Instant::now() + writes::POLL < deadline => {
-                            tokio::time::sleep(writes::POLL).await;
-                        }
-                        answer => {
-                            break answer.map_err(|e| SqliteBackend::error(&describe, "open", self.busy_timeout, e))?;
-                        }
-                    }
-                };
+                let pool = writes::while_busy(deadline, || pool_options.clone().connect_with(options.clone()))
+                    .await
+                    .map_err(|e| SqliteBackend::error(&describe, "open", self.busy_timeout, e))?;
                 (pool, describe, self.busy_timeout)
             }
             Target::Pool(pool) => {

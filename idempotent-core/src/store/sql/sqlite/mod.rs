@@ -90,13 +90,6 @@ const COLUMNS: [&str; 15] = [
     "updated_at",
 ];
 
-/// Whether the statement `sql` only reads (the store's reads begin with `SELECT`; its writes
-/// with `INSERT`, `UPDATE` or `DELETE`): reads go to the pool at once, writes through the
-/// store's queue (`writes.rs`).
-fn is_read(sql: &SqlStr) -> bool {
-    sql.as_str().starts_with("SELECT")
-}
-
 /// The purge's statements, and the last rowid the sweep examined (0: start a new pass).
 #[doc(hidden)]
 pub struct SqlitePurge {
@@ -186,11 +179,20 @@ impl Backend for SqliteBackend {
         args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
     ) -> Result<Option<SqliteRow>, Failed> {
         store.count();
-        if is_read(sql) {
-            let q = Sqlite::query(sql, args);
-            return q.fetch_optional(&store.inner.pool).await.map_err(|e| Failed::not_sent(store.error(op, e)));
-        }
         Ok(store.write(op, sql, args, Want::Row).await?.row)
+    }
+
+    fn read_optional<'a>(
+        store: &'a SqliteStore,
+        op: &'static str,
+        sql: &'a SqlStr,
+        args: impl IntoIterator<Item = Value<'a>> + Send + 'a,
+    ) -> impl Future<Output = Result<Option<SqliteRow>, Failed>> + Send + 'a {
+        let q = Sqlite::query(sql, args);
+        async move {
+            store.count();
+            q.fetch_optional(&store.inner.pool).await.map_err(|e| Failed::not_sent(store.error(op, e)))
+        }
     }
 
     fn fetch_all<'a>(

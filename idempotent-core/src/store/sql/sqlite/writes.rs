@@ -43,6 +43,7 @@
 //! connection: there each write runs on the pool, in autocommit, as before.
 
 use std::borrow::Borrow;
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -227,8 +228,28 @@ async fn run(
     })
 }
 
-/// `statement` (a write, or `BEGIN IMMEDIATE`) on `conn`, looked at again every [`POLL`] while
-/// the lock is taken, until `deadline`: a statement that found the lock taken did nothing.
+/// Whether an attempt that failed with `e` is made again, after [`POLL`]: SQLite answered that
+/// the lock is taken (the attempt did nothing), and `deadline` is further than that.
+fn busy_again(e: &sqlx::Error, deadline: Instant) -> bool {
+    is_busy(e) && Instant::now() + POLL < deadline
+}
+
+/// `attempt()`, made again while [`busy_again`] says so.
+pub(super) async fn while_busy<T, F, Fut>(deadline: Instant, mut attempt: F) -> Result<T, sqlx::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, sqlx::Error>>,
+{
+    loop {
+        match attempt().await {
+            Err(e) if busy_again(&e, deadline) => tokio::time::sleep(POLL).await,
+            answer => return answer,
+        }
+    }
+}
+
+/// `statement` (a write, or `BEGIN IMMEDIATE`) on `conn`, made again while [`busy_again`] says so
+/// (the loop of [`while_busy`], which cannot lend `conn` to each attempt's future).
 async fn locked<'a>(
     conn: &mut SqliteConnection,
     deadline: Instant,
@@ -238,7 +259,7 @@ async fn locked<'a>(
 ) -> Result<Written, sqlx::Error> {
     loop {
         match run(conn, sql, args.iter().map(Value::borrowed), want).await {
-            Err(e) if is_busy(&e) && Instant::now() + POLL < deadline => tokio::time::sleep(POLL).await,
+            Err(e) if busy_again(&e, deadline) => tokio::time::sleep(POLL).await,
             answer => return answer,
         }
     }
@@ -416,12 +437,10 @@ impl SqliteStore {
         // Looked at again while the file is busy: a store opening beside others on a new file
         // can find it so at once (SQLite's busy handler does not wait for every lock).
         let deadline = Instant::now() + self.inner.timeout;
-        let mode: String = loop {
-            match sqlx::query_scalar("PRAGMA journal_mode").fetch_one(&self.inner.pool).await {
-                Err(e) if is_busy(&e) && Instant::now() + POLL < deadline => tokio::time::sleep(POLL).await,
-                answer => break answer.map_err(|e| self.error("open", e))?,
-            }
-        };
+        let mode: String =
+            while_busy(deadline, || sqlx::query_scalar("PRAGMA journal_mode").fetch_one(&self.inner.pool))
+                .await
+                .map_err(|e| self.error("open", e))?;
         self.inner.writes.grouped.store(mode.eq_ignore_ascii_case("wal"), Ordering::Relaxed);
         Ok(())
     }
